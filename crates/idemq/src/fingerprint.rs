@@ -1,0 +1,255 @@
+//! The canonical fingerprint of an enqueue request and the hashing, preview
+//! and digest of idempotency keys (SPEC 4). Pure functions, pinned by golden
+//! vectors in the tests below: any drift fails the build.
+
+use std::collections::BTreeMap;
+
+use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::request::PreparedEnqueue;
+
+/// Writes `v` in the canonical form of RFC 8785 (JCS): object members sorted
+/// by their UTF-16 code units, no whitespace, strings escaped minimally and
+/// numbers in ECMAScript form — except that integers are written as their
+/// exact decimal text, so integers outside ±2^53 (which JCS would round
+/// through a double) keep every digit. For every value JCS represents
+/// exactly, the output is byte-for-byte JCS.
+pub fn canonical_json(v: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(v, &mut out);
+    out
+}
+
+fn write_canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                out.push_str(&i.to_string());
+            } else if let Some(u) = n.as_u64() {
+                out.push_str(&u.to_string());
+            } else if let Some(f) = n.as_f64() {
+                let mut buf = ryu_js::Buffer::new();
+                out.push_str(buf.format_finite(f));
+            }
+        }
+        Value::String(s) => write_string(s, out),
+        Value::Array(a) => {
+            out.push('[');
+            for (i, item) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(o) => {
+            let mut members: Vec<(Vec<u16>, &String, &Value)> = o
+                .iter()
+                .map(|(k, v)| (k.encode_utf16().collect(), k, v))
+                .collect();
+            members.sort_by(|a, b| a.0.cmp(&b.0));
+            out.push('{');
+            for (i, (_, k, v)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(k, out);
+                out.push(':');
+                write_canonical(v, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+fn write_string(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{08}' => out.push_str("\\b"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\u{0c}' => out.push_str("\\f"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// One digest per fingerprinted field, so a conflict can name the fields.
+/// Field names are the API's dotted paths.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Fingerprint {
+    /// Field name → the first 16 bytes of its digest, in hex.
+    pub fields: BTreeMap<String, String>,
+}
+
+/// The field that only an idempotency binding carries (not a job record).
+pub const KEY_TTL_FIELD: &str = "idempotency.ttl_ms";
+
+fn field_digest(name: &str, canonical: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"idemq.fp.v1\0");
+    h.update(name.as_bytes());
+    h.update([0u8]);
+    h.update(canonical.as_bytes());
+    hex(&h.finalize()[..16])
+}
+
+fn opt_int(v: Option<i64>) -> String {
+    v.map_or_else(|| "null".into(), |n| n.to_string())
+}
+
+fn opt_str(v: Option<&str>) -> String {
+    v.map_or_else(
+        || "null".into(),
+        |s| canonical_json(&Value::String(s.into())),
+    )
+}
+
+impl Fingerprint {
+    /// The fingerprint of a prepared request (defaults already resolved;
+    /// `payload` is the request's JSON value before serialization).
+    pub fn of(p: &PreparedEnqueue, payload: &Value) -> Self {
+        let retry = serde_json::to_value(&p.retry).unwrap_or(Value::Null);
+        let tags = Value::Array(p.tags.iter().cloned().map(Value::String).collect());
+        let parts: [(&str, String); 13] = [
+            ("concurrency_key", opt_str(p.concurrency_key.as_deref())),
+            ("deadline", opt_int(p.deadline)),
+            ("delay_ms", opt_int(p.delay_ms)),
+            (
+                KEY_TTL_FIELD,
+                opt_int(p.idempotency.as_ref().map(|k| k.ttl_ms)),
+            ),
+            ("job_id", opt_str(p.job_id.as_deref())),
+            ("max_attempts", p.max_attempts.to_string()),
+            ("payload", canonical_json(payload)),
+            ("queue", opt_str(Some(&p.queue))),
+            ("retry", canonical_json(&retry)),
+            ("run_at", opt_int(p.run_at)),
+            ("tags", canonical_json(&tags)),
+            ("timeout_ms", p.timeout_ms.to_string()),
+            ("type", opt_str(Some(&p.job_type))),
+        ];
+        let fields = parts
+            .iter()
+            .map(|(n, c)| ((*n).to_owned(), field_digest(n, c)))
+            .collect();
+        Self { fields }
+    }
+
+    /// The sorted names of the fields whose digests differ. With
+    /// `against_job`, the key retention is not compared (a job record has none).
+    pub fn diff(&self, other: &Fingerprint, against_job: bool) -> Vec<String> {
+        let mut names: Vec<&String> = self.fields.keys().chain(other.fields.keys()).collect();
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .filter(|n| !(against_job && n.as_str() == KEY_TTL_FIELD))
+            .filter(|n| self.fields.get(*n) != other.fields.get(*n))
+            .cloned()
+            .collect()
+    }
+
+    /// Serialized for storage.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Parses a stored fingerprint (an unreadable one compares unequal to everything).
+    pub fn from_json(s: &str) -> Self {
+        serde_json::from_str(s).unwrap_or_default()
+    }
+}
+
+/// Hashes idempotency keys: SHA-256 of `len(scope) as u32 BE ‖ scope ‖ key`,
+/// or HMAC-SHA-256 over the same input with the installation secret
+/// (`IDEMQ_KEY_SECRET`), which stops a digest of a guessable key from being
+/// reversed by trying candidates.
+#[derive(Clone, Default)]
+pub struct KeyHasher {
+    secret: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyHasher")
+            .field("keyed", &self.secret.is_some())
+            .finish()
+    }
+}
+
+impl KeyHasher {
+    /// Plain SHA-256.
+    pub fn plain() -> Self {
+        Self { secret: None }
+    }
+
+    /// HMAC-SHA-256 with `secret`.
+    pub fn with_secret(secret: impl Into<Vec<u8>>) -> Self {
+        Self {
+            secret: Some(secret.into()),
+        }
+    }
+
+    /// The stored hash of `key` in `scope`.
+    pub fn hash(&self, scope: &str, key: &str) -> [u8; 32] {
+        let len = u32::try_from(scope.len()).unwrap_or(u32::MAX).to_be_bytes();
+        let mut out = [0u8; 32];
+        match &self.secret {
+            None => {
+                let mut h = Sha256::new();
+                h.update(len);
+                h.update(scope.as_bytes());
+                h.update(key.as_bytes());
+                out.copy_from_slice(&h.finalize());
+            }
+            Some(secret) => {
+                // HMAC accepts keys of any length, so this cannot fail.
+                let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(secret)
+                    .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+                m.update(&len);
+                m.update(scope.as_bytes());
+                m.update(key.as_bytes());
+                out.copy_from_slice(&m.finalize().into_bytes());
+            }
+        }
+        out
+    }
+}
+
+/// The first min(8, ⌊n/2⌋) characters of an n-character key, then `…`.
+pub fn key_preview(key: &str) -> String {
+    let n = key.chars().count();
+    let mut p: String = key.chars().take(8.min(n / 2)).collect();
+    p.push('…');
+    p
+}
+
+/// The first 16 hex characters of a stored key hash.
+pub fn key_digest(hash: &[u8; 32]) -> String {
+    hex(&hash[..8])
+}
+
+/// Lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}

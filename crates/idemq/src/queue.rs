@@ -1,0 +1,645 @@
+//! `Queue`: the producer and operator API, and the store-level execution
+//! primitives a worker uses.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, Result};
+use crate::fingerprint::{Fingerprint, KeyHasher, canonical_json};
+use crate::job::{
+    CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, QueueInfo, Run,
+};
+use crate::request::{
+    EnqueueRequest, PreparedEnqueue, bounds, defaults, encode_json, micros, prepare_key,
+};
+use crate::store::sqlite::SqliteStore;
+use crate::store::*;
+
+/// Most items in one `enqueue_many`.
+pub const MAX_BATCH_ITEMS: usize = 1000;
+/// Largest total payload of one `enqueue_many` (16 MiB).
+pub const MAX_BATCH_BYTES: usize = 16 * 1024 * 1024;
+/// Retention of redrive keys (24 h).
+const REDRIVE_KEY_TTL_MS: i64 = 24 * 3600 * 1000;
+
+/// Settings of a [`Queue`] that are not part of the database URL.
+#[derive(Clone)]
+pub struct QueueOptions {
+    /// Installation secret for HMAC-SHA-256 key hashing (`IDEMQ_KEY_SECRET`).
+    pub key_secret: Option<Vec<u8>>,
+    /// Largest accepted payload, result or checkpoint value in bytes (1 MiB).
+    pub payload_limit: usize,
+    /// The clock of record of the embedded backend (the system clock by default).
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for QueueOptions {
+    fn default() -> Self {
+        Self {
+            key_secret: None,
+            payload_limit: defaults::PAYLOAD_LIMIT,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl std::fmt::Debug for QueueOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueOptions")
+            .field("keyed", &self.key_secret.is_some())
+            .field("payload_limit", &self.payload_limit)
+            .finish()
+    }
+}
+
+/// Options of [`Queue::enqueue_many`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BatchOptions {
+    /// All-or-nothing: any failing item fails the call and nothing is written.
+    pub atomic: bool,
+}
+
+/// Options of [`Queue::redrive`].
+#[derive(Clone, Debug, Default)]
+pub struct RedriveOptions {
+    /// Makes the redrive itself idempotent (scope `idemq.redrive`, 24 h).
+    pub idempotency_key: Option<String>,
+    /// A new attempt budget (1–1000); the job keeps its own otherwise.
+    pub max_attempts: Option<i64>,
+    /// A new deadline; a passed one is cleared otherwise.
+    pub deadline: Option<DateTime<Utc>>,
+    /// When to run; now when omitted.
+    pub run_at: Option<DateTime<Utc>>,
+    /// Drop the stored checkpoints.
+    pub reset_checkpoints: bool,
+}
+
+/// Options of [`Queue::claim`].
+#[derive(Clone, Debug)]
+pub struct ClaimOptions {
+    /// Queues to claim from; empty for every queue.
+    pub queues: Vec<String>,
+    /// Job types to claim; `None` for any.
+    pub types: Option<Vec<String>>,
+    /// The worker's name (1–128 bytes).
+    pub worker: String,
+    /// At most this many jobs (1–1000).
+    pub limit: u32,
+    /// The lease (100 ms – 1 h).
+    pub lease: Duration,
+}
+
+impl Default for ClaimOptions {
+    fn default() -> Self {
+        Self {
+            queues: Vec::new(),
+            types: None,
+            worker: "worker".into(),
+            limit: 1,
+            lease: Duration::from_secs(30),
+        }
+    }
+}
+
+/// How a failed attempt ends ([`Queue::fail`]).
+#[derive(Clone, Debug, Default)]
+pub struct FailOptions {
+    /// The error text (kept truncated to 8 KiB).
+    pub error: String,
+    /// A permanent failure sends the job to the dead letters at once.
+    pub permanent: bool,
+    /// Overrides the backoff for this retry.
+    pub retry_after: Option<Duration>,
+    /// Reschedules after this delay without consuming the attempt.
+    pub snooze: Option<Duration>,
+}
+
+/// A job queue on one backend. Cheap to clone; share it freely.
+#[derive(Clone)]
+pub struct Queue {
+    store: Arc<dyn Store>,
+    hasher: KeyHasher,
+    payload_limit: usize,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue").field("store", &self.store).finish()
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Queue {
+    /// Connects to the backend the URL names: `sqlite://path/to/file.db`
+    /// (created if missing) or `sqlite::memory:`.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, QueueOptions::default()).await
+    }
+
+    /// [`connect`](Self::connect) with options.
+    pub async fn connect_with(url: &str, options: QueueOptions) -> Result<Self> {
+        let store: Arc<dyn Store> = if url == "sqlite::memory:" {
+            Arc::new(SqliteStore::open(None, options.clock.clone())?)
+        } else if let Some(rest) = url.strip_prefix("sqlite:") {
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if path.is_empty() || path.contains('?') {
+                return Err(Error::validation(
+                    "database",
+                    "use sqlite://path/to/file.db or sqlite::memory: (no query parameters)",
+                ));
+            }
+            let path = path.to_owned();
+            let clock = options.clock.clone();
+            let store = tokio::task::spawn_blocking(move || {
+                SqliteStore::open(Some(Path::new(&path)), clock)
+            })
+            .await
+            .map_err(|e| Error::Backend {
+                message: e.to_string(),
+            })??;
+            Arc::new(store)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Err(Error::validation(
+                "database",
+                "the PostgreSQL backend is not available in this version of idemq; use sqlite://",
+            ));
+        } else {
+            return Err(Error::validation(
+                "database",
+                "unknown database URL: use sqlite://path/to/file.db or sqlite::memory:",
+            ));
+        };
+        Ok(Self::from_store(store, options))
+    }
+
+    /// A queue over an already opened store.
+    pub fn from_store(store: Arc<dyn Store>, options: QueueOptions) -> Self {
+        let hasher = match options.key_secret {
+            Some(s) => KeyHasher::with_secret(s),
+            None => KeyHasher::plain(),
+        };
+        Self {
+            store,
+            hasher,
+            payload_limit: options.payload_limit,
+        }
+    }
+
+    /// The store underneath (internal plumbing; see [`crate::store`]).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// `sqlite`, `postgres`, …
+    pub fn backend(&self) -> &'static str {
+        self.store.backend()
+    }
+
+    fn prepare(&self, req: &EnqueueRequest) -> Result<PreparedEnqueue> {
+        req.prepare(&self.hasher, self.payload_limit)
+    }
+
+    /// Enqueues and returns the job id (new, original or keyed).
+    pub async fn enqueue(&self, req: EnqueueRequest) -> Result<String> {
+        Ok(self.enqueue_with_result(req).await?.job_id)
+    }
+
+    /// Enqueues and says what happened.
+    pub async fn enqueue_with_result(&self, req: EnqueueRequest) -> Result<EnqueueResult> {
+        let item = self.prepare(&req)?;
+        let mut results = self
+            .store
+            .job_enqueue(JobEnqueue {
+                items: vec![item],
+                atomic: false,
+            })
+            .await?;
+        results.pop().unwrap_or_else(|| {
+            Err(Error::Backend {
+                message: "no result".into(),
+            })
+        })
+    }
+
+    /// Enqueues up to 1,000 requests (16 MiB) in one transaction, decided in
+    /// order; one result per request. Without `atomic`, a failing item is
+    /// reported for that item and the others stand.
+    pub async fn enqueue_many(
+        &self,
+        reqs: Vec<EnqueueRequest>,
+        options: BatchOptions,
+    ) -> Result<Vec<Result<EnqueueResult>>> {
+        if reqs.len() > MAX_BATCH_ITEMS {
+            return Err(Error::validation("jobs", "at most 1000 items per batch"));
+        }
+        let mut slots: Vec<Option<Error>> = Vec::with_capacity(reqs.len());
+        let mut items = Vec::with_capacity(reqs.len());
+        let mut bytes = 0usize;
+        for (index, req) in reqs.iter().enumerate() {
+            match self.prepare(req) {
+                Ok(p) => {
+                    bytes += p.payload.len();
+                    items.push(p);
+                    slots.push(None);
+                }
+                Err(error) if options.atomic => {
+                    return Err(Error::BatchItem {
+                        index,
+                        error: Box::new(error),
+                    });
+                }
+                Err(e) => slots.push(Some(e)),
+            }
+        }
+        if bytes > MAX_BATCH_BYTES {
+            return Err(Error::PayloadTooLarge {
+                field: "jobs".into(),
+                limit: MAX_BATCH_BYTES,
+            });
+        }
+        let stored = self
+            .store
+            .job_enqueue(JobEnqueue {
+                items,
+                atomic: options.atomic,
+            })
+            .await;
+        let mut stored = match stored {
+            Err(Error::BatchItem { index, error }) => {
+                // Map the index among stored items back to the request's.
+                let real = slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.is_none())
+                    .nth(index);
+                return Err(Error::BatchItem {
+                    index: real.map_or(index, |(i, _)| i),
+                    error,
+                });
+            }
+            other => other?.into_iter(),
+        };
+        Ok(slots
+            .into_iter()
+            .map(|slot| match slot {
+                Some(e) => Err(e),
+                None => stored.next().unwrap_or_else(|| {
+                    Err(Error::Backend {
+                        message: "missing result".into(),
+                    })
+                }),
+            })
+            .collect())
+    }
+
+    /// A dry run: what an enqueue would do now and why. Writes nothing, ever.
+    pub async fn explain(&self, req: EnqueueRequest) -> Result<Explain> {
+        let item = self.prepare(&req)?;
+        self.store.job_explain(JobExplain { item }).await
+    }
+
+    /// One job, or `None`.
+    pub async fn get(&self, job_id: &str) -> Result<Option<Job>> {
+        self.store
+            .job_get(JobRef {
+                job_id: job_id.into(),
+            })
+            .await
+    }
+
+    /// Waits up to `timeout` for a job to turn terminal and returns it as it
+    /// is then (`NotFound` for an unknown id).
+    pub async fn wait(&self, job_id: &str, timeout: Duration) -> Result<Job> {
+        let until = tokio::time::Instant::now() + timeout;
+        loop {
+            let job = self
+                .get(job_id)
+                .await?
+                .ok_or_else(|| Error::job_not_found(job_id))?;
+            if job.state.is_terminal() || tokio::time::Instant::now() >= until {
+                return Ok(job);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A page of jobs, newest first.
+    pub async fn list(&self, filter: JobList) -> Result<JobPage> {
+        if filter.limit > 1000 {
+            return Err(Error::validation("limit", "must be 1–1000"));
+        }
+        self.store.job_list(filter).await
+    }
+
+    /// A job's events, oldest first.
+    pub async fn events(&self, job_id: &str) -> Result<Vec<Event>> {
+        self.store
+            .job_events(JobRef {
+                job_id: job_id.into(),
+            })
+            .await
+    }
+
+    /// A job's run ledger.
+    pub async fn runs(&self, job_id: &str) -> Result<Vec<Run>> {
+        self.store
+            .job_runs(JobRef {
+                job_id: job_id.into(),
+            })
+            .await
+    }
+
+    /// A job's checkpoints.
+    pub async fn checkpoints(&self, job_id: &str) -> Result<BTreeMap<String, Value>> {
+        self.store
+            .checkpoint_list(JobRef {
+                job_id: job_id.into(),
+            })
+            .await
+    }
+
+    /// Cancels a job: waiting jobs at once, active ones at their next heartbeat.
+    pub async fn cancel(&self, job_id: &str) -> Result<CancelOutcome> {
+        self.store
+            .job_cancel(JobRef {
+                job_id: job_id.into(),
+            })
+            .await
+    }
+
+    /// Cancels every pending job of `job_type` with dedupe key `key` and
+    /// releases the binding; `false` when there was none.
+    pub async fn cancel_by_key(&self, job_type: &str, key: &str) -> Result<bool> {
+        self.store
+            .job_cancel_by_key(JobCancelByKey {
+                job_type: job_type.into(),
+                key: key.into(),
+            })
+            .await
+    }
+
+    /// Deletes a job that is not active; `false` for an unknown or active job.
+    pub async fn purge(&self, job_id: &str) -> Result<bool> {
+        self.store
+            .job_purge(JobRef {
+                job_id: job_id.into(),
+            })
+            .await
+    }
+
+    /// Makes a scheduled job due now; `false` when it is not scheduled.
+    pub async fn promote(&self, job_id: &str) -> Result<bool> {
+        self.store
+            .job_promote(JobRef {
+                job_id: job_id.into(),
+            })
+            .await
+    }
+
+    /// Pauses a queue: enqueue still accepts, claims skip it.
+    pub async fn pause(&self, queue: &str) -> Result<bool> {
+        self.set_paused(queue, true).await
+    }
+
+    /// Resumes a paused queue.
+    pub async fn resume(&self, queue: &str) -> Result<bool> {
+        self.set_paused(queue, false).await
+    }
+
+    async fn set_paused(&self, queue: &str, paused: bool) -> Result<bool> {
+        let check = EnqueueRequest::new("x").queue(queue);
+        check.prepare(&self.hasher, self.payload_limit)?;
+        self.store
+            .queue_pause(QueuePause {
+                queue: queue.into(),
+                paused,
+            })
+            .await
+    }
+
+    /// Queues with counts by state.
+    pub async fn queues(&self) -> Result<Vec<QueueInfo>> {
+        self.store.queue_list().await
+    }
+
+    /// Puts a dead job back to ready (same id, `max_attempts` more attempts).
+    pub async fn redrive(&self, job_id: &str, options: RedriveOptions) -> Result<EnqueueResult> {
+        if let Some(n) = options.max_attempts
+            && !(1..=1000).contains(&n)
+        {
+            return Err(Error::validation("max_attempts", "must be 1–1000"));
+        }
+        let overrides = json!({
+            "job_id": job_id,
+            "max_attempts": options.max_attempts,
+            "deadline": options.deadline.map(micros),
+            "run_at": options.run_at.map(micros),
+            "reset_checkpoints": options.reset_checkpoints,
+        });
+        let fingerprint = Fingerprint {
+            fields: overrides
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), canonical_json(v)))
+                .collect(),
+        };
+        let key = match &options.idempotency_key {
+            Some(k) => Some(prepare_key(
+                "idempotency",
+                k,
+                "idemq.redrive",
+                REDRIVE_KEY_TTL_MS,
+                &self.hasher,
+            )?),
+            None => None,
+        };
+        self.store
+            .job_redrive(JobRedrive {
+                job_id: job_id.into(),
+                key,
+                fingerprint,
+                max_attempts: options.max_attempts.map(|n| n as i32),
+                deadline: options.deadline.map(micros),
+                run_at: options.run_at.map(micros),
+                reset_checkpoints: options.reset_checkpoints,
+            })
+            .await
+    }
+
+    fn binding_ref(&self, scope: &str, key: &str) -> Result<BindingRef> {
+        let k = prepare_key("idempotency", key, scope, 0, &self.hasher)?;
+        Ok(BindingRef {
+            scope: k.scope,
+            hash: k.hash,
+        })
+    }
+
+    /// Which job a live idempotency key is bound to.
+    pub async fn lookup_key(&self, scope: &str, key: &str) -> Result<Option<BindingInfo>> {
+        self.store
+            .binding_lookup(self.binding_ref(scope, key)?)
+            .await
+    }
+
+    /// Releases a live idempotency binding (an operator action).
+    pub async fn release_key(&self, scope: &str, key: &str) -> Result<bool> {
+        self.store
+            .binding_release(self.binding_ref(scope, key)?)
+            .await
+    }
+
+    /// The live dedupe binding of a key.
+    pub async fn dedupe_lookup(&self, job_type: &str, key: &str) -> Result<Option<ExplainDedupe>> {
+        self.store
+            .dedupe_lookup(DedupeRef {
+                job_type: job_type.into(),
+                key: key.into(),
+            })
+            .await
+    }
+
+    /// Claims up to `limit` due jobs under a lease.
+    pub async fn claim(&self, options: ClaimOptions) -> Result<Vec<ClaimedJob>> {
+        if !(1..=1000).contains(&options.limit) {
+            return Err(Error::validation("limit", "must be 1–1000"));
+        }
+        let lease_ms = ms(options.lease);
+        if !(100..=3_600_000).contains(&lease_ms) {
+            return Err(Error::validation("lease_ms", "must be from 100 ms to 1 h"));
+        }
+        if options.worker.is_empty() || options.worker.len() > 128 || options.worker.contains('\0')
+        {
+            return Err(Error::validation("worker", "must be 1–128 bytes"));
+        }
+        self.store
+            .job_claim(JobClaim {
+                queues: options.queues,
+                types: options.types,
+                worker: options.worker,
+                limit: options.limit,
+                lease_ms,
+            })
+            .await
+    }
+
+    fn lease(job_id: &str, token: &str) -> LeaseRef {
+        LeaseRef {
+            job_id: job_id.into(),
+            lease_token: token.into(),
+        }
+    }
+
+    /// Renews a lease and reports whether the job was cancelled meanwhile.
+    pub async fn heartbeat(&self, job_id: &str, lease_token: &str) -> Result<Heartbeat> {
+        self.store
+            .lease_heartbeat(Self::lease(job_id, lease_token))
+            .await
+    }
+
+    /// Completes an attempt, with an optional JSON result (≤ the payload limit).
+    pub async fn complete(
+        &self,
+        job_id: &str,
+        lease_token: &str,
+        result: Option<Value>,
+    ) -> Result<()> {
+        let result = result
+            .map(|v| encode_json("result", &v, self.payload_limit))
+            .transpose()?;
+        self.store
+            .job_complete(JobComplete {
+                lease: Self::lease(job_id, lease_token),
+                result,
+            })
+            .await
+    }
+
+    /// Fails an attempt: a retry by policy, a snooze, or the dead letters.
+    pub async fn fail(
+        &self,
+        job_id: &str,
+        lease_token: &str,
+        options: FailOptions,
+    ) -> Result<FailOutcome> {
+        let max = bounds::MAX_DURATION_MS;
+        let retry_after_ms = options.retry_after.map(ms);
+        let snooze_ms = options.snooze.map(ms);
+        for (field, v) in [("retry_after_ms", retry_after_ms), ("snooze_ms", snooze_ms)] {
+            if v.is_some_and(|v| v > max) {
+                return Err(Error::validation(field, "must be at most 100 years"));
+            }
+        }
+        self.store
+            .job_fail(JobFail {
+                lease: Self::lease(job_id, lease_token),
+                error: options.error,
+                retryable: !options.permanent,
+                retry_after_ms,
+                snooze_ms,
+            })
+            .await
+    }
+
+    /// Gives a lease back: the job is ready at once and the attempt is not counted.
+    pub async fn release(&self, job_id: &str, lease_token: &str) -> Result<()> {
+        self.store
+            .job_release(Self::lease(job_id, lease_token))
+            .await
+    }
+
+    /// Stores a step result under the job; the first stored value wins (`false` then).
+    pub async fn checkpoint_put(
+        &self,
+        job_id: &str,
+        lease_token: &str,
+        name: &str,
+        value: &Value,
+    ) -> Result<bool> {
+        if name.is_empty() || name.len() > 255 || name.contains('\0') {
+            return Err(Error::validation("name", "must be 1–255 bytes"));
+        }
+        let value = encode_json("value", value, self.payload_limit)?;
+        self.store
+            .checkpoint_put(CheckpointPut {
+                lease: Self::lease(job_id, lease_token),
+                name: name.into(),
+                value,
+            })
+            .await
+    }
+
+    /// A stored step result.
+    pub async fn checkpoint_get(&self, job_id: &str, name: &str) -> Result<Option<Value>> {
+        self.store
+            .checkpoint_get(CheckpointGet {
+                job_id: job_id.into(),
+                name: name.into(),
+            })
+            .await
+    }
+
+    /// Maintenance: removes expired bindings (at most `limit`).
+    pub async fn sweep_bindings(&self, limit: u32) -> Result<u64> {
+        self.store.binding_sweep(Sweep { limit }).await
+    }
+
+    /// Maintenance: records expired leases (at most `limit`).
+    pub async fn reap_leases(&self, limit: u32) -> Result<u64> {
+        self.store.lease_reap(Sweep { limit }).await
+    }
+
+    /// Maintenance: deletes terminal jobs past retention (at most `limit`).
+    pub async fn sweep_retention(&self, limit: u32) -> Result<u64> {
+        self.store.job_retention_sweep(Sweep { limit }).await
+    }
+}

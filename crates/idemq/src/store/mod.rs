@@ -1,0 +1,328 @@
+//! The storage seam: one trait every backend implements, one params struct per
+//! call.
+//!
+//! This is internal plumbing, public so that backends and the conformance
+//! suite can reach it; the API for users is [`Queue`](crate::Queue). Every
+//! method is one atomic operation of the backend (one `BEGIN IMMEDIATE`
+//! transaction on SQLite). Methods that decide something a caller must be told
+//! (a conflict, a lost lease) return it as a value or a typed error; nothing
+//! is written for a refused request.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::Result;
+use crate::fingerprint::Fingerprint;
+use crate::job::{
+    CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, JobState,
+    QueueInfo, Run,
+};
+use crate::request::{DedupeMode, PreparedEnqueue, PreparedKey};
+
+pub mod sqlite;
+
+/// `job_enqueue`: one or many prepared requests, decided in order.
+#[derive(Clone, Debug)]
+pub struct JobEnqueue {
+    /// The requests.
+    pub items: Vec<PreparedEnqueue>,
+    /// All-or-nothing: the first failing item fails the call and nothing is written.
+    pub atomic: bool,
+}
+
+/// `job_explain`: a dry run of one prepared request.
+#[derive(Clone, Debug)]
+pub struct JobExplain {
+    /// The request.
+    pub item: PreparedEnqueue,
+}
+
+/// What an explain found: the outcome an enqueue would have now, and who holds the keys.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Explain {
+    /// `accepted`, `replayed`, `coalesced`, `replaced`, `non_replaceable` or `conflict`.
+    pub outcome: String,
+    /// For `non_replaceable`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The job the enqueue would return (`None` for a new job without an explicit id, and for a conflict).
+    pub job_id: Option<String>,
+    /// For `conflict`: the owning job and the differing fields.
+    pub conflict: Option<ExplainConflict>,
+    /// The live idempotency binding of the request's key, if any.
+    pub idempotency: Option<ExplainIdempotency>,
+    /// The live dedupe binding of the request's key, if any.
+    pub dedupe: Option<ExplainDedupe>,
+}
+
+/// Conflict details of an explain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExplainConflict {
+    /// The job that owns the key or id.
+    pub job_id: String,
+    /// The differing fields.
+    pub fields: Vec<String>,
+}
+
+/// A live idempotency binding as explain reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExplainIdempotency {
+    /// The job the key is bound to.
+    pub job_id: String,
+    /// When the binding expires.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A live dedupe binding as explain and lookups report it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ExplainDedupe {
+    /// The keyed job.
+    pub job_id: String,
+    /// The binding's mode.
+    pub mode: DedupeMode,
+    /// The end of its window (`None` for modes live while the job is pending).
+    pub window_until: Option<DateTime<Utc>>,
+}
+
+/// A job id, for the single-job calls.
+#[derive(Clone, Debug)]
+pub struct JobRef {
+    /// The job.
+    pub job_id: String,
+}
+
+/// `job_list` filters.
+#[derive(Clone, Debug, Default)]
+pub struct JobList {
+    /// Derived state.
+    pub state: Option<JobState>,
+    /// Queue.
+    pub queue: Option<String>,
+    /// Job type.
+    pub job_type: Option<String>,
+    /// Tag.
+    pub tag: Option<String>,
+    /// Page size (1–1000).
+    pub limit: u32,
+    /// Opaque cursor from the previous page.
+    pub cursor: Option<String>,
+}
+
+/// One page of jobs, newest first.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JobPage {
+    /// The jobs.
+    pub jobs: Vec<Job>,
+    /// The cursor of the next page, if there is one.
+    pub next_cursor: Option<String>,
+}
+
+/// `job_cancel_by_key`.
+#[derive(Clone, Debug)]
+pub struct JobCancelByKey {
+    /// The job type the dedupe key is scoped to.
+    pub job_type: String,
+    /// The dedupe key.
+    pub key: String,
+}
+
+/// `job_redrive`.
+#[derive(Clone, Debug)]
+pub struct JobRedrive {
+    /// The dead job.
+    pub job_id: String,
+    /// The redrive's idempotency key (scope `idemq.redrive`).
+    pub key: Option<PreparedKey>,
+    /// Fingerprint of the job id and overrides.
+    pub fingerprint: Fingerprint,
+    /// New attempt budget.
+    pub max_attempts: Option<i32>,
+    /// New deadline (µs).
+    pub deadline: Option<i64>,
+    /// When to run (µs); now when omitted.
+    pub run_at: Option<i64>,
+    /// Drop stored checkpoints.
+    pub reset_checkpoints: bool,
+}
+
+/// `queue_pause`.
+#[derive(Clone, Debug)]
+pub struct QueuePause {
+    /// The queue.
+    pub queue: String,
+    /// Pause (true) or resume (false).
+    pub paused: bool,
+}
+
+/// `job_claim`.
+#[derive(Clone, Debug)]
+pub struct JobClaim {
+    /// Queues to claim from; empty for every queue.
+    pub queues: Vec<String>,
+    /// Job types to claim; `None` for any.
+    pub types: Option<Vec<String>>,
+    /// The worker's name, kept in the run ledger.
+    pub worker: String,
+    /// At most this many jobs.
+    pub limit: u32,
+    /// Lease length in milliseconds.
+    pub lease_ms: i64,
+}
+
+/// A lease presented by a worker.
+#[derive(Clone, Debug)]
+pub struct LeaseRef {
+    /// The job.
+    pub job_id: String,
+    /// The token minted by the claim.
+    pub lease_token: String,
+}
+
+/// `job_complete`.
+#[derive(Clone, Debug)]
+pub struct JobComplete {
+    /// The lease.
+    pub lease: LeaseRef,
+    /// The serialized result, if any.
+    pub result: Option<String>,
+}
+
+/// `job_fail`.
+#[derive(Clone, Debug)]
+pub struct JobFail {
+    /// The lease.
+    pub lease: LeaseRef,
+    /// The error, truncated to 8 KiB.
+    pub error: String,
+    /// False: the failure is permanent (the job goes dead).
+    pub retryable: bool,
+    /// Overrides the backoff for this retry (ignored under retry policy `none`).
+    pub retry_after_ms: Option<i64>,
+    /// Reschedules without consuming the attempt.
+    pub snooze_ms: Option<i64>,
+}
+
+/// `checkpoint_put`.
+#[derive(Clone, Debug)]
+pub struct CheckpointPut {
+    /// The lease.
+    pub lease: LeaseRef,
+    /// The step name.
+    pub name: String,
+    /// The serialized value.
+    pub value: String,
+}
+
+/// `checkpoint_get`.
+#[derive(Clone, Debug)]
+pub struct CheckpointGet {
+    /// The job.
+    pub job_id: String,
+    /// The step name.
+    pub name: String,
+}
+
+/// An idempotency binding, by hashed key.
+#[derive(Clone, Debug)]
+pub struct BindingRef {
+    /// The scope.
+    pub scope: String,
+    /// The key hash.
+    pub hash: [u8; 32],
+}
+
+/// A live idempotency binding as a lookup reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BindingInfo {
+    /// The job the key is bound to.
+    pub job_id: String,
+    /// The key's preview.
+    pub key_preview: String,
+    /// The first 16 hex digits of the key hash.
+    pub key_digest: String,
+    /// When the binding expires.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A dedupe binding, by job type and key.
+#[derive(Clone, Debug)]
+pub struct DedupeRef {
+    /// The job type.
+    pub job_type: String,
+    /// The dedupe key.
+    pub key: String,
+}
+
+/// A bounded maintenance pass.
+#[derive(Clone, Copy, Debug)]
+pub struct Sweep {
+    /// At most this many rows.
+    pub limit: u32,
+}
+
+/// The storage seam. See the module documentation.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// `sqlite`, `postgres`, …
+    fn backend(&self) -> &'static str;
+    /// The clock of record.
+    async fn now(&self) -> Result<DateTime<Utc>>;
+    /// Enqueue: one result per item, in order.
+    async fn job_enqueue(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>>;
+    /// Dry run of an enqueue; writes nothing.
+    async fn job_explain(&self, p: JobExplain) -> Result<Explain>;
+    /// One job.
+    async fn job_get(&self, p: JobRef) -> Result<Option<Job>>;
+    /// A page of jobs.
+    async fn job_list(&self, p: JobList) -> Result<JobPage>;
+    /// A job's events, oldest first.
+    async fn job_events(&self, p: JobRef) -> Result<Vec<Event>>;
+    /// A job's run ledger.
+    async fn job_runs(&self, p: JobRef) -> Result<Vec<Run>>;
+    /// A job's checkpoints.
+    async fn checkpoint_list(&self, p: JobRef) -> Result<BTreeMap<String, Value>>;
+    /// Cancel one job.
+    async fn job_cancel(&self, p: JobRef) -> Result<CancelOutcome>;
+    /// Cancel every pending job of a type with a dedupe key, releasing the binding.
+    async fn job_cancel_by_key(&self, p: JobCancelByKey) -> Result<bool>;
+    /// Delete a job that is not active.
+    async fn job_purge(&self, p: JobRef) -> Result<bool>;
+    /// Make a scheduled job due now.
+    async fn job_promote(&self, p: JobRef) -> Result<bool>;
+    /// Put a dead job back to ready.
+    async fn job_redrive(&self, p: JobRedrive) -> Result<EnqueueResult>;
+    /// Pause or resume a queue.
+    async fn queue_pause(&self, p: QueuePause) -> Result<bool>;
+    /// Queues with counts by state.
+    async fn queue_list(&self) -> Result<Vec<QueueInfo>>;
+    /// Claim due jobs under a lease.
+    async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>>;
+    /// Renew a lease.
+    async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat>;
+    /// Finish an attempt successfully.
+    async fn job_complete(&self, p: JobComplete) -> Result<()>;
+    /// Finish an attempt with an error (or a snooze).
+    async fn job_fail(&self, p: JobFail) -> Result<FailOutcome>;
+    /// Give a lease back without consuming the attempt.
+    async fn job_release(&self, p: LeaseRef) -> Result<()>;
+    /// Store a step result; the first stored value wins.
+    async fn checkpoint_put(&self, p: CheckpointPut) -> Result<bool>;
+    /// A stored step result.
+    async fn checkpoint_get(&self, p: CheckpointGet) -> Result<Option<Value>>;
+    /// The job a live idempotency binding points at.
+    async fn binding_lookup(&self, p: BindingRef) -> Result<Option<BindingInfo>>;
+    /// Release a live idempotency binding (an operator action).
+    async fn binding_release(&self, p: BindingRef) -> Result<bool>;
+    /// The live dedupe binding of a key.
+    async fn dedupe_lookup(&self, p: DedupeRef) -> Result<Option<ExplainDedupe>>;
+    /// Remove expired and dead bindings.
+    async fn binding_sweep(&self, p: Sweep) -> Result<u64>;
+    /// Record expired leases.
+    async fn lease_reap(&self, p: Sweep) -> Result<u64>;
+    /// Delete terminal jobs past their retention that no live binding points at.
+    async fn job_retention_sweep(&self, p: Sweep) -> Result<u64>;
+}

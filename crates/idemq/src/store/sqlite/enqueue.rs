@@ -1,0 +1,400 @@
+//! Enqueue on SQLite: the order of checks of SPEC 5 inside one transaction.
+//! Every decision is made before anything is written, so a refused item
+//! leaves no trace and a batch needs no per-item savepoints.
+
+use rusqlite::{OptionalExtension, params};
+use serde_json::json;
+
+use super::{Cx, ts};
+use crate::dedupe::{Binding, Decision, KeyedJob};
+use crate::error::{ConflictSource, Error, IdempotencyConflict, Result};
+use crate::fingerprint::Fingerprint;
+use crate::job::{EnqueueResult, Outcome};
+use crate::request::{DedupeMode, PreparedEnqueue, PreparedKey, defaults};
+use crate::store::{Explain, ExplainConflict, ExplainDedupe, ExplainIdempotency};
+
+/// A live idempotency binding.
+struct IdemBinding {
+    job_id: String,
+    fingerprint: Fingerprint,
+    expires_at: i64,
+}
+
+fn idem_live(cx: &Cx, k: &PreparedKey) -> Result<Option<IdemBinding>> {
+    Ok(cx
+        .db
+        .prepare_cached(
+            "SELECT job_id, fingerprint, expires_at FROM idemq_idempotency
+             WHERE scope = ?1 AND key_hash = ?2 AND expires_at > ?3",
+        )?
+        .query_row(params![k.scope, &k.hash[..], cx.now], |r| {
+            Ok(IdemBinding {
+                job_id: r.get(0)?,
+                fingerprint: Fingerprint::from_json(&r.get::<_, String>(1)?),
+                expires_at: r.get(2)?,
+            })
+        })
+        .optional()?)
+}
+
+/// Binds `key` to `job_id` for its ttl. Any row already there is expired
+/// (a live one would have decided the request), so it is replaced.
+pub(super) fn bind_key(cx: &Cx, k: &PreparedKey, job_id: &str, fp: &Fingerprint) -> Result<()> {
+    cx.db
+        .prepare_cached(
+            "INSERT OR REPLACE INTO idemq_idempotency
+               (scope, key_hash, key_preview, job_id, fingerprint, created_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )?
+        .execute(params![
+            k.scope,
+            &k.hash[..],
+            k.preview,
+            job_id,
+            fp.to_json(),
+            cx.now,
+            cx.now + k.ttl_ms * 1000
+        ])?;
+    Ok(())
+}
+
+fn conflict(job_id: String, key: Option<&PreparedKey>, fields: Vec<String>) -> Error {
+    Error::EnqueueIdempotencyConflict(Box::new(IdempotencyConflict {
+        job_id,
+        source: if key.is_some() {
+            ConflictSource::IdempotencyKey
+        } else {
+            ConflictSource::JobId
+        },
+        scope: key.map(|k| k.scope.clone()),
+        key_preview: key.map(|k| k.preview.clone()),
+        key_digest: key.map(PreparedKey::digest),
+        fields,
+    }))
+}
+
+pub(super) fn load_binding(cx: &Cx, job_type: &str, key: &str) -> Result<Option<Binding>> {
+    Ok(cx
+        .db
+        .prepare_cached(
+            "SELECT job_id, mode, ttl_ms, max_wait_ms, accepted_at, window_until
+             FROM idemq_dedupe WHERE type = ?1 AND key = ?2",
+        )?
+        .query_row(params![job_type, key], |r| {
+            Ok(Binding {
+                job_id: r.get(0)?,
+                mode: DedupeMode::parse(&r.get::<_, String>(1)?).unwrap_or(DedupeMode::Pending),
+                ttl_ms: r.get(2)?,
+                max_wait_ms: r.get(3)?,
+                accepted_at: r.get(4)?,
+                window_until: r.get(5)?,
+            })
+        })
+        .optional()?)
+}
+
+/// Where a job stands for dedupe.
+pub(super) fn keyed_job(cx: &Cx, job_id: &str) -> Result<KeyedJob> {
+    let row: Option<(String, i64, i64)> = cx
+        .db
+        .prepare_cached("SELECT state, attempt, run_at FROM idemq_jobs WHERE id = ?1")?
+        .query_row([job_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    Ok(match row {
+        None => KeyedJob::Missing,
+        Some((state, attempt, run_at)) => match state.as_str() {
+            "waiting" => KeyedJob::Waiting {
+                started: attempt > 0,
+                due: run_at <= cx.now,
+            },
+            "active" => KeyedJob::Active,
+            "cancelled" => KeyedJob::Cancelled,
+            _ => KeyedJob::Finished,
+        },
+    })
+}
+
+/// The due time of a new or replacing job: `run_at`, or now + `delay`, or
+/// now; never later than first acceptance + `max_wait`.
+fn resolve_run_at(p: &PreparedEnqueue, now: i64, first_accepted: i64) -> i64 {
+    let run_at = p
+        .run_at
+        .unwrap_or_else(|| now + p.delay_ms.unwrap_or(0) * 1000);
+    match p.dedupe.as_ref().and_then(|d| d.max_wait_ms) {
+        Some(w) => run_at.min(first_accepted + w * 1000),
+        None => run_at,
+    }
+}
+
+/// The checks against the clock, applied only when a job is created or replaced.
+fn check_clock(p: &PreparedEnqueue, run_at: i64, now: i64) -> Result<()> {
+    if let Some(deadline) = p.deadline {
+        if deadline <= now {
+            return Err(Error::validation("deadline", "must be in the future"));
+        }
+        if run_at >= deadline {
+            let field = if p.delay_ms.is_some() {
+                "delay_ms"
+            } else {
+                "run_at"
+            };
+            return Err(Error::validation(field, "must be before the deadline"));
+        }
+    }
+    Ok(())
+}
+
+fn insert_job(cx: &Cx, p: &PreparedEnqueue, id: &str, run_at: i64) -> Result<()> {
+    let k = p.idempotency.as_ref();
+    let d = p.dedupe.as_ref();
+    cx.db
+        .prepare_cached(
+            "INSERT INTO idemq_jobs (id, type, queue, state, payload, priority, run_at,
+               max_attempts, retry, timeout_ms, deadline, concurrency_key, tags, keep_ms,
+               fingerprint, idem_scope, idem_key_hash, idem_key_preview, dedupe_key,
+               dedupe_mode, created_at, updated_at)
+             VALUES (?1, ?2, ?3, 'waiting', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
+               ?15, ?16, ?17, ?18, ?19, ?20, ?20)",
+        )?
+        .execute(params![
+            id,
+            p.job_type,
+            p.queue,
+            p.payload,
+            p.priority,
+            run_at,
+            p.max_attempts,
+            serde_json::to_string(&p.retry).unwrap_or_default(),
+            p.timeout_ms,
+            p.deadline,
+            p.concurrency_key,
+            serde_json::to_string(&p.tags).unwrap_or_default(),
+            p.keep_ms,
+            p.fingerprint.to_json(),
+            k.map(|k| &k.scope),
+            k.map(|k| &k.hash[..]),
+            k.map(|k| &k.preview),
+            d.map(|d| &d.key),
+            d.map(|d| d.mode.as_str()),
+            cx.now,
+        ])?;
+    let mut data = json!({ "queue": p.queue, "run_at": ts(run_at) });
+    if let Some(k) = k {
+        data["idempotency"] =
+            json!({ "scope": k.scope, "key_preview": k.preview, "key_digest": k.digest() });
+    }
+    if let Some(d) = d {
+        data["dedupe"] = json!({ "key": d.key, "mode": d.mode.as_str() });
+    }
+    cx.event(id, "accepted", data)
+}
+
+/// A landed replace: every field of SPEC 3 but type, queue, id and keys.
+fn replace_job(cx: &Cx, p: &PreparedEnqueue, id: &str, run_at: i64) -> Result<()> {
+    cx.db
+        .prepare_cached(
+            "UPDATE idemq_jobs SET payload = ?2, priority = ?3, run_at = ?4, max_attempts = ?5,
+               retry = ?6, timeout_ms = ?7, deadline = ?8, concurrency_key = ?9, tags = ?10,
+               keep_ms = ?11, fingerprint = ?12, updated_at = ?13
+             WHERE id = ?1",
+        )?
+        .execute(params![
+            id,
+            p.payload,
+            p.priority,
+            run_at,
+            p.max_attempts,
+            serde_json::to_string(&p.retry).unwrap_or_default(),
+            p.timeout_ms,
+            p.deadline,
+            p.concurrency_key,
+            serde_json::to_string(&p.tags).unwrap_or_default(),
+            p.keep_ms,
+            p.fingerprint.to_json(),
+            cx.now,
+        ])?;
+    cx.event(id, "replaced", json!({ "run_at": ts(run_at) }))
+}
+
+fn set_window(cx: &Cx, job_type: &str, key: &str, until: i64) -> Result<()> {
+    cx.db
+        .prepare_cached("UPDATE idemq_dedupe SET window_until = ?3 WHERE type = ?1 AND key = ?2")?
+        .execute(params![job_type, key, until])?;
+    Ok(())
+}
+
+fn done(job_id: String, outcome: Outcome) -> Result<Result<EnqueueResult>> {
+    Ok(Ok(EnqueueResult { job_id, outcome }))
+}
+
+/// Decides and applies one request. The outer `Result` is the database's;
+/// the inner one is the request's own answer (a refused request wrote nothing).
+fn enqueue_one(cx: &Cx, p: &PreparedEnqueue) -> Result<Result<EnqueueResult>> {
+    let now = cx.now;
+    let key = p.idempotency.as_ref();
+    // 1. A live idempotency binding decides: replay or conflict.
+    if let Some(k) = key
+        && let Some(b) = idem_live(cx, k)?
+    {
+        let fields = p.fingerprint.diff(&b.fingerprint, false);
+        return if fields.is_empty() {
+            done(b.job_id, Outcome::Replayed)
+        } else {
+            Ok(Err(conflict(b.job_id, Some(k), fields)))
+        };
+    }
+    // 2. An existing record with the explicit id: replay or conflict.
+    if let Some(id) = &p.job_id {
+        let stored: Option<String> = cx
+            .db
+            .prepare_cached("SELECT fingerprint FROM idemq_jobs WHERE id = ?1")?
+            .query_row([id], |r| r.get(0))
+            .optional()?;
+        if let Some(stored) = stored {
+            let fields = p.fingerprint.diff(&Fingerprint::from_json(&stored), true);
+            if !fields.is_empty() {
+                return Ok(Err(conflict(id.clone(), None, fields)));
+            }
+            if let Some(k) = key {
+                bind_key(cx, k, id, &p.fingerprint)?;
+            }
+            return done(id.clone(), Outcome::Replayed);
+        }
+    }
+    // 3. A live dedupe binding: coalesce, replace or refuse to replace.
+    let mut first_accepted = now;
+    if let Some(d) = &p.dedupe
+        && let Some(b) = load_binding(cx, &p.job_type, &d.key)?
+    {
+        let job = keyed_job(cx, &b.job_id)?;
+        if b.is_live(job, now) {
+            let outcome = match b.decide(job, d.mode) {
+                Decision::Coalesce { rearm } => {
+                    if rearm && let Some(ttl) = b.ttl_ms {
+                        let until =
+                            Binding::debounce_window(ttl, b.max_wait_ms, b.accepted_at, now);
+                        set_window(cx, &p.job_type, &d.key, until)?;
+                    }
+                    Outcome::Coalesced
+                }
+                Decision::NonReplaceable(reason) => Outcome::NonReplaceable { reason },
+                Decision::Replace => {
+                    first_accepted = b.accepted_at;
+                    let run_at = resolve_run_at(p, now, first_accepted);
+                    if let Err(e) = check_clock(p, run_at, now) {
+                        return Ok(Err(e));
+                    }
+                    replace_job(cx, p, &b.job_id, run_at)?;
+                    if let Some(ttl) = b.ttl_ms {
+                        set_window(cx, &p.job_type, &d.key, (now + ttl * 1000).max(run_at))?;
+                    }
+                    Outcome::Replaced
+                }
+            };
+            if let Some(k) = key {
+                bind_key(cx, k, &b.job_id, &p.fingerprint)?;
+            }
+            return done(b.job_id, outcome);
+        }
+    }
+    // 4. A new job.
+    let run_at = resolve_run_at(p, now, first_accepted);
+    if let Err(e) = check_clock(p, run_at, now) {
+        return Ok(Err(e));
+    }
+    let id = p
+        .job_id
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    insert_job(cx, p, &id, run_at)?;
+    if let Some(k) = key {
+        bind_key(cx, k, &id, &p.fingerprint)?;
+    }
+    if let Some(d) = &p.dedupe {
+        let window = Binding::initial_window(d.mode, d.ttl_ms, d.max_wait_ms, now, run_at);
+        cx.db
+            .prepare_cached(
+                "INSERT OR REPLACE INTO idemq_dedupe
+                   (type, key, job_id, mode, ttl_ms, max_wait_ms, accepted_at, window_until)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![
+                p.job_type,
+                d.key,
+                id,
+                d.mode.as_str(),
+                d.ttl_ms,
+                d.max_wait_ms,
+                now,
+                window
+            ])?;
+    }
+    done(id, Outcome::Accepted)
+}
+
+/// Decides every item in order, each seeing the effects of the earlier ones.
+pub(super) fn enqueue_all(
+    cx: &Cx,
+    items: &[PreparedEnqueue],
+) -> Result<Vec<Result<EnqueueResult>>> {
+    items.iter().map(|p| enqueue_one(cx, p)).collect()
+}
+
+/// The real enqueue path, run inside a transaction the caller rolls back.
+pub(super) fn explain(cx: &Cx, p: &PreparedEnqueue) -> Result<Explain> {
+    let idempotency = match &p.idempotency {
+        Some(k) => idem_live(cx, k)?.map(|b| ExplainIdempotency {
+            job_id: b.job_id,
+            expires_at: ts(b.expires_at),
+        }),
+        None => None,
+    };
+    let dedupe = match &p.dedupe {
+        Some(d) => match load_binding(cx, &p.job_type, &d.key)? {
+            Some(b) if b.is_live(keyed_job(cx, &b.job_id)?, cx.now) => Some(ExplainDedupe {
+                job_id: b.job_id,
+                mode: b.mode,
+                window_until: b.window_until.map(ts),
+            }),
+            _ => None,
+        },
+        None => None,
+    };
+    let mut out = Explain {
+        outcome: String::new(),
+        reason: None,
+        job_id: None,
+        conflict: None,
+        idempotency,
+        dedupe,
+    };
+    match enqueue_one(cx, p)? {
+        Ok(r) => {
+            out.outcome = r.outcome.as_str().into();
+            out.reason = r.outcome.reason().map(|x| x.as_str().into());
+            out.job_id = match r.outcome {
+                Outcome::Accepted => p.job_id.clone(),
+                _ => Some(r.job_id),
+            };
+        }
+        Err(Error::EnqueueIdempotencyConflict(c)) => {
+            out.outcome = "conflict".into();
+            out.conflict = Some(ExplainConflict {
+                job_id: c.job_id,
+                fields: c.fields,
+            });
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(out)
+}
+
+/// Retention of a job in `state` (µs), from its own `keep` or the defaults.
+pub(super) fn keep_us(keep_ms: Option<i64>, state: &str) -> i64 {
+    let default = if state == "dead" {
+        defaults::KEEP_DEAD_MS
+    } else {
+        defaults::KEEP_COMPLETED_MS
+    };
+    keep_ms.unwrap_or(default) * 1000
+}

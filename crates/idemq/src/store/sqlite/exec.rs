@@ -1,0 +1,474 @@
+//! Execution primitives on SQLite: claim, heartbeat, complete, fail, release,
+//! checkpoints and the reaping of expired leases. Every call after the claim
+//! is fenced by the lease token: a stale token changes nothing and is told
+//! `LeaseLost`.
+
+use rusqlite::{OptionalExtension, params};
+use serde_json::json;
+
+use super::enqueue::keep_us;
+use super::{Cx, ts};
+use crate::error::{Error, Result};
+use crate::job::{ClaimedJob, FailOutcome, Heartbeat, JobState};
+use crate::request::RetryPolicy;
+use crate::retry::next_delay_ms;
+use crate::store::{CheckpointPut, JobClaim, JobComplete, JobFail, LeaseRef};
+
+/// Longest error text kept in the run ledger.
+const MAX_ERROR_BYTES: usize = 8 * 1024;
+
+/// The attempt a valid lease refers to.
+pub(super) struct Active {
+    id: String,
+    attempt: i32,
+    attempts_used: i32,
+    max_attempts: i32,
+    retry: RetryPolicy,
+    deadline: Option<i64>,
+    cancel_requested: bool,
+    keep_ms: Option<i64>,
+    started_at: i64,
+    timeout_ms: i64,
+    lease_ms: i64,
+}
+
+const ACTIVE_COLS: &str = "id, attempt, attempts_used, max_attempts, retry, deadline,
+    cancel_requested, keep_ms, started_at, timeout_ms, lease_ms";
+
+fn active_row(r: &rusqlite::Row) -> rusqlite::Result<Active> {
+    Ok(Active {
+        id: r.get(0)?,
+        attempt: r.get(1)?,
+        attempts_used: r.get(2)?,
+        max_attempts: r.get(3)?,
+        retry: serde_json::from_str(&r.get::<_, String>(4)?).unwrap_or_default(),
+        deadline: r.get(5)?,
+        cancel_requested: r.get(6)?,
+        keep_ms: r.get(7)?,
+        started_at: r.get::<_, Option<i64>>(8)?.unwrap_or_default(),
+        timeout_ms: r.get(9)?,
+        lease_ms: r.get::<_, Option<i64>>(10)?.unwrap_or(30_000),
+    })
+}
+
+fn load_active(cx: &Cx, lease: &LeaseRef) -> Result<Option<Active>> {
+    let sql = format!(
+        "SELECT {ACTIVE_COLS} FROM idemq_jobs
+         WHERE id = ?1 AND state = 'active' AND lease_token = ?2"
+    );
+    Ok(cx
+        .db
+        .prepare_cached(&sql)?
+        .query_row([&lease.job_id, &lease.lease_token], active_row)
+        .optional()?)
+}
+
+fn lease_lost(lease: &LeaseRef) -> Error {
+    Error::LeaseLost {
+        job_id: lease.job_id.clone(),
+    }
+}
+
+/// How an attempt ends.
+pub(super) enum End<'a> {
+    Completed(Option<&'a str>),
+    Failed {
+        error: &'a str,
+        retryable: bool,
+        retry_after_ms: Option<i64>,
+    },
+    Snoozed(i64),
+    Released,
+    LeaseExpired,
+    TimedOut,
+    DeadlinePassed,
+}
+
+enum Next {
+    Completed,
+    Waiting {
+        at: i64,
+        event: Option<&'static str>,
+    },
+    Dead(&'static str),
+    Cancelled,
+}
+
+fn truncate(s: &str) -> String {
+    let mut end = s.len().min(MAX_ERROR_BYTES);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
+fn decide_next(cx: &Cx, a: &Active, end: &End, used: i32) -> Next {
+    let now = cx.now;
+    let past_deadline = |at: i64| a.deadline.is_some_and(|d| at >= d);
+    let retry_at = |delay_ms: i64| {
+        let at = now + delay_ms * 1000;
+        if past_deadline(at) {
+            Next::Dead("deadline")
+        } else {
+            Next::Waiting {
+                at,
+                event: Some("retry_scheduled"),
+            }
+        }
+    };
+    match *end {
+        End::Completed(_) => Next::Completed,
+        _ if a.cancel_requested => Next::Cancelled,
+        End::Released => Next::Waiting {
+            at: now,
+            event: Some("released"),
+        },
+        End::Snoozed(ms) => retry_at(ms),
+        End::DeadlinePassed => Next::Dead("deadline"),
+        End::Failed {
+            retryable: false, ..
+        } => Next::Dead("permanent"),
+        _ if used >= a.max_attempts => Next::Dead("attempts_exhausted"),
+        // An expired lease is claimable again at once (its attempt is consumed).
+        End::LeaseExpired if past_deadline(now) => Next::Dead("deadline"),
+        End::LeaseExpired => Next::Waiting {
+            at: now,
+            event: None,
+        },
+        End::Failed { retry_after_ms, .. } => {
+            match next_delay_ms(&a.retry, used, rand::random::<f64>()) {
+                None => Next::Dead("no_retry"),
+                Some(delay) => retry_at(retry_after_ms.unwrap_or(delay).max(0)),
+            }
+        }
+        End::TimedOut => match next_delay_ms(&a.retry, used, rand::random::<f64>()) {
+            None => Next::Dead("no_retry"),
+            Some(delay) => retry_at(delay),
+        },
+    }
+}
+
+/// Ends the attempt `a` and moves the job by the state machine
+/// (docs/state-machine.md). Shared by every way an attempt can end.
+pub(super) fn end_attempt(cx: &Cx, a: &Active, end: End) -> Result<FailOutcome> {
+    let now = cx.now;
+    let consumed = !matches!(end, End::Released | End::Snoozed(_));
+    let used = a.attempts_used + i32::from(consumed);
+    let (outcome, error) = match &end {
+        End::Completed(_) => ("completed", None),
+        End::Failed { error, .. } => ("failed", Some(truncate(error))),
+        End::Snoozed(_) => ("snoozed", None),
+        End::Released => ("released", None),
+        End::LeaseExpired => ("lease_expired", Some("lease expired".to_owned())),
+        End::TimedOut => (
+            "failed",
+            Some(format!("timed out after {} ms", a.timeout_ms)),
+        ),
+        End::DeadlinePassed => ("failed", Some("deadline passed".to_owned())),
+    };
+    let cancelling = a.cancel_requested && !matches!(end, End::Completed(_));
+    let outcome = if cancelling { "cancelled" } else { outcome };
+    cx.db
+        .prepare_cached(
+            "UPDATE idemq_runs SET finished_at = ?3, outcome = ?4, error = ?5
+             WHERE job_id = ?1 AND attempt = ?2",
+        )?
+        .execute(params![a.id, a.attempt, now, outcome, error])?;
+    if matches!(end, End::LeaseExpired) {
+        cx.event(&a.id, "lease_expired", json!({ "attempt": a.attempt }))?;
+    }
+    let next = decide_next(cx, a, &end, used);
+    let clear = "lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL, worker = NULL,
+                 started_at = NULL, updated_at = ?2, attempts_used = ?3";
+    Ok(match next {
+        Next::Completed => {
+            let result = match end {
+                End::Completed(r) => r,
+                _ => None,
+            };
+            let sql = format!(
+                "UPDATE idemq_jobs SET state = 'completed', result = ?4, finished_at = ?2,
+                   purge_after = ?5, {clear} WHERE id = ?1"
+            );
+            let purge = now + keep_us(a.keep_ms, "completed");
+            cx.db
+                .prepare_cached(&sql)?
+                .execute(params![a.id, now, used, result, purge])?;
+            cx.event(&a.id, "completed", json!({ "attempt": a.attempt }))?;
+            FailOutcome {
+                state: JobState::Completed,
+                next_run_at: None,
+            }
+        }
+        Next::Waiting { at, event } => {
+            let sql = format!(
+                "UPDATE idemq_jobs SET state = 'waiting', run_at = ?4,
+                   last_error = coalesce(?5, last_error), {clear} WHERE id = ?1"
+            );
+            cx.db
+                .prepare_cached(&sql)?
+                .execute(params![a.id, now, used, at, error])?;
+            if let Some(kind) = event {
+                let snoozed = matches!(end, End::Snoozed(_));
+                cx.event(&a.id, kind, json!({ "run_at": ts(at), "snoozed": snoozed }))?;
+            }
+            FailOutcome {
+                state: JobState::Scheduled,
+                next_run_at: Some(ts(at)),
+            }
+        }
+        Next::Dead(reason) => {
+            finish(
+                cx,
+                &a.id,
+                "dead",
+                used,
+                error.as_deref().or(Some(reason)),
+                a.keep_ms,
+            )?;
+            cx.event(
+                &a.id,
+                "dead",
+                json!({ "reason": reason, "attempt": a.attempt }),
+            )?;
+            FailOutcome {
+                state: JobState::Dead,
+                next_run_at: None,
+            }
+        }
+        Next::Cancelled => {
+            finish(cx, &a.id, "cancelled", used, error.as_deref(), a.keep_ms)?;
+            super::admin::release_dedupe(cx, &a.id)?;
+            cx.event(&a.id, "cancelled", json!({ "attempt": a.attempt }))?;
+            FailOutcome {
+                state: JobState::Cancelled,
+                next_run_at: None,
+            }
+        }
+    })
+}
+
+/// Moves a job to a terminal state other than completed.
+pub(super) fn finish(
+    cx: &Cx,
+    id: &str,
+    state: &str,
+    attempts_used: i32,
+    error: Option<&str>,
+    keep_ms: Option<i64>,
+) -> Result<()> {
+    cx.db
+        .prepare_cached(
+            "UPDATE idemq_jobs SET state = ?2, finished_at = ?3, purge_after = ?4,
+               attempts_used = ?5, last_error = coalesce(?6, last_error), updated_at = ?3,
+               lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL, worker = NULL,
+               started_at = NULL
+             WHERE id = ?1",
+        )?
+        .execute(params![
+            id,
+            state,
+            cx.now,
+            cx.now + keep_us(keep_ms, state),
+            attempts_used,
+            error
+        ])?;
+    Ok(())
+}
+
+/// Records every expired lease (at most `limit`).
+pub(super) fn reap(cx: &Cx, limit: u32) -> Result<u64> {
+    let sql = format!(
+        "SELECT {ACTIVE_COLS} FROM idemq_jobs
+         WHERE state = 'active' AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2"
+    );
+    let expired: Vec<Active> = cx
+        .db
+        .prepare_cached(&sql)?
+        .query_map(params![cx.now, limit], active_row)?
+        .collect::<rusqlite::Result<_>>()?;
+    for a in &expired {
+        end_attempt(cx, a, End::LeaseExpired)?;
+    }
+    Ok(expired.len() as u64)
+}
+
+/// Jobs taken per candidate query; the loop goes on while pages are full.
+const CLAIM_PAGE: u32 = 256;
+
+pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<Vec<ClaimedJob>> {
+    reap(cx, 1000)?;
+    let queues =
+        (!p.queues.is_empty()).then(|| serde_json::to_string(&p.queues).unwrap_or_default());
+    let types = p
+        .types
+        .as_ref()
+        .map(|t| serde_json::to_string(t).unwrap_or_default());
+    let mut claimed = Vec::new();
+    let mut taken_keys = std::collections::HashSet::new();
+    while (claimed.len() as u32) < p.limit {
+        let page: Vec<(String, Option<String>, Option<i64>)> = cx
+            .db
+            .prepare_cached(
+                "SELECT id, concurrency_key, deadline FROM idemq_jobs j
+                 WHERE state = 'waiting' AND run_at <= ?1
+                   AND (?2 IS NULL OR queue IN (SELECT value FROM json_each(?2)))
+                   AND (?3 IS NULL OR type IN (SELECT value FROM json_each(?3)))
+                   AND queue NOT IN (SELECT name FROM idemq_queues WHERE paused = 1)
+                   AND (concurrency_key IS NULL OR NOT EXISTS (
+                         SELECT 1 FROM idemq_jobs a
+                         WHERE a.state = 'active' AND a.concurrency_key = j.concurrency_key))
+                 ORDER BY priority DESC, run_at, seq LIMIT ?4",
+            )?
+            .query_map(params![cx.now, queues, types, CLAIM_PAGE], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        let full = page.len() as u32 == CLAIM_PAGE;
+        let mut progressed = false;
+        for (id, key, deadline) in page {
+            if claimed.len() as u32 >= p.limit {
+                break;
+            }
+            if deadline.is_some_and(|d| d <= cx.now) {
+                // Past its deadline: never started.
+                let (used, keep): (i32, Option<i64>) = cx.db.query_row(
+                    "SELECT attempts_used, keep_ms FROM idemq_jobs WHERE id = ?1",
+                    [&id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )?;
+                finish(cx, &id, "dead", used, Some("deadline"), keep)?;
+                cx.event(&id, "dead", json!({ "reason": "deadline" }))?;
+                progressed = true;
+                continue;
+            }
+            if let Some(k) = &key
+                && !taken_keys.insert(k.clone())
+            {
+                continue;
+            }
+            claimed.push(claim_one(cx, &id, p)?);
+            progressed = true;
+        }
+        if !full || !progressed {
+            break;
+        }
+    }
+    Ok(claimed)
+}
+
+fn claim_one(cx: &Cx, id: &str, p: &JobClaim) -> Result<ClaimedJob> {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let expires = cx.now + p.lease_ms * 1000;
+    let job = cx
+        .db
+        .prepare_cached(
+            "UPDATE idemq_jobs SET state = 'active', attempt = attempt + 1, lease_token = ?2,
+               lease_expires_at = ?3, lease_ms = ?4, worker = ?5, started_at = ?6, updated_at = ?6
+             WHERE id = ?1
+             RETURNING id, type, queue, payload, attempt, max_attempts, timeout_ms, deadline, tags",
+        )?
+        .query_row(
+            params![id, token, expires, p.lease_ms, p.worker, cx.now],
+            |r| {
+                Ok(ClaimedJob {
+                    id: r.get(0)?,
+                    job_type: r.get(1)?,
+                    queue: r.get(2)?,
+                    payload: serde_json::from_str(&r.get::<_, String>(3)?).unwrap_or_default(),
+                    attempt: r.get(4)?,
+                    max_attempts: r.get(5)?,
+                    lease_token: token.clone(),
+                    lease_expires_at: ts(expires),
+                    timeout_ms: r.get(6)?,
+                    deadline: r.get::<_, Option<i64>>(7)?.map(ts),
+                    tags: serde_json::from_str(&r.get::<_, String>(8)?).unwrap_or_default(),
+                })
+            },
+        )?;
+    cx.db
+        .prepare_cached(
+            "INSERT OR REPLACE INTO idemq_runs (job_id, attempt, worker, started_at)
+             VALUES (?1, ?2, ?3, ?4)",
+        )?
+        .execute(params![id, job.attempt, p.worker, cx.now])?;
+    cx.event(
+        id,
+        "claimed",
+        json!({ "attempt": job.attempt, "worker": p.worker }),
+    )?;
+    Ok(job)
+}
+
+pub(super) fn heartbeat(cx: &Cx, lease: &LeaseRef) -> Result<Result<Heartbeat>> {
+    let Some(a) = load_active(cx, lease)? else {
+        return Ok(Err(lease_lost(lease)));
+    };
+    // The server enforces the timeout and the deadline for workers it cannot
+    // interrupt: a heartbeat past either records the attempt so.
+    if cx.now >= a.started_at + a.timeout_ms * 1000 {
+        end_attempt(cx, &a, End::TimedOut)?;
+        return Ok(Err(lease_lost(lease)));
+    }
+    if a.deadline.is_some_and(|d| cx.now >= d) {
+        end_attempt(cx, &a, End::DeadlinePassed)?;
+        return Ok(Err(lease_lost(lease)));
+    }
+    let expires = cx.now + a.lease_ms * 1000;
+    cx.db
+        .prepare_cached("UPDATE idemq_jobs SET lease_expires_at = ?2 WHERE id = ?1")?
+        .execute(params![a.id, expires])?;
+    Ok(Ok(Heartbeat {
+        lease_expires_at: ts(expires),
+        cancel_requested: a.cancel_requested,
+    }))
+}
+
+pub(super) fn complete(cx: &Cx, p: &JobComplete) -> Result<Result<()>> {
+    let Some(a) = load_active(cx, &p.lease)? else {
+        return Ok(Err(lease_lost(&p.lease)));
+    };
+    end_attempt(cx, &a, End::Completed(p.result.as_deref()))?;
+    Ok(Ok(()))
+}
+
+pub(super) fn fail(cx: &Cx, p: &JobFail) -> Result<Result<FailOutcome>> {
+    let Some(a) = load_active(cx, &p.lease)? else {
+        return Ok(Err(lease_lost(&p.lease)));
+    };
+    let end = match p.snooze_ms {
+        Some(ms) => End::Snoozed(ms),
+        None => End::Failed {
+            error: &p.error,
+            retryable: p.retryable,
+            retry_after_ms: p.retry_after_ms,
+        },
+    };
+    Ok(Ok(end_attempt(cx, &a, end)?))
+}
+
+pub(super) fn release(cx: &Cx, lease: &LeaseRef) -> Result<Result<()>> {
+    let Some(a) = load_active(cx, lease)? else {
+        return Ok(Err(lease_lost(lease)));
+    };
+    end_attempt(cx, &a, End::Released)?;
+    Ok(Ok(()))
+}
+
+pub(super) fn checkpoint_put(cx: &Cx, p: &CheckpointPut) -> Result<Result<bool>> {
+    if load_active(cx, &p.lease)?.is_none() {
+        return Ok(Err(lease_lost(&p.lease)));
+    }
+    let stored = cx
+        .db
+        .prepare_cached(
+            "INSERT OR IGNORE INTO idemq_checkpoints (job_id, name, value, created_at)
+             VALUES (?1, ?2, ?3, ?4)",
+        )?
+        .execute(params![p.lease.job_id, p.name, p.value, cx.now])?
+        == 1;
+    if stored {
+        cx.event(&p.lease.job_id, "checkpointed", json!({ "name": p.name }))?;
+    }
+    Ok(Ok(stored))
+}

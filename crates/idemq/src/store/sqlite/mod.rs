@@ -1,0 +1,440 @@
+//! The embedded SQLite backend.
+//!
+//! One file, zero setup. The database runs in WAL mode with
+//! `synchronous=FULL`, so a transaction that committed survives a crash of
+//! the process or the machine (NORMAL could lose the last commits on power
+//! loss). All writes go through one connection, each operation one
+//! `BEGIN IMMEDIATE` transaction: SQLite allows one writer at a time, and
+//! taking the write lock up front means the busy timeout applies instead of an
+//! immediate `SQLITE_BUSY` on a read-then-write upgrade. Reads use a small set
+//! of separate connections, which WAL lets run beside the writer. Several
+//! processes may share one file (a worker and a server, say): they queue on
+//! the file lock for up to the busy timeout.
+//!
+//! The clock of record is the injectable [`Clock`]: every decision of one
+//! operation reads it once, after the write lock is taken.
+
+mod admin;
+mod enqueue;
+mod exec;
+mod query;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior, params};
+use serde_json::Value;
+use tokio::sync::Notify;
+
+use super::*;
+use crate::clock::Clock;
+use crate::error::Error;
+
+/// How long a write waits for the file lock held by another process.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// Read connections of a file database.
+const READERS: usize = 4;
+
+const MIGRATIONS: &[(i64, &str, &str)] = &[(
+    1,
+    "init",
+    include_str!("../../../migrations/sqlite/0001_init.sql"),
+)];
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        let busy = matches!(
+            e.sqlite_error_code(),
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+        );
+        if busy {
+            Error::Unavailable {
+                message: format!("sqlite is busy: {e}"),
+            }
+        } else {
+            Error::Backend {
+                message: format!("sqlite: {e}"),
+            }
+        }
+    }
+}
+
+/// The context of one operation: its transaction and the instant it runs at.
+pub(crate) struct Cx<'a> {
+    db: &'a Connection,
+    now: i64,
+}
+
+struct Inner {
+    writer: Mutex<Connection>,
+    readers: Vec<Mutex<Connection>>,
+    next_reader: AtomicUsize,
+    clock: Arc<dyn Clock>,
+    wakeup: Arc<Notify>,
+}
+
+/// The SQLite store. Cheap to clone.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+    path: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    // A panic inside an operation rolled its transaction back when the
+    // transaction was dropped, so the connection is still sound.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn open_conn(path: Option<&Path>) -> Result<Connection> {
+    let conn = match path {
+        Some(p) => Connection::open_with_flags(
+            p,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| Error::Unavailable {
+            message: format!("cannot open {}: {e}", p.display()),
+        })?,
+        None => Connection::open_in_memory()?,
+    };
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    if path.is_some() {
+        let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::Backend {
+                message: format!("cannot enable WAL (got {mode})"),
+            });
+        }
+    }
+    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")?;
+    Ok(conn)
+}
+
+fn migrate(conn: &mut Connection) -> Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS idemq_migrations (
+            version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+    )?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let current: i64 = tx.query_row(
+        "SELECT coalesce(max(version), 0) FROM idemq_migrations",
+        [],
+        |r| r.get(0),
+    )?;
+    let latest = MIGRATIONS.last().map_or(0, |m| m.0);
+    if current > latest {
+        return Err(Error::Backend {
+            message: format!(
+                "the database schema is version {current}, newer than this idemq ({latest}): upgrade idemq"
+            ),
+        });
+    }
+    for (version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        tx.execute_batch(sql)?;
+        tx.execute(
+            "INSERT INTO idemq_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+            params![version, name, Utc::now().timestamp_micros()],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database at `path`, or an in-memory
+    /// database for `None`, and applies pending migrations.
+    pub fn open(path: Option<&Path>, clock: Arc<dyn Clock>) -> Result<Self> {
+        let mut writer = open_conn(path)?;
+        migrate(&mut writer)?;
+        let readers = match path {
+            Some(_) => (0..READERS)
+                .map(|_| open_conn(path).map(Mutex::new))
+                .collect::<Result<_>>()?,
+            None => Vec::new(),
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                writer: Mutex::new(writer),
+                readers,
+                next_reader: AtomicUsize::new(0),
+                clock,
+                wakeup: Arc::new(Notify::new()),
+            }),
+            path: path.map(Path::to_path_buf),
+        })
+    }
+
+    /// Signalled after every commit that made a job claimable (the in-process wake-up).
+    pub fn wakeup(&self) -> Arc<Notify> {
+        self.inner.wakeup.clone()
+    }
+
+    /// The `synchronous` and `journal_mode` pragmas in force, for checks and metrics.
+    pub fn durability(&self) -> Result<(i64, String)> {
+        let conn = lock(&self.inner.writer);
+        let sync: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+        let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+        Ok((sync, mode))
+    }
+
+    async fn run<T, F>(&self, mode: Mode, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Cx<'_>) -> Result<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let conn_lock = match mode {
+                Mode::Read if !inner.readers.is_empty() => {
+                    let i = inner.next_reader.fetch_add(1, Ordering::Relaxed) % inner.readers.len();
+                    &inner.readers[i]
+                }
+                _ => &inner.writer,
+            };
+            let mut conn = lock(conn_lock);
+            let behavior = match mode {
+                Mode::Read => TransactionBehavior::Deferred,
+                Mode::Write | Mode::DryRun => TransactionBehavior::Immediate,
+            };
+            let tx = conn.transaction_with_behavior(behavior)?;
+            let now = inner.clock.now().timestamp_micros();
+            let out = f(&Cx { db: &tx, now })?;
+            match mode {
+                Mode::DryRun => tx.rollback()?,
+                Mode::Read | Mode::Write => tx.commit()?,
+            }
+            Ok(out)
+        });
+        task.await.map_err(|e| Error::Backend {
+            message: format!("sqlite task failed: {e}"),
+        })?
+    }
+
+    async fn write<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Cx<'_>) -> Result<T> + Send + 'static,
+    {
+        self.run(Mode::Write, f).await
+    }
+
+    async fn read<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Cx<'_>) -> Result<T> + Send + 'static,
+    {
+        self.run(Mode::Read, f).await
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Mode {
+    Read,
+    Write,
+    DryRun,
+}
+
+/// µs since the epoch → instant.
+pub(crate) fn ts(us: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(us).unwrap_or_default()
+}
+
+impl Cx<'_> {
+    /// Appends an event to a job's log.
+    fn event(&self, job_id: &str, kind: &str, data: Value) -> Result<()> {
+        self.db
+            .prepare_cached(
+                "INSERT INTO idemq_events (job_id, kind, at, data) VALUES (?1, ?2, ?3, ?4)",
+            )?
+            .execute(params![job_id, kind, self.now, data.to_string()])?;
+        Ok(())
+    }
+}
+
+/// Turns a logical outcome decided inside a committed transaction back into a `Result`.
+fn flatten<T>(r: Result<Result<T>>) -> Result<T> {
+    r.and_then(|inner| inner)
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>> {
+        Ok(self.inner.clock.now())
+    }
+
+    async fn job_enqueue(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
+        let atomic = p.atomic;
+        let results = self
+            .write(move |cx| {
+                let results = enqueue::enqueue_all(cx, &p.items)?;
+                if atomic && let Some(index) = results.iter().position(Result::is_err) {
+                    // Returning an error rolls the whole batch back.
+                    let mut results = results;
+                    let error = results.swap_remove(index).err().map(Box::new);
+                    return Err(Error::BatchItem {
+                        index,
+                        error: error.unwrap_or_else(|| unreachable!("position found an error")),
+                    });
+                }
+                Ok(results)
+            })
+            .await?;
+        if results.iter().any(|r| {
+            matches!(
+                r,
+                Ok(EnqueueResult {
+                    outcome: crate::Outcome::Accepted | crate::Outcome::Replaced,
+                    ..
+                })
+            )
+        }) {
+            self.inner.wakeup.notify_waiters();
+        }
+        Ok(results)
+    }
+
+    async fn job_explain(&self, p: JobExplain) -> Result<Explain> {
+        self.run(Mode::DryRun, move |cx| enqueue::explain(cx, &p.item))
+            .await
+    }
+
+    async fn job_get(&self, p: JobRef) -> Result<Option<Job>> {
+        self.read(move |cx| query::job_get(cx, &p.job_id)).await
+    }
+
+    async fn job_list(&self, p: JobList) -> Result<JobPage> {
+        self.read(move |cx| query::job_list(cx, &p)).await
+    }
+
+    async fn job_events(&self, p: JobRef) -> Result<Vec<Event>> {
+        self.read(move |cx| query::job_events(cx, &p.job_id)).await
+    }
+
+    async fn job_runs(&self, p: JobRef) -> Result<Vec<Run>> {
+        self.read(move |cx| query::job_runs(cx, &p.job_id)).await
+    }
+
+    async fn checkpoint_list(&self, p: JobRef) -> Result<BTreeMap<String, Value>> {
+        self.read(move |cx| query::checkpoint_list(cx, &p.job_id))
+            .await
+    }
+
+    async fn job_cancel(&self, p: JobRef) -> Result<CancelOutcome> {
+        flatten(self.write(move |cx| admin::cancel(cx, &p.job_id)).await)
+    }
+
+    async fn job_cancel_by_key(&self, p: JobCancelByKey) -> Result<bool> {
+        self.write(move |cx| admin::cancel_by_key(cx, &p)).await
+    }
+
+    async fn job_purge(&self, p: JobRef) -> Result<bool> {
+        self.write(move |cx| admin::purge(cx, &p.job_id)).await
+    }
+
+    async fn job_promote(&self, p: JobRef) -> Result<bool> {
+        let promoted = flatten(self.write(move |cx| admin::promote(cx, &p.job_id)).await)?;
+        if promoted {
+            self.inner.wakeup.notify_waiters();
+        }
+        Ok(promoted)
+    }
+
+    async fn job_redrive(&self, p: JobRedrive) -> Result<EnqueueResult> {
+        let r = flatten(self.write(move |cx| admin::redrive(cx, &p)).await)?;
+        self.inner.wakeup.notify_waiters();
+        Ok(r)
+    }
+
+    async fn queue_pause(&self, p: QueuePause) -> Result<bool> {
+        let paused = self.write(move |cx| admin::pause(cx, &p)).await?;
+        if !paused {
+            self.inner.wakeup.notify_waiters();
+        }
+        Ok(paused)
+    }
+
+    async fn queue_list(&self) -> Result<Vec<QueueInfo>> {
+        self.read(query::queue_list).await
+    }
+
+    async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>> {
+        self.write(move |cx| exec::claim(cx, &p)).await
+    }
+
+    async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat> {
+        flatten(self.write(move |cx| exec::heartbeat(cx, &p)).await)
+    }
+
+    async fn job_complete(&self, p: JobComplete) -> Result<()> {
+        flatten(self.write(move |cx| exec::complete(cx, &p)).await)
+    }
+
+    async fn job_fail(&self, p: JobFail) -> Result<FailOutcome> {
+        let r = flatten(self.write(move |cx| exec::fail(cx, &p)).await)?;
+        self.inner.wakeup.notify_waiters();
+        Ok(r)
+    }
+
+    async fn job_release(&self, p: LeaseRef) -> Result<()> {
+        flatten(self.write(move |cx| exec::release(cx, &p)).await)?;
+        self.inner.wakeup.notify_waiters();
+        Ok(())
+    }
+
+    async fn checkpoint_put(&self, p: CheckpointPut) -> Result<bool> {
+        flatten(self.write(move |cx| exec::checkpoint_put(cx, &p)).await)
+    }
+
+    async fn checkpoint_get(&self, p: CheckpointGet) -> Result<Option<Value>> {
+        self.read(move |cx| query::checkpoint_get(cx, &p)).await
+    }
+
+    async fn binding_lookup(&self, p: BindingRef) -> Result<Option<BindingInfo>> {
+        self.read(move |cx| query::binding_lookup(cx, &p)).await
+    }
+
+    async fn binding_release(&self, p: BindingRef) -> Result<bool> {
+        self.write(move |cx| admin::binding_release(cx, &p)).await
+    }
+
+    async fn dedupe_lookup(&self, p: DedupeRef) -> Result<Option<ExplainDedupe>> {
+        self.read(move |cx| query::dedupe_lookup(cx, &p)).await
+    }
+
+    async fn binding_sweep(&self, p: Sweep) -> Result<u64> {
+        self.write(move |cx| admin::binding_sweep(cx, p.limit))
+            .await
+    }
+
+    async fn lease_reap(&self, p: Sweep) -> Result<u64> {
+        let n = self.write(move |cx| exec::reap(cx, p.limit)).await?;
+        if n > 0 {
+            self.inner.wakeup.notify_waiters();
+        }
+        Ok(n)
+    }
+
+    async fn job_retention_sweep(&self, p: Sweep) -> Result<u64> {
+        self.write(move |cx| admin::retention_sweep(cx, p.limit))
+            .await
+    }
+}

@@ -1,0 +1,3 @@
+//! Conformance cases: operations.
+
+instantiate!();
