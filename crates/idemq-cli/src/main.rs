@@ -1,1 +1,122 @@
-fn main() {}
+//! `idemq`: the command-line tool. It parses, wires and calls the library;
+//! the behaviour lives in the `idemq` crate.
+
+mod enqueue;
+mod jobs;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use idemq::{Queue, QueueOptions};
+
+/// A durable background-job queue whose promise is: each piece of work is accepted once.
+#[derive(Parser, Debug)]
+#[command(name = "idemq", version, about)]
+struct Cli {
+    /// Database URL: sqlite://path/to/file.db (created if missing) or sqlite::memory:.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEMQ_DATABASE_URL",
+        default_value = "sqlite://idemq.db"
+    )]
+    database: String,
+
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Create or upgrade the database schema.
+    Migrate,
+    /// Enqueue a job (or, with --explain, say what an enqueue would do).
+    Enqueue(Box<enqueue::EnqueueArgs>),
+    /// Inspect jobs.
+    #[command(subcommand)]
+    Jobs(jobs::JobsCommand),
+}
+
+/// Exit codes a script can rely on.
+pub(crate) mod exit {
+    /// Anything else: the backend, I/O.
+    pub const FAILURE: u8 = 1;
+    /// The request breaks a bound (nothing was written).
+    pub const INVALID: u8 = 2;
+    /// The idempotency key is bound to a job with other fields (nothing was written).
+    pub const CONFLICT: u8 = 3;
+    /// The job does not exist.
+    pub const NOT_FOUND: u8 = 4;
+}
+
+fn exit_code(e: &idemq::Error) -> u8 {
+    match e {
+        idemq::Error::Validation { .. } | idemq::Error::PayloadTooLarge { .. } => exit::INVALID,
+        idemq::Error::EnqueueIdempotencyConflict(_) => exit::CONFLICT,
+        idemq::Error::NotFound { .. } => exit::NOT_FOUND,
+        _ => exit::FAILURE,
+    }
+}
+
+async fn connect(url: &str) -> idemq::Result<Queue> {
+    let options = QueueOptions {
+        key_secret: std::env::var("IDEMQ_KEY_SECRET")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(String::into_bytes),
+        ..QueueOptions::default()
+    };
+    Queue::connect_with(url, options).await
+}
+
+async fn run(cli: Cli) -> Result<(), CliError> {
+    let queue = connect(&cli.database).await?;
+    match cli.command {
+        Command::Migrate => {
+            // Opening the database applied every pending migration.
+            output::line(
+                cli.json,
+                &serde_json::json!({"migrated": true, "database": cli.database}),
+                || format!("schema is up to date ({})", cli.database),
+            );
+            Ok(())
+        }
+        Command::Enqueue(args) => enqueue::run(&queue, *args, cli.json).await,
+        Command::Jobs(cmd) => jobs::run(&queue, cmd, cli.json).await,
+    }
+}
+
+/// An error of the tool: a library error, or bad command-line input.
+#[derive(Debug)]
+pub(crate) enum CliError {
+    Lib(idemq::Error),
+    Usage(String),
+}
+
+impl From<idemq::Error> for CliError {
+    fn from(e: idemq::Error) -> Self {
+        Self::Lib(e)
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let json = cli.json;
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(CliError::Usage(msg)) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(exit::INVALID)
+        }
+        Err(CliError::Lib(e)) => {
+            output::error(json, &e);
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}

@@ -150,14 +150,16 @@ impl Fingerprint {
     }
 
     /// The sorted names of the fields whose digests differ. With
-    /// `against_job`, the key retention is not compared (a job record has none).
+    /// `against_job` (a request naming an existing job id), the key retention
+    /// is not compared (a job record has none), nor the `job_id` field: the id
+    /// matched, whether or not the job was accepted under an explicit one.
     pub fn diff(&self, other: &Fingerprint, against_job: bool) -> Vec<String> {
         let mut names: Vec<&String> = self.fields.keys().chain(other.fields.keys()).collect();
         names.sort();
         names.dedup();
         names
             .into_iter()
-            .filter(|n| !(against_job && n.as_str() == KEY_TTL_FIELD))
+            .filter(|n| !(against_job && (n.as_str() == KEY_TTL_FIELD || n.as_str() == "job_id")))
             .filter(|n| self.fields.get(*n) != other.fields.get(*n))
             .cloned()
             .collect()
@@ -252,4 +254,139 @@ pub fn hex(bytes: &[u8]) -> String {
             let _ = write!(s, "{b:02x}");
             s
         })
+}
+
+#[cfg(test)]
+mod tests {
+    //! Golden vectors: fixed input, fixed output, computed independently of
+    //! this code. A change here changes every stored binding: it needs a new
+    //! fingerprint version, never an edit of these values.
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::request::EnqueueRequest;
+
+    #[test]
+    fn rfc8785_sample_is_canonical() {
+        let input = r#"{"numbers":[333333333.33333329,1E30,4.50,2e-3,0.000000000000000000000000001],
+            "string":"\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+            "literals":[null,true,false]}"#;
+        let v: Value = serde_json::from_str(input).unwrap();
+        assert_eq!(
+            canonical_json(&v),
+            r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#
+        );
+    }
+
+    #[test]
+    fn members_sort_by_utf16_code_units() {
+        let input = "{\"\\u20ac\":\"Euro\",\"\\r\":\"CR\",\"\\ufb33\":\"Hebrew\",\"1\":\"One\",\
+                     \"\\ud83d\\ude00\":\"Smiley\",\"\\u0080\":\"Control\",\"\\u00f6\":\"Latin\"}";
+        let v: Value = serde_json::from_str(input).unwrap();
+        let order: Vec<&str> = ["\r", "1", "\u{80}", "ö", "€", "😀", "\u{fb33}"].to_vec();
+        let expected = format!(
+            "{{{}}}",
+            order
+                .iter()
+                .zip(["CR", "One", "Control", "Latin", "Euro", "Smiley", "Hebrew"])
+                .map(|(k, v)| format!("{}:\"{v}\"", canonical_json(&Value::String((*k).into()))))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        assert_eq!(canonical_json(&v), expected);
+    }
+
+    #[test]
+    fn big_integers_keep_every_digit() {
+        let v: Value = serde_json::from_str(
+            "[9007199254740993,-9007199254740993,18446744073709551615,1.0,-0.0]",
+        )
+        .unwrap();
+        assert_eq!(
+            canonical_json(&v),
+            "[9007199254740993,-9007199254740993,18446744073709551615,1,0]"
+        );
+    }
+
+    #[test]
+    fn key_hash_golden_vectors() {
+        let plain = KeyHasher::plain();
+        assert_eq!(
+            hex(&plain.hash("default", "capture:inv_42")),
+            "84577f4cb46ca0ab0f7fe149730cae2df7936f8c6142374c36164ca5f6ab6efe"
+        );
+        assert_eq!(
+            hex(&plain.hash("invoice-capture", "capture:inv_42")),
+            "ea48dda51fcaaf72cef14f73b8e17804dfb7487f9f332313ffccbc2723c1082c"
+        );
+        let keyed = KeyHasher::with_secret(b"installation-secret".to_vec());
+        assert_eq!(
+            hex(&keyed.hash("default", "capture:inv_42")),
+            "fcacf68aa3d82b0a51dc9207e1b2e558eee1265f6c27010f0a17681e7bf15b17"
+        );
+        assert_eq!(
+            key_digest(&plain.hash("default", "capture:inv_42")),
+            "84577f4cb46ca0ab"
+        );
+    }
+
+    #[test]
+    fn key_previews() {
+        assert_eq!(key_preview("capture:inv_42"), "capture…");
+        assert_eq!(key_preview("a-much-longer-key-than-eight"), "a-much-l…");
+        assert_eq!(key_preview("ab"), "a…");
+        assert_eq!(key_preview("a"), "…");
+        assert_eq!(key_preview("äöüßäöüß"), "äöüß…", "characters, not bytes");
+    }
+
+    #[test]
+    fn fingerprint_golden_vector() {
+        let req = EnqueueRequest::new("invoice.capture")
+            .queue("billing")
+            .payload(json!({"invoice_id": "inv_42", "amount": 1250}))
+            .tag("eu")
+            .tag("billing")
+            .tag("eu")
+            .idempotency_key("capture:inv_42");
+        let p = req.prepare(&KeyHasher::plain(), 1 << 20).unwrap();
+        let expected = [
+            ("concurrency_key", "6ad993538865560589613cd63a6ea90f"),
+            ("deadline", "5d557b1ca5415e649f0a129bf5230ce2"),
+            ("delay_ms", "bd27747bc9f8be4e92f1c3a594e4e633"),
+            ("idempotency.ttl_ms", "b907e9fa28b9efdb309e0b5c9d4c4ddc"),
+            ("job_id", "07b82cd0889f4887df0eb046f91eaa8a"),
+            ("max_attempts", "c925066ab28cafb7f70c9ecba97db174"),
+            ("payload", "9dc54b2a09bd7e0d72b123beac4b1745"),
+            ("queue", "7732cd47b8c9e0d12e27df3f3286eabb"),
+            ("retry", "4d4220e2dc66a9341de032364db4fb04"),
+            ("run_at", "19b3a6c8b44d66c4eda01912f7c0e980"),
+            ("tags", "1a8de48e711e5b43794edec3e625ae58"),
+            ("timeout_ms", "977a4f506b2f576d503668f0f1a81942"),
+            ("type", "ccdb65ec22500ff238f9841d1c1b912a"),
+        ];
+        let got: Vec<(&str, &str)> = p
+            .fingerprint
+            .fields
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(got, expected.to_vec());
+    }
+
+    #[test]
+    fn diff_against_a_job_skips_key_retention_and_id() {
+        let a = EnqueueRequest::new("t").job_id("x").idempotency_key("k");
+        let b = EnqueueRequest::new("t").payload(json!(1));
+        let h = KeyHasher::plain();
+        let (pa, pb) = (
+            a.prepare(&h, 1 << 20).unwrap(),
+            b.prepare(&h, 1 << 20).unwrap(),
+        );
+        assert_eq!(
+            pa.fingerprint.diff(&pb.fingerprint, false),
+            ["idempotency.ttl_ms", "job_id", "payload"]
+        );
+        assert_eq!(pa.fingerprint.diff(&pb.fingerprint, true), ["payload"]);
+    }
 }

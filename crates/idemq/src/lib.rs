@@ -62,3 +62,8 @@ pub use queue::{
 };
 pub use request::{DedupeMode, DedupeOptions, EnqueueRequest, IdempotencyOptions, RetryPolicy};
 pub use store::{BindingInfo, Explain, JobList, JobPage};
+
+/// The README's Rust example, compiled by `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;

@@ -1,0 +1,201 @@
+//! The `idemq` binary, run as a user would run it.
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+struct Db {
+    dir: tempfile::TempDir,
+}
+
+impl Db {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("sqlite://{}", self.dir.path().join("cli.db").display())
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_idemq"))
+            .args(args)
+            .env("IDEMQ_DATABASE_URL", self.url())
+            .env_remove("IDEMQ_KEY_SECRET")
+            .output()
+            .expect("run idemq")
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let out = self.run(&all);
+        assert!(
+            out.status.success(),
+            "idemq {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("one JSON document")
+    }
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn enqueue_twice_prints_accepted_then_replayed_with_the_same_id() {
+    let db = Db::new();
+    let first = db.run(&["enqueue", "--type", "demo", "--idempotency-key", "k1"]);
+    let second = db.run(&["enqueue", "--type", "demo", "--idempotency-key", "k1"]);
+    assert!(first.status.success() && second.status.success());
+    let (a, b) = (stdout(&first), stdout(&second));
+    let (oa, ida) = a.trim().split_once(' ').expect("outcome and id");
+    let (ob, idb) = b.trim().split_once(' ').expect("outcome and id");
+    assert_eq!((oa, ob), ("accepted", "replayed"));
+    assert_eq!(ida, idb);
+}
+
+#[test]
+fn conflict_exits_3_and_never_prints_the_raw_key() {
+    let db = Db::new();
+    let key = "order-submit:cust-17:cart-99";
+    db.json(&[
+        "enqueue",
+        "--type",
+        "demo",
+        "--idempotency-key",
+        key,
+        "--payload",
+        "1",
+    ]);
+    let out = db.run(&[
+        "enqueue",
+        "--type",
+        "demo",
+        "--idempotency-key",
+        key,
+        "--payload",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    let all = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    assert!(all.contains("payload"), "{all}");
+    assert!(!all.contains(key), "the raw key was printed: {all}");
+}
+
+#[test]
+fn invalid_request_exits_2_and_writes_nothing() {
+    let db = Db::new();
+    let out = db.run(&["--json", "enqueue", "--type", "bad type"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err: Value = serde_json::from_slice(&out.stderr).expect("JSON error");
+    assert_eq!(err["field"], "type");
+    assert_eq!(
+        db.json(&["jobs", "list"])["jobs"].as_array().map(Vec::len),
+        Some(0)
+    );
+}
+
+#[test]
+fn key_from_stdin_and_explain_writes_nothing() {
+    let db = Db::new();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idemq"))
+        .args([
+            "--json",
+            "enqueue",
+            "--type",
+            "demo",
+            "--idempotency-key-file",
+            "-",
+        ])
+        .env("IDEMQ_DATABASE_URL", db.url())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"secret-key-1\n")
+        .expect("write");
+    let out = child.wait_with_output().expect("wait");
+    let accepted: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(accepted["outcome"], "accepted");
+    let explained = db.json(&[
+        "enqueue",
+        "--type",
+        "demo",
+        "--idempotency-key",
+        "secret-key-1",
+        "--explain",
+    ]);
+    assert_eq!(explained["outcome"], "replayed");
+    assert_eq!(explained["job_id"], accepted["job_id"]);
+    let fresh = db.json(&[
+        "enqueue",
+        "--type",
+        "demo",
+        "--idempotency-key",
+        "other",
+        "--explain",
+    ]);
+    assert_eq!(fresh["outcome"], "accepted");
+    assert_eq!(
+        db.json(&["jobs", "list"])["jobs"].as_array().map(Vec::len),
+        Some(1)
+    );
+}
+
+#[test]
+fn jobs_list_and_show() {
+    let db = Db::new();
+    let r = db.json(&[
+        "enqueue",
+        "--type",
+        "report.build",
+        "--queue",
+        "reports",
+        "--delay",
+        "5m",
+        "--tag",
+        "eu",
+        "--retry",
+        "fixed:10s",
+        "--dedupe-key",
+        "acct-1",
+        "--payload",
+        r#"{"acct":1}"#,
+    ]);
+    let id = r["job_id"].as_str().expect("id").to_owned();
+    let list = db.json(&["jobs", "list", "--state", "scheduled", "--queue", "reports"]);
+    assert_eq!(list["jobs"][0]["id"], id.as_str());
+    let shown = db.json(&["jobs", "show", &id]);
+    assert_eq!(
+        shown["job"]["retry"],
+        serde_json::json!({"kind": "fixed", "delay_ms": 10000})
+    );
+    assert_eq!(shown["job"]["dedupe"]["holds_binding"], true);
+    assert_eq!(shown["events"][0]["kind"], "accepted");
+    let text = stdout(&db.run(&["jobs", "show", &id]));
+    assert!(
+        text.contains("report.build") && text.contains("scheduled"),
+        "{text}"
+    );
+    let missing = db.run(&["jobs", "show", "nope"]);
+    assert_eq!(missing.status.code(), Some(4));
+}
+
+#[test]
+fn unknown_database_url_says_what_to_use() {
+    let out = Command::new(env!("CARGO_BIN_EXE_idemq"))
+        .args(["--database", "mysql://x", "jobs", "list"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sqlite://"));
+}
