@@ -18,6 +18,7 @@ use crate::job::{
 use crate::request::{
     EnqueueRequest, PreparedEnqueue, bounds, defaults, encode_json, micros, prepare_key,
 };
+use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::SqliteStore;
 use crate::store::*;
 
@@ -140,7 +141,8 @@ fn ms(d: Duration) -> i64 {
 
 impl Queue {
     /// Connects to the backend the URL names: `sqlite://path/to/file.db`
-    /// (created if missing) or `sqlite::memory:`.
+    /// (created if missing), `sqlite::memory:`, or `postgres://…` (whose
+    /// schema `idemq migrate` installs).
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, QueueOptions::default()).await
     }
@@ -168,14 +170,11 @@ impl Queue {
             })??;
             Arc::new(store)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Err(Error::validation(
-                "database",
-                "the PostgreSQL backend is not available in this version of idemq; use sqlite://",
-            ));
+            Arc::new(PgStore::connect(url, PgOptions::default()).await?)
         } else {
             return Err(Error::validation(
                 "database",
-                "unknown database URL: use sqlite://path/to/file.db or sqlite::memory:",
+                "unknown database URL: use sqlite://path/to/file.db, sqlite::memory: or postgres://…",
             ));
         };
         Ok(Self::from_store(store, options))
@@ -221,6 +220,7 @@ impl Queue {
             .job_enqueue(JobEnqueue {
                 items: vec![item],
                 atomic: false,
+                dry_run: false,
             })
             .await?;
         results.pop().unwrap_or_else(|| {
@@ -252,6 +252,18 @@ impl Queue {
                     slots.push(None);
                 }
                 Err(error) if options.atomic => {
+                    // The failing item is the first in request order: an
+                    // earlier item may fail in the store (a conflict, a
+                    // passed deadline), so decide those without writing.
+                    if !items.is_empty() {
+                        self.store
+                            .job_enqueue(JobEnqueue {
+                                items,
+                                atomic: true,
+                                dry_run: true,
+                            })
+                            .await?;
+                    }
                     return Err(Error::BatchItem {
                         index,
                         error: Box::new(error),
@@ -271,6 +283,7 @@ impl Queue {
             .job_enqueue(JobEnqueue {
                 items,
                 atomic: options.atomic,
+                dry_run: false,
             })
             .await;
         let mut stored = match stored {
@@ -334,8 +347,20 @@ impl Queue {
 
     /// A page of jobs, newest first.
     pub async fn list(&self, filter: JobList) -> Result<JobPage> {
-        if filter.limit > 1000 {
+        if !(1..=1000).contains(&filter.limit) {
             return Err(Error::validation("limit", "must be 1–1000"));
+        }
+        // A cursor is what a previous page returned; anything else is refused
+        // rather than silently restarting from the first page.
+        if filter
+            .cursor
+            .as_deref()
+            .is_some_and(|c| c.parse::<u64>().is_err())
+        {
+            return Err(Error::validation(
+                "cursor",
+                "is not a cursor returned by a previous page",
+            ));
         }
         self.store.job_list(filter).await
     }
@@ -477,6 +502,13 @@ impl Queue {
     }
 
     fn binding_ref(&self, scope: &str, key: &str) -> Result<BindingRef> {
+        let probe =
+            EnqueueRequest::new("x").idempotency(crate::IdempotencyOptions::new(key).scope(scope));
+        if let Err(e) = probe.prepare(&self.hasher, self.payload_limit)
+            && !matches!(&e, Error::Validation { field, .. } if field == "idempotency.scope" && scope.starts_with("idemq."))
+        {
+            return Err(e);
+        }
         let k = prepare_key("idempotency", key, scope, 0, &self.hasher)?;
         Ok(BindingRef {
             scope: k.scope,
@@ -498,8 +530,13 @@ impl Queue {
             .await
     }
 
-    /// The live dedupe binding of a key.
+    /// The live dedupe binding of a key (`None` also for a type or key that
+    /// no request could have bound, such as one holding U+0000).
     pub async fn dedupe_lookup(&self, job_type: &str, key: &str) -> Result<Option<ExplainDedupe>> {
+        let probe = EnqueueRequest::new(job_type).dedupe(crate::request::DedupeOptions::key(key));
+        if probe.prepare(&self.hasher, self.payload_limit).is_err() {
+            return Ok(None);
+        }
         self.store
             .dedupe_lookup(DedupeRef {
                 job_type: job_type.into(),

@@ -23,6 +23,7 @@ use crate::job::{
 };
 use crate::request::{DedupeMode, PreparedEnqueue, PreparedKey};
 
+pub mod postgres;
 pub mod sqlite;
 
 /// `job_enqueue`: one or many prepared requests, decided in order.
@@ -32,6 +33,10 @@ pub struct JobEnqueue {
     pub items: Vec<PreparedEnqueue>,
     /// All-or-nothing: the first failing item fails the call and nothing is written.
     pub atomic: bool,
+    /// Decide every item as a real call would, then write nothing. Used to
+    /// find the first failing item of an atomic batch whose later items
+    /// already failed validation.
+    pub dry_run: bool,
 }
 
 /// `job_explain`: a dry run of one prepared request.

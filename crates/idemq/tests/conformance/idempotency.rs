@@ -421,6 +421,32 @@ async fn raw_key_is_absent_from_the_database_files(h: Harness) {
     h.put(req(json!(1))).await;
     assert!(h.queue.enqueue(req(json!(2))).await.is_err());
     h.queue.explain(req(json!(3))).await.unwrap();
+    if let Some(url) = &h.db_url {
+        // PostgreSQL: the whole database as pg_dump writes it, and the
+        // statement statistics when pg_stat_statements is loaded.
+        let dump = std::process::Command::new("pg_dump")
+            .arg(url)
+            .output()
+            .expect("pg_dump is installed (Debian: postgresql-client)");
+        assert!(
+            dump.status.success(),
+            "pg_dump failed: {}",
+            String::from_utf8_lossy(&dump.stderr)
+        );
+        assert!(
+            dump.stdout.len() > 1000,
+            "the dump holds the schema and the rows"
+        );
+        assert!(
+            !String::from_utf8_lossy(&dump.stdout).contains(raw),
+            "the raw key is in pg_dump"
+        );
+        assert!(
+            String::from_utf8_lossy(&dump.stdout).contains("raw-key-…"),
+            "the preview is stored"
+        );
+        return;
+    }
     let Some(file) = &h.db_file else { return };
     let dir = file.parent().unwrap();
     let mut scanned = 0;

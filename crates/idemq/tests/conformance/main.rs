@@ -20,6 +20,16 @@ macro_rules! instantiate {
                 }
             )*
         }
+        /// The cases on PostgreSQL: each on its own database cloned from a
+        /// migrated template. They fail, never skip, when PostgreSQL is down.
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(crate::support::Harness::postgres().await).await;
+                }
+            )*
+        }
     };
 }
 

@@ -2,10 +2,11 @@
 //! backend, and a handle on that backend's clock of record.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
+use idemq::store::postgres::{PgOptions, PgStore};
 use idemq::{ClaimOptions, ClaimedJob, EnqueueRequest, JobList, ManualClock, Queue, QueueOptions};
 
 /// The instant every case starts at.
@@ -15,16 +16,125 @@ pub fn epoch() -> DateTime<Utc> {
         .expect("valid date")
 }
 
+/// How a case moves the clock of record of its backend.
+enum Clock {
+    Manual(Arc<ManualClock>),
+    /// PostgreSQL's frozen test clock, and the instant it stands at.
+    Postgres(PgStore, Mutex<DateTime<Utc>>),
+}
+
 /// A fresh database and the means to move its clock.
 pub struct Harness {
     /// The queue under test.
     pub queue: Queue,
-    /// `sqlite`, `postgres`, …
+    /// `sqlite` or `postgres`.
     pub backend: &'static str,
-    clock: Arc<ManualClock>,
-    /// The database file, for cases that inspect the bytes at rest.
+    clock: Clock,
+    /// The SQLite database file, for cases that inspect the bytes at rest.
     pub db_file: Option<PathBuf>,
-    _dir: tempfile::TempDir,
+    /// The PostgreSQL database's URL.
+    pub db_url: Option<String>,
+    _dir: Option<tempfile::TempDir>,
+    drop_db: Option<String>,
+}
+
+/// The server the PostgreSQL cases run on (its `postgres` database is used
+/// to create one database per case).
+pub fn pg_admin_url() -> String {
+    std::env::var("IDEMQ_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+fn pg_url(db: &str) -> String {
+    let admin = pg_admin_url();
+    let (main, query) = admin.split_once('?').unwrap_or((admin.as_str(), ""));
+    let host_start = main.find("://").map_or(0, |i| i + 3);
+    let base = match main[host_start..].find('/') {
+        Some(i) => &main[..host_start + i],
+        None => main,
+    };
+    if query.is_empty() {
+        format!("{base}/{db}")
+    } else {
+        format!("{base}/{db}?{query}")
+    }
+}
+
+/// Runs `f` on a runtime of its own thread: admin work outlives any one test's runtime.
+fn on_own_runtime<T: Send + 'static>(f: impl AsyncFnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(f())
+    })
+    .join()
+    .expect("admin thread")
+}
+
+async fn admin_exec(sql: String) -> Result<(), String> {
+    use sqlx::Connection;
+    let url = pg_admin_url();
+    let mut conn = sqlx::PgConnection::connect(&url).await.map_err(|e| {
+        format!(
+            "PostgreSQL is unreachable at {url} ({e}). Start it (e.g. `pg_ctlcluster \
+             --skip-systemctl-redirect $(ls /etc/postgresql) main start`) or set \
+             IDEMQ_TEST_DATABASE_URL"
+        )
+    })?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    conn.close().await.map_err(|e| e.to_string())
+}
+
+/// The migrated template every case's database is cloned from, made once per
+/// schema version (its name carries a digest of the migrations).
+fn template() -> &'static str {
+    static TEMPLATE: OnceLock<String> = OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let mut all = String::new();
+        for (_, _, sql) in idemq::store::postgres::MIGRATIONS {
+            all.push_str(sql);
+        }
+        let digest = idemq::fingerprint::canonical_json(&serde_json::Value::String(all));
+        let name = format!("idemq_tpl_{:016x}", fxhash(&digest));
+        let n = name.clone();
+        on_own_runtime(async move || -> Result<(), String> {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(&pg_admin_url()).await.map_err(|e| {
+                format!("PostgreSQL is unreachable at {} ({e}): start it or set IDEMQ_TEST_DATABASE_URL", pg_admin_url())
+            })?;
+            // One process builds the template; the others wait for it.
+            sqlx::query("SELECT pg_advisory_lock(7370)").execute(&mut conn).await.map_err(|e| e.to_string())?;
+            let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(&n)
+                .fetch_one(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            if !exists {
+                let tmp = format!("{n}_build");
+                admin_exec(format!("DROP DATABASE IF EXISTS {tmp} WITH (FORCE)")).await?;
+                admin_exec(format!("CREATE DATABASE {tmp}")).await?;
+                let pool = sqlx::PgPool::connect(&pg_url(&tmp)).await.map_err(|e| e.to_string())?;
+                idemq::store::postgres::migrate(&pool).await.map_err(|e| e.to_string())?;
+                pool.close().await;
+                admin_exec(format!("ALTER DATABASE {tmp} RENAME TO {n}")).await?;
+            }
+            sqlx::query("SELECT pg_advisory_unlock(7370)").execute(&mut conn).await.map_err(|e| e.to_string())?;
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("cannot prepare the PostgreSQL template: {e}"));
+        name
+    })
+}
+
+fn fxhash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl Harness {
@@ -44,15 +154,65 @@ impl Harness {
         Self {
             queue,
             backend: "sqlite",
-            clock,
+            clock: Clock::Manual(clock),
             db_file: Some(path),
-            _dir: dir,
+            db_url: None,
+            _dir: Some(dir),
+            drop_db: None,
+        }
+    }
+
+    /// A new PostgreSQL database cloned from the migrated template.
+    pub async fn postgres() -> Self {
+        let template = template();
+        let db = format!("idemq_t_{}", uuid::Uuid::new_v4().simple());
+        let create = format!("CREATE DATABASE {db} TEMPLATE {template}");
+        on_own_runtime(async move || admin_exec(create).await)
+            .unwrap_or_else(|e| panic!("cannot create a test database: {e}"));
+        let url = pg_url(&db);
+        let store = PgStore::connect(
+            &url,
+            PgOptions {
+                max_connections: 8,
+                ..PgOptions::default()
+            },
+        )
+        .await
+        .expect("connect to the test database");
+        store
+            .set_test_clock(Some(epoch()))
+            .await
+            .expect("freeze the clock");
+        let queue = Queue::from_store(Arc::new(store.clone()), QueueOptions::default());
+        Self {
+            queue,
+            backend: "postgres",
+            clock: Clock::Postgres(store, Mutex::new(epoch())),
+            db_file: None,
+            db_url: Some(url),
+            _dir: None,
+            drop_db: Some(db),
         }
     }
 
     /// Moves the clock of record forward.
     pub fn advance(&self, by: Duration) {
-        self.clock.advance(by);
+        match &self.clock {
+            Clock::Manual(c) => c.advance(by),
+            Clock::Postgres(store, at) => {
+                let next = {
+                    let mut at = at.lock().expect("clock");
+                    *at += chrono::Duration::from_std(by).expect("duration");
+                    *at
+                };
+                let store = store.clone();
+                tokio::task::block_in_place(|| {
+                    tokio::runtime::Handle::current()
+                        .block_on(store.set_test_clock(Some(next)))
+                        .expect("move the clock")
+                });
+            }
+        }
     }
 
     /// Moves the clock of record forward by `ms` milliseconds.
@@ -128,5 +288,15 @@ impl Harness {
     /// The job, which must exist.
     pub async fn job(&self, id: &str) -> idemq::Job {
         self.queue.get(id).await.expect("get").expect("job exists")
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(db) = self.drop_db.take() {
+            // The case's pool may still hold connections: FORCE ends them.
+            let sql = format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)");
+            let _ = on_own_runtime(async move || admin_exec(sql).await);
+        }
     }
 }

@@ -248,6 +248,12 @@ pub(super) fn redrive(cx: &Cx, p: &JobRedrive) -> Result<Result<EnqueueResult>> 
             p.deadline,
             cx.now
         ])?;
+    // Redrive does not take dedupe bindings (SPEC 7). A binding without a
+    // window lives while its job is pending, so one left behind by the dead
+    // job would come back to life now; it ended when the job died, so drop it.
+    cx.db
+        .prepare_cached("DELETE FROM idemq_dedupe WHERE job_id = ?1 AND window_until IS NULL")?
+        .execute([&p.job_id])?;
     if p.reset_checkpoints {
         cx.db
             .prepare_cached("DELETE FROM idemq_checkpoints WHERE job_id = ?1")?
@@ -315,6 +321,8 @@ pub(super) fn binding_sweep(cx: &Cx, limit: u32) -> Result<u64> {
                SELECT scope, key_hash FROM idemq_idempotency WHERE expires_at <= ?1 LIMIT ?2)",
         )?
         .execute(params![cx.now, limit])?;
+    // One pass removes at most `limit` rows of both kinds together.
+    let limit = limit.saturating_sub(idem as u32);
     let candidates: Vec<(String, String)> = cx
         .db
         .prepare_cached(

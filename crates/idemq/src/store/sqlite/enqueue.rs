@@ -115,12 +115,19 @@ pub(super) fn keyed_job(cx: &Cx, job_id: &str) -> Result<KeyedJob> {
 }
 
 /// The due time of a new or replacing job: `run_at`, or now + `delay`, or
-/// now; never later than first acceptance + `max_wait`.
-fn resolve_run_at(p: &PreparedEnqueue, now: i64, first_accepted: i64) -> i64 {
+/// now; never later than first acceptance + `max_wait` (the request's for a
+/// new job, the binding's own for a replace: a binding keeps the max_wait it
+/// was created with).
+fn resolve_run_at(
+    p: &PreparedEnqueue,
+    now: i64,
+    first_accepted: i64,
+    max_wait_ms: Option<i64>,
+) -> i64 {
     let run_at = p
         .run_at
         .unwrap_or_else(|| now + p.delay_ms.unwrap_or(0) * 1000);
-    match p.dedupe.as_ref().and_then(|d| d.max_wait_ms) {
+    match max_wait_ms {
         Some(w) => run_at.min(first_accepted + w * 1000),
         None => run_at,
     }
@@ -280,7 +287,7 @@ fn enqueue_one(cx: &Cx, p: &PreparedEnqueue) -> Result<Result<EnqueueResult>> {
                 Decision::NonReplaceable(reason) => Outcome::NonReplaceable { reason },
                 Decision::Replace => {
                     first_accepted = b.accepted_at;
-                    let run_at = resolve_run_at(p, now, first_accepted);
+                    let run_at = resolve_run_at(p, now, first_accepted, b.max_wait_ms);
                     if let Err(e) = check_clock(p, run_at, now) {
                         return Ok(Err(e));
                     }
@@ -298,7 +305,8 @@ fn enqueue_one(cx: &Cx, p: &PreparedEnqueue) -> Result<Result<EnqueueResult>> {
         }
     }
     // 4. A new job.
-    let run_at = resolve_run_at(p, now, first_accepted);
+    let max_wait_ms = p.dedupe.as_ref().and_then(|d| d.max_wait_ms);
+    let run_at = resolve_run_at(p, now, first_accepted, max_wait_ms);
     if let Err(e) = check_clock(p, run_at, now) {
         return Ok(Err(e));
     }

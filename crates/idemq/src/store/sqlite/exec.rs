@@ -213,7 +213,12 @@ pub(super) fn end_attempt(cx: &Cx, a: &Active, end: End) -> Result<FailOutcome> 
                 cx.event(&a.id, kind, json!({ "run_at": ts(at), "snoozed": snoozed }))?;
             }
             FailOutcome {
-                state: JobState::Scheduled,
+                // The derived state, like every read (SPEC 2): a zero delay is ready.
+                state: if at <= now {
+                    JobState::Ready
+                } else {
+                    JobState::Scheduled
+                },
                 next_run_at: Some(ts(at)),
             }
         }

@@ -283,8 +283,10 @@ impl Store for SqliteStore {
 
     async fn job_enqueue(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
         let atomic = p.atomic;
+        let dry_run = p.dry_run;
+        let mode = if dry_run { Mode::DryRun } else { Mode::Write };
         let results = self
-            .write(move |cx| {
+            .run(mode, move |cx| {
                 let results = enqueue::enqueue_all(cx, &p.items)?;
                 if atomic && let Some(index) = results.iter().position(Result::is_err) {
                     // Returning an error rolls the whole batch back.
@@ -298,15 +300,17 @@ impl Store for SqliteStore {
                 Ok(results)
             })
             .await?;
-        if results.iter().any(|r| {
-            matches!(
-                r,
-                Ok(EnqueueResult {
-                    outcome: crate::Outcome::Accepted | crate::Outcome::Replaced,
-                    ..
-                })
-            )
-        }) {
+        if !dry_run
+            && results.iter().any(|r| {
+                matches!(
+                    r,
+                    Ok(EnqueueResult {
+                        outcome: crate::Outcome::Accepted | crate::Outcome::Replaced,
+                        ..
+                    })
+                )
+            })
+        {
             self.inner.wakeup.notify_waiters();
         }
         Ok(results)

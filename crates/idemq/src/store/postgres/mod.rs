@@ -1,0 +1,500 @@
+//! The PostgreSQL backend, for production and many machines.
+//!
+//! Every public operation is one call of a SQL function in the `idemq` schema
+//! (installed by `idemq migrate`), atomic inside the database: one round trip.
+//! The functions return outcomes as rows and never raise for a conflict, a
+//! replay, a dedupe outcome or a validation failure, so a caller's own
+//! transaction stays usable ([`PgStore::enqueue_in`]). Uniqueness is enforced
+//! by primary keys and `ON CONFLICT`; requests on one key are serialized by
+//! transaction-scoped advisory locks taken in a canonical order.
+//!
+//! The clock of record is the database's statement clock
+//! (`clock_timestamp()`, read once per operation), so many hosts share one
+//! clock.
+
+mod enqueue;
+mod migrate;
+mod query;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{PgConnection, Row};
+
+pub use migrate::{MIGRATIONS, latest as schema_version, migrate};
+
+use super::*;
+use crate::error::Error;
+use crate::job::JobState;
+
+/// The channel `LISTEN`ers are told of new work on; the payload is the queue name.
+pub const NOTIFY_CHANNEL: &str = "idemq_jobs";
+
+/// Maps a driver error: lost connections, serialization failures, deadlocks,
+/// lock timeouts and shutdowns are `Unavailable` (retryable).
+pub(crate) fn db_err(e: sqlx::Error) -> Error {
+    let retryable = match &e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(d) => d.code().is_some_and(|c| {
+            matches!(
+                c.as_ref(),
+                "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03"
+            ) || c.starts_with("08")
+        }),
+        _ => false,
+    };
+    if retryable {
+        Error::Unavailable {
+            message: format!("postgres: {e}"),
+        }
+    } else {
+        Error::Backend {
+            message: format!("postgres: {e}"),
+        }
+    }
+}
+
+/// The PostgreSQL store. Cheap to clone (it is a connection pool).
+#[derive(Clone, Debug)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+/// Connection settings of [`PgStore::connect`].
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    /// Most connections in the pool.
+    pub max_connections: u32,
+    /// How long to wait for a free connection before `Unavailable`.
+    pub acquire_timeout: Duration,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl PgStore {
+    /// Connects to `url` and checks that the schema is installed and current.
+    pub async fn connect(url: &str, options: PgOptions) -> Result<Self> {
+        let connect: PgConnectOptions = url
+            .parse()
+            .map_err(|e| Error::validation("database", format!("bad PostgreSQL URL: {e}")))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(|e| Error::Unavailable {
+                message: format!("cannot connect to PostgreSQL: {e}"),
+            })?;
+        migrate::check(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    /// A store over an existing pool (the schema must be installed).
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// The pool, for callers that run their own transactions.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Enqueue inside the caller's own transaction or connection: the jobs,
+    /// their bindings and their events commit or roll back with the caller's
+    /// rows. Nothing in it raises for a conflict or a validation failure, so
+    /// the transaction stays usable after a refused item.
+    pub async fn enqueue_in(
+        conn: &mut PgConnection,
+        items: &[PreparedEnqueue],
+    ) -> Result<Vec<Result<EnqueueResult>>> {
+        enqueue::enqueue(conn, items).await
+    }
+
+    /// Test-only: freezes this database's clock of record at `at` (a
+    /// one-row table production never writes), so tests move time without
+    /// sleeping. `None` returns to `clock_timestamp()`.
+    pub async fn set_test_clock(&self, at: Option<DateTime<Utc>>) -> Result<()> {
+        let query = match at {
+            Some(at) => sqlx::query(
+                "INSERT INTO idemq.test_clock (at) VALUES ($1)
+                 ON CONFLICT (one) DO UPDATE SET at = excluded.at",
+            )
+            .bind(at),
+            None => sqlx::query("DELETE FROM idemq.test_clock"),
+        };
+        query.execute(&self.pool).await.map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn lease_call(&self, sql: &'static str, p: &LeaseRef) -> Result<sqlx::postgres::PgRow> {
+        sqlx::query(sql)
+            .bind(&p.job_id)
+            .bind(&p.lease_token)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn finish(
+        &self,
+        lease: &LeaseRef,
+        kind: &str,
+        error: Option<&str>,
+        retryable: bool,
+        retry_after_ms: Option<i64>,
+        snooze_ms: Option<i64>,
+        result: Option<&str>,
+    ) -> Result<FailOutcome> {
+        let row = sqlx::query(
+            "SELECT ok, state, next_run_at FROM idemq.finish_attempt($1, $2, $3, $4, $5, $6, $7, $8::jsonb)",
+        )
+        .bind(&lease.job_id)
+        .bind(&lease.lease_token)
+        .bind(kind)
+        .bind(error)
+        .bind(retryable)
+        .bind(retry_after_ms)
+        .bind(snooze_ms)
+        .bind(result)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db_err)?;
+        if !row.try_get::<bool, _>("ok").map_err(db_err)? {
+            return Err(Error::LeaseLost {
+                job_id: lease.job_id.clone(),
+            });
+        }
+        let state: String = row.try_get("state").map_err(db_err)?;
+        Ok(FailOutcome {
+            state: JobState::parse(&state).unwrap_or(JobState::Scheduled),
+            next_run_at: row.try_get("next_run_at").map_err(db_err)?,
+        })
+    }
+}
+
+fn not_found(id: &str) -> Error {
+    Error::job_not_found(id)
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>> {
+        sqlx::query_scalar("SELECT idemq.now()")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn job_enqueue(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
+        if !p.atomic && !p.dry_run {
+            let mut conn = self.pool.acquire().await.map_err(db_err)?;
+            return enqueue::enqueue(&mut conn, &p.items).await;
+        }
+        // All-or-nothing and dry runs: the function never raises for an
+        // item, so the batch runs in a transaction that is rolled back on the
+        // first error (or always, for a dry run).
+        let mut tx = self.pool.begin().await.map_err(db_err)?;
+        let mut results = enqueue::enqueue(&mut tx, &p.items).await?;
+        let failed = if p.atomic {
+            results.iter().position(Result::is_err)
+        } else {
+            None
+        };
+        if p.dry_run || failed.is_some() {
+            tx.rollback().await.map_err(db_err)?;
+        } else {
+            tx.commit().await.map_err(db_err)?;
+        }
+        if let Some(index) = failed {
+            let error = match results.swap_remove(index) {
+                Err(e) => e,
+                Ok(_) => Error::Backend {
+                    message: "batch item error vanished".into(),
+                },
+            };
+            return Err(Error::BatchItem {
+                index,
+                error: Box::new(error),
+            });
+        }
+        Ok(results)
+    }
+
+    async fn job_explain(&self, p: JobExplain) -> Result<Explain> {
+        let mut tx = self.pool.begin().await.map_err(db_err)?;
+        let out = enqueue::explain(&mut tx, &p.item).await;
+        tx.rollback().await.map_err(db_err)?;
+        out
+    }
+
+    async fn job_get(&self, p: JobRef) -> Result<Option<Job>> {
+        query::job_get(&self.pool, &p.job_id).await
+    }
+
+    async fn job_list(&self, p: JobList) -> Result<JobPage> {
+        query::job_list(&self.pool, &p).await
+    }
+
+    async fn job_events(&self, p: JobRef) -> Result<Vec<Event>> {
+        query::job_events(&self.pool, &p.job_id).await
+    }
+
+    async fn job_runs(&self, p: JobRef) -> Result<Vec<Run>> {
+        query::job_runs(&self.pool, &p.job_id).await
+    }
+
+    async fn checkpoint_list(&self, p: JobRef) -> Result<BTreeMap<String, Value>> {
+        query::checkpoint_list(&self.pool, &p.job_id).await
+    }
+
+    async fn job_cancel(&self, p: JobRef) -> Result<CancelOutcome> {
+        let row = sqlx::query("SELECT o_found, o_cancelled, o_state FROM idemq.cancel($1)")
+            .bind(&p.job_id)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err)?;
+        if !row.try_get::<bool, _>("o_found").map_err(db_err)? {
+            return Err(not_found(&p.job_id));
+        }
+        let stored: String = row.try_get("o_state").map_err(db_err)?;
+        let state = JobState::parse(&stored).unwrap_or(JobState::Cancelled);
+        Ok(CancelOutcome {
+            cancelled: row.try_get("o_cancelled").map_err(db_err)?,
+            state,
+        })
+    }
+
+    async fn job_cancel_by_key(&self, p: JobCancelByKey) -> Result<bool> {
+        sqlx::query_scalar("SELECT idemq.cancel_by_key($1, $2)")
+            .bind(&p.job_type)
+            .bind(&p.key)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn job_purge(&self, p: JobRef) -> Result<bool> {
+        sqlx::query_scalar("SELECT idemq.purge($1)")
+            .bind(&p.job_id)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn job_promote(&self, p: JobRef) -> Result<bool> {
+        let promoted: Option<bool> = sqlx::query_scalar("SELECT idemq.promote($1)")
+            .bind(&p.job_id)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err)?;
+        promoted.ok_or_else(|| not_found(&p.job_id))
+    }
+
+    async fn job_redrive(&self, p: JobRedrive) -> Result<EnqueueResult> {
+        enqueue::redrive(&self.pool, &p).await
+    }
+
+    async fn queue_pause(&self, p: QueuePause) -> Result<bool> {
+        sqlx::query(
+            "INSERT INTO idemq.queues (name, paused, updated_at) VALUES ($1, $2, idemq.now())
+             ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = excluded.updated_at",
+        )
+        .bind(&p.queue)
+        .bind(p.paused)
+        .execute(&self.pool)
+        .await
+        .map_err(db_err)?;
+        if !p.paused {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(NOTIFY_CHANNEL)
+                .bind(&p.queue)
+                .execute(&self.pool)
+                .await
+                .map_err(db_err)?;
+        }
+        Ok(p.paused)
+    }
+
+    async fn queue_list(&self) -> Result<Vec<QueueInfo>> {
+        query::queue_list(&self.pool).await
+    }
+
+    async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>> {
+        let queues = (!p.queues.is_empty()).then_some(&p.queues);
+        let rows = sqlx::query(
+            "SELECT id, type, queue, payload, attempt, max_attempts, lease_token, lease_expires_at,
+                    timeout_ms, deadline, tags
+             FROM idemq.claim($1, $2, $3, $4, $5)",
+        )
+        .bind(queues)
+        .bind(p.types.as_ref())
+        .bind(&p.worker)
+        .bind(i32::try_from(p.limit).unwrap_or(i32::MAX))
+        .bind(p.lease_ms)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err)?;
+        rows.iter()
+            .map(|r| {
+                Ok(ClaimedJob {
+                    id: r.try_get("id")?,
+                    job_type: r.try_get("type")?,
+                    queue: r.try_get("queue")?,
+                    payload: r.try_get("payload")?,
+                    attempt: r.try_get("attempt")?,
+                    max_attempts: r.try_get("max_attempts")?,
+                    lease_token: r.try_get("lease_token")?,
+                    lease_expires_at: r.try_get("lease_expires_at")?,
+                    timeout_ms: r.try_get("timeout_ms")?,
+                    deadline: r.try_get("deadline")?,
+                    tags: r.try_get("tags")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(db_err)
+    }
+
+    async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat> {
+        let row = self
+            .lease_call(
+                "SELECT ok, lease_expires_at, cancel_requested FROM idemq.heartbeat($1, $2)",
+                &p,
+            )
+            .await?;
+        if !row.try_get::<bool, _>("ok").map_err(db_err)? {
+            return Err(Error::LeaseLost { job_id: p.job_id });
+        }
+        Ok(Heartbeat {
+            lease_expires_at: row.try_get("lease_expires_at").map_err(db_err)?,
+            cancel_requested: row.try_get("cancel_requested").map_err(db_err)?,
+        })
+    }
+
+    async fn job_complete(&self, p: JobComplete) -> Result<()> {
+        self.finish(
+            &p.lease,
+            "completed",
+            None,
+            true,
+            None,
+            None,
+            p.result.as_deref(),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn job_fail(&self, p: JobFail) -> Result<FailOutcome> {
+        let kind = if p.snooze_ms.is_some() {
+            "snoozed"
+        } else {
+            "failed"
+        };
+        self.finish(
+            &p.lease,
+            kind,
+            Some(&p.error),
+            p.retryable,
+            p.retry_after_ms,
+            p.snooze_ms,
+            None,
+        )
+        .await
+    }
+
+    async fn job_release(&self, p: LeaseRef) -> Result<()> {
+        self.finish(&p, "released", None, true, None, None, None)
+            .await?;
+        Ok(())
+    }
+
+    async fn checkpoint_put(&self, p: CheckpointPut) -> Result<bool> {
+        let row = sqlx::query("SELECT ok, stored FROM idemq.checkpoint_put($1, $2, $3, $4::jsonb)")
+            .bind(&p.lease.job_id)
+            .bind(&p.lease.lease_token)
+            .bind(&p.name)
+            .bind(&p.value)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err)?;
+        if !row.try_get::<bool, _>("ok").map_err(db_err)? {
+            return Err(Error::LeaseLost {
+                job_id: p.lease.job_id,
+            });
+        }
+        row.try_get("stored").map_err(db_err)
+    }
+
+    async fn checkpoint_get(&self, p: CheckpointGet) -> Result<Option<Value>> {
+        sqlx::query_scalar("SELECT value FROM idemq.checkpoints WHERE job_id = $1 AND name = $2")
+            .bind(&p.job_id)
+            .bind(&p.name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn binding_lookup(&self, p: BindingRef) -> Result<Option<BindingInfo>> {
+        query::binding_lookup(&self.pool, &p).await
+    }
+
+    async fn binding_release(&self, p: BindingRef) -> Result<bool> {
+        sqlx::query_scalar("SELECT idemq.binding_release($1, $2)")
+            .bind(&p.scope)
+            .bind(&p.hash[..])
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn dedupe_lookup(&self, p: DedupeRef) -> Result<Option<ExplainDedupe>> {
+        query::dedupe_lookup(&self.pool, &p).await
+    }
+
+    async fn binding_sweep(&self, p: Sweep) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT idemq.binding_sweep($1)")
+            .bind(i32::try_from(p.limit).unwrap_or(i32::MAX))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err)?;
+        Ok(n as u64)
+    }
+
+    async fn lease_reap(&self, p: Sweep) -> Result<u64> {
+        let n: i32 = sqlx::query_scalar("SELECT idemq.lease_reap($1)")
+            .bind(i32::try_from(p.limit).unwrap_or(i32::MAX))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err)?;
+        Ok(n as u64)
+    }
+
+    async fn job_retention_sweep(&self, p: Sweep) -> Result<u64> {
+        let n: i64 = sqlx::query_scalar("SELECT idemq.retention_sweep($1)")
+            .bind(i32::try_from(p.limit).unwrap_or(i32::MAX))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(db_err)?;
+        Ok(n as u64)
+    }
+}

@@ -1,0 +1,287 @@
+//! Read-only queries on PostgreSQL. States are derived from the clock of
+//! record on every read, in the same statement.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+
+use super::db_err;
+use super::enqueue::dedupe_holder;
+use crate::error::Result;
+use crate::fingerprint::key_digest;
+use crate::job::{Event, Job, JobDedupe, JobIdempotency, JobState, QueueInfo, Run};
+use crate::request::DedupeMode;
+use crate::store::{BindingInfo, BindingRef, DedupeRef, ExplainDedupe, JobList, JobPage};
+
+/// A job with its derived state and key details, as of `idemq.now()`.
+const JOB_SELECT: &str = "
+    SELECT j.seq, j.id, j.type, j.queue, j.payload, j.result, j.priority, j.run_at, j.attempt,
+           j.attempts_used, j.max_attempts, j.retry, j.timeout_ms, j.deadline, j.concurrency_key,
+           j.tags, j.keep_ms, j.created_at, j.updated_at, j.finished_at, j.last_error,
+           j.cancel_requested, j.lease_expires_at, j.idem_scope, j.idem_key_hash,
+           j.idem_key_preview, j.dedupe_key, j.dedupe_mode,
+           CASE WHEN j.state = 'waiting' AND j.run_at <= n.now THEN 'ready'
+                WHEN j.state = 'waiting' THEN 'scheduled' ELSE j.state END AS derived,
+           b.expires_at AS idem_expires_at,
+           d.mode AS held_mode, d.window_until AS held_window,
+           (d.job_id IS NOT NULL AND idemq.binding_live(d.window_until, j.state, n.now)) AS holds
+    FROM idemq.jobs j
+    CROSS JOIN (SELECT idemq.now() AS now) n
+    LEFT JOIN idemq.idempotency b ON b.scope = j.idem_scope AND b.key_hash = j.idem_key_hash
+                                  AND b.job_id = j.id AND b.expires_at > n.now
+    LEFT JOIN idemq.dedupe d ON d.type = j.type AND d.key = j.dedupe_key AND d.job_id = j.id";
+
+fn job_from(r: &PgRow) -> Result<Job, sqlx::Error> {
+    let derived: String = r.try_get("derived")?;
+    let idempotency = match (
+        r.try_get::<Option<String>, _>("idem_scope")?,
+        r.try_get::<Option<Vec<u8>>, _>("idem_key_hash")?,
+    ) {
+        (Some(scope), Some(hash)) => {
+            let mut h = [0u8; 32];
+            if hash.len() == 32 {
+                h.copy_from_slice(&hash);
+            }
+            Some(JobIdempotency {
+                scope,
+                key_preview: r
+                    .try_get::<Option<String>, _>("idem_key_preview")?
+                    .unwrap_or_default(),
+                key_digest: key_digest(&h),
+                expires_at: r.try_get("idem_expires_at")?,
+            })
+        }
+        _ => None,
+    };
+    let dedupe = match r.try_get::<Option<String>, _>("dedupe_key")? {
+        Some(key) => {
+            let holds: bool = r.try_get("holds")?;
+            let own: Option<String> = r.try_get("dedupe_mode")?;
+            let held: Option<String> = r.try_get("held_mode")?;
+            let mode = if holds { held } else { own };
+            Some(JobDedupe {
+                key,
+                mode: mode
+                    .as_deref()
+                    .and_then(DedupeMode::parse)
+                    .unwrap_or(DedupeMode::Pending),
+                window_until: if holds {
+                    r.try_get("held_window")?
+                } else {
+                    None
+                },
+                holds_binding: holds,
+            })
+        }
+        None => None,
+    };
+    Ok(Job {
+        id: r.try_get("id")?,
+        job_type: r.try_get("type")?,
+        queue: r.try_get("queue")?,
+        state: JobState::parse(&derived).unwrap_or(JobState::Cancelled),
+        payload: r.try_get("payload")?,
+        result: r.try_get("result")?,
+        priority: r.try_get("priority")?,
+        run_at: r.try_get("run_at")?,
+        attempt: r.try_get("attempt")?,
+        attempts_used: r.try_get("attempts_used")?,
+        max_attempts: r.try_get("max_attempts")?,
+        retry: serde_json::from_value(r.try_get("retry")?).unwrap_or_default(),
+        timeout_ms: r.try_get("timeout_ms")?,
+        deadline: r.try_get("deadline")?,
+        concurrency_key: r.try_get("concurrency_key")?,
+        tags: r.try_get("tags")?,
+        keep_ms: r.try_get("keep_ms")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+        finished_at: r.try_get("finished_at")?,
+        last_error: r.try_get("last_error")?,
+        cancel_requested: r.try_get("cancel_requested")?,
+        lease_expires_at: r.try_get("lease_expires_at")?,
+        idempotency,
+        dedupe,
+    })
+}
+
+pub(super) async fn job_get(pool: &PgPool, id: &str) -> Result<Option<Job>> {
+    let sql = format!("{JOB_SELECT} WHERE j.id = $1");
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .map_err(db_err)?;
+    row.as_ref().map(job_from).transpose().map_err(db_err)
+}
+
+pub(super) async fn job_list(pool: &PgPool, p: &JobList) -> Result<JobPage> {
+    let (stored, due): (Option<&str>, Option<bool>) = match p.state {
+        None => (None, None),
+        Some(JobState::Scheduled) => (Some("waiting"), Some(false)),
+        Some(JobState::Ready) => (Some("waiting"), Some(true)),
+        Some(s) => (Some(s.as_str()), None),
+    };
+    let cursor: Option<i64> = p.cursor.as_deref().and_then(|c| c.parse().ok());
+    let limit = p.limit.clamp(1, 1000);
+    let sql = format!(
+        "{JOB_SELECT}
+         WHERE ($1::text IS NULL OR j.state = $1)
+           AND ($2::boolean IS NULL OR $2 = (j.run_at <= n.now))
+           AND ($3::text IS NULL OR j.queue = $3)
+           AND ($4::text IS NULL OR j.type = $4)
+           AND ($5::text IS NULL OR $5 = ANY (j.tags))
+           AND ($6::bigint IS NULL OR j.seq < $6)
+         ORDER BY j.seq DESC LIMIT $7"
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(stored)
+        .bind(due)
+        .bind(&p.queue)
+        .bind(&p.job_type)
+        .bind(&p.tag)
+        .bind(cursor)
+        .bind(i64::from(limit) + 1)
+        .fetch_all(pool)
+        .await
+        .map_err(db_err)?;
+    let more = rows.len() as u32 > limit;
+    let mut jobs = Vec::with_capacity(rows.len());
+    let mut last = None;
+    for r in rows.iter().take(limit as usize) {
+        last = Some(r.try_get::<i64, _>("seq").map_err(db_err)?);
+        jobs.push(job_from(r).map_err(db_err)?);
+    }
+    Ok(JobPage {
+        jobs,
+        next_cursor: if more {
+            last.map(|s| s.to_string())
+        } else {
+            None
+        },
+    })
+}
+
+pub(super) async fn job_events(pool: &PgPool, id: &str) -> Result<Vec<Event>> {
+    let rows =
+        sqlx::query("SELECT seq, kind, at, data FROM idemq.events WHERE job_id = $1 ORDER BY seq")
+            .bind(id)
+            .fetch_all(pool)
+            .await
+            .map_err(db_err)?;
+    rows.iter()
+        .map(|r| {
+            Ok(Event {
+                seq: r.try_get("seq")?,
+                kind: r.try_get("kind")?,
+                at: r.try_get("at")?,
+                data: r.try_get("data")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(db_err)
+}
+
+pub(super) async fn job_runs(pool: &PgPool, id: &str) -> Result<Vec<Run>> {
+    let rows = sqlx::query(
+        "SELECT attempt, worker, started_at, finished_at, outcome, error
+         FROM idemq.runs WHERE job_id = $1 ORDER BY attempt",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .map_err(db_err)?;
+    rows.iter()
+        .map(|r| {
+            Ok(Run {
+                attempt: r.try_get("attempt")?,
+                worker: r.try_get("worker")?,
+                started_at: r.try_get("started_at")?,
+                finished_at: r.try_get("finished_at")?,
+                outcome: r.try_get("outcome")?,
+                error: r.try_get("error")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(db_err)
+}
+
+pub(super) async fn checkpoint_list(pool: &PgPool, id: &str) -> Result<BTreeMap<String, Value>> {
+    let rows = sqlx::query("SELECT name, value FROM idemq.checkpoints WHERE job_id = $1")
+        .bind(id)
+        .fetch_all(pool)
+        .await
+        .map_err(db_err)?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("name")?, r.try_get("value")?)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(db_err)
+}
+
+pub(super) async fn binding_lookup(pool: &PgPool, p: &BindingRef) -> Result<Option<BindingInfo>> {
+    let row = sqlx::query(
+        "SELECT job_id, key_preview, expires_at FROM idemq.idempotency
+         WHERE scope = $1 AND key_hash = $2 AND expires_at > idemq.now()",
+    )
+    .bind(&p.scope)
+    .bind(&p.hash[..])
+    .fetch_optional(pool)
+    .await
+    .map_err(db_err)?;
+    row.map(|r| -> Result<_, sqlx::Error> {
+        Ok(BindingInfo {
+            job_id: r.try_get("job_id")?,
+            key_preview: r.try_get("key_preview")?,
+            key_digest: key_digest(&p.hash),
+            expires_at: r.try_get("expires_at")?,
+        })
+    })
+    .transpose()
+    .map_err(db_err)
+}
+
+pub(super) async fn dedupe_lookup(pool: &PgPool, p: &DedupeRef) -> Result<Option<ExplainDedupe>> {
+    let mut conn = pool.acquire().await.map_err(db_err)?;
+    dedupe_holder(&mut conn, &p.job_type, &p.key).await
+}
+
+pub(super) async fn queue_list(pool: &PgPool) -> Result<Vec<QueueInfo>> {
+    let counts = sqlx::query(
+        "SELECT j.queue, CASE WHEN j.state = 'waiting' AND j.run_at <= n.now THEN 'ready'
+                              WHEN j.state = 'waiting' THEN 'scheduled' ELSE j.state END AS s,
+                count(*) AS n
+         FROM idemq.jobs j CROSS JOIN (SELECT idemq.now() AS now) n GROUP BY 1, 2",
+    )
+    .fetch_all(pool)
+    .await
+    .map_err(db_err)?;
+    let paused = sqlx::query("SELECT name, paused FROM idemq.queues")
+        .fetch_all(pool)
+        .await
+        .map_err(db_err)?;
+    let mut out: BTreeMap<String, QueueInfo> = BTreeMap::new();
+    let blank = |name: &str| QueueInfo {
+        name: name.to_owned(),
+        paused: false,
+        counts: Default::default(),
+    };
+    for r in &paused {
+        let name: String = r.try_get("name").map_err(db_err)?;
+        out.entry(name.clone())
+            .or_insert_with(|| blank(&name))
+            .paused = r.try_get("paused").map_err(db_err)?;
+    }
+    for r in &counts {
+        let name: String = r.try_get("queue").map_err(db_err)?;
+        let s: String = r.try_get("s").map_err(db_err)?;
+        let n: i64 = r.try_get("n").map_err(db_err)?;
+        if let Some(state) = JobState::parse(&s) {
+            out.entry(name.clone())
+                .or_insert_with(|| blank(&name))
+                .counts
+                .add(state, n as u64);
+        }
+    }
+    Ok(out.into_values().collect())
+}
