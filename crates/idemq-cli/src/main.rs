@@ -14,7 +14,8 @@ use idemq::{Queue, QueueOptions};
 #[derive(Parser, Debug)]
 #[command(name = "idemq", version, about)]
 struct Cli {
-    /// Database URL: sqlite://path/to/file.db (created if missing) or sqlite::memory:.
+    /// Database URL: sqlite://path/to/file.db (created if missing), sqlite::memory:,
+    /// or postgres://user:password@host/db (install its schema with `idemq migrate`).
     #[arg(
         long,
         global = true,
@@ -75,19 +76,34 @@ async fn connect(url: &str) -> idemq::Result<Queue> {
 }
 
 async fn run(cli: Cli) -> Result<(), CliError> {
+    if let Command::Migrate = cli.command {
+        let applied = Queue::migrate(&cli.database).await?;
+        let value = serde_json::json!({"applied": applied, "database": redact(&cli.database)});
+        output::line(cli.json, &value, || match applied.as_slice() {
+            [] => format!("schema is up to date ({})", redact(&cli.database)),
+            v => format!("applied migrations {v:?}; schema is up to date ({})", redact(&cli.database)),
+        });
+        return Ok(());
+    }
     let queue = connect(&cli.database).await?;
     match cli.command {
-        Command::Migrate => {
-            // Opening the database applied every pending migration.
-            output::line(
-                cli.json,
-                &serde_json::json!({"migrated": true, "database": cli.database}),
-                || format!("schema is up to date ({})", cli.database),
-            );
-            Ok(())
-        }
+        Command::Migrate => Ok(()),
         Command::Enqueue(args) => enqueue::run(&queue, *args, cli.json).await,
         Command::Jobs(cmd) => jobs::run(&queue, cmd, cli.json).await,
+    }
+}
+
+/// The URL without its password, for printing.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let userinfo = &url[s + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
     }
 }
 

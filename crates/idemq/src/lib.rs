@@ -63,6 +63,9 @@ pub use queue::{
 pub use request::{DedupeMode, DedupeOptions, EnqueueRequest, IdempotencyOptions, RetryPolicy};
 pub use store::{BindingInfo, Explain, JobList, JobPage};
 
+/// The PostgreSQL driver idemq uses, for [`Queue::enqueue_in`] on your own transactions.
+pub use sqlx;
+
 /// The README's Rust example, compiled by `cargo test --doc`.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]

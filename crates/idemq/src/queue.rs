@@ -147,6 +147,24 @@ impl Queue {
         Self::connect_with(url, QueueOptions::default()).await
     }
 
+    /// Installs or upgrades the schema of the database the URL names and
+    /// returns the migration versions applied. Safe to run from several
+    /// processes at once. (SQLite databases are also migrated when opened.)
+    pub async fn migrate(url: &str) -> Result<Vec<i64>> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(url)
+                .await
+                .map_err(|e| Error::Unavailable { message: format!("cannot connect to PostgreSQL: {e}") })?;
+            let applied = crate::store::postgres::migrate(&pool).await;
+            pool.close().await;
+            return applied;
+        }
+        Self::connect(url).await?;
+        Ok(Vec::new())
+    }
+
     /// [`connect`](Self::connect) with options.
     pub async fn connect_with(url: &str, options: QueueOptions) -> Result<Self> {
         let store: Arc<dyn Store> = if url == "sqlite::memory:" {
@@ -312,6 +330,25 @@ impl Queue {
                 }),
             })
             .collect())
+    }
+
+    /// Enqueues on the caller's own PostgreSQL connection or transaction: the
+    /// job, its bindings and its event commit or roll back with the caller's
+    /// rows. A refused request (a conflict, a validation failure) raises
+    /// nothing in the database, so the transaction stays usable.
+    ///
+    /// Under `REPEATABLE READ` or `SERIALIZABLE`, a key bound by a transaction
+    /// that committed after this one's snapshot fails with `Unavailable`
+    /// (a serialization failure): retry the whole transaction, and the retry
+    /// answers `replayed`. See docs/operating.md.
+    pub async fn enqueue_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        req: EnqueueRequest,
+    ) -> Result<EnqueueResult> {
+        let item = self.prepare(&req)?;
+        let mut results = PgStore::enqueue_in(conn, std::slice::from_ref(&item)).await?;
+        results.pop().unwrap_or_else(|| Err(Error::Backend { message: "no result".into() }))
     }
 
     /// A dry run: what an enqueue would do now and why. Writes nothing, ever.

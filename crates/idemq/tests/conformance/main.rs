@@ -38,4 +38,5 @@ mod dedupe;
 mod execution;
 mod idempotency;
 mod operations;
+mod races;
 mod validation;

@@ -45,7 +45,7 @@ pub fn pg_admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
-fn pg_url(db: &str) -> String {
+pub fn pg_url(db: &str) -> String {
     let admin = pg_admin_url();
     let (main, query) = admin.split_once('?').unwrap_or((admin.as_str(), ""));
     let host_start = main.find("://").map_or(0, |i| i + 3);
@@ -192,6 +192,27 @@ impl Harness {
             db_url: Some(url),
             _dir: None,
             drop_db: Some(db),
+        }
+    }
+
+    /// A second queue on the same database over its own connections (its
+    /// own pool on PostgreSQL, its own writer on SQLite), sharing the clock:
+    /// for races between clients.
+    pub async fn another_queue(&self) -> Queue {
+        match &self.clock {
+            Clock::Manual(clock) => {
+                let path = self.db_file.as_ref().expect("sqlite file");
+                let options = QueueOptions { clock: clock.clone(), ..QueueOptions::default() };
+                Queue::connect_with(&format!("sqlite://{}", path.display()), options)
+                    .await
+                    .expect("open sqlite again")
+            }
+            Clock::Postgres(..) => {
+                let url = self.db_url.as_ref().expect("postgres url");
+                let options = PgOptions { max_connections: 4, ..PgOptions::default() };
+                let store = PgStore::connect(url, options).await.expect("connect again");
+                Queue::from_store(Arc::new(store), QueueOptions::default())
+            }
         }
     }
 

@@ -100,13 +100,19 @@ fn newer(current: i64) -> Error {
 
 /// Refuses to run on a database without the current schema, saying what to do.
 pub(crate) async fn check(pool: &PgPool) -> Result<()> {
-    let version: Option<i64> = sqlx::query_scalar(
-        "SELECT CASE WHEN to_regclass('idemq.schema_migrations') IS NULL THEN NULL
-                     ELSE (SELECT coalesce(max(version), 0) FROM idemq.schema_migrations) END",
-    )
-    .fetch_one(pool)
-    .await
-    .map_err(db_err)?;
+    let installed: bool =
+        sqlx::query_scalar("SELECT to_regclass('idemq.schema_migrations') IS NOT NULL")
+            .fetch_one(pool)
+            .await
+            .map_err(db_err)?;
+    let version: Option<i64> = if installed {
+        sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM idemq.schema_migrations")
+            .fetch_one(pool)
+            .await
+            .map_err(db_err)?
+    } else {
+        None
+    };
     match version {
         Some(v) if v == latest() => Ok(()),
         Some(v) if v > latest() => Err(newer(v)),

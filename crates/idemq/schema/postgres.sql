@@ -1,0 +1,1065 @@
+-- The idemq schema on PostgreSQL, as migrated: generated, do not edit.
+
+CREATE SCHEMA idemq;
+
+CREATE FUNCTION idemq.bind_key(p_idem jsonb, p_job text, p_fp jsonb, p_now timestamp with time zone) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO idemq.idempotency
+        (scope, key_hash, key_preview, job_id, fingerprint, created_at, expires_at)
+    SELECT p_idem ->> 'scope', decode(p_idem ->> 'hash', 'hex'), p_idem ->> 'preview', p_job,
+           p_fp, p_now, p_now + idemq.ms((p_idem ->> 'ttl_ms')::bigint)
+    WHERE p_idem IS NOT NULL
+    ON CONFLICT (scope, key_hash) DO UPDATE
+        SET key_preview = excluded.key_preview, job_id = excluded.job_id,
+            fingerprint = excluded.fingerprint, created_at = excluded.created_at,
+            expires_at = excluded.expires_at
+$$;
+
+CREATE FUNCTION idemq.binding_live(p_window timestamp with time zone, p_job_state text, p_now timestamp with time zone) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN p_window IS NULL THEN coalesce(p_job_state IN ('waiting', 'active'), false)
+                ELSE p_now < p_window AND p_job_state IS DISTINCT FROM 'cancelled' END
+$$;
+
+CREATE FUNCTION idemq.binding_release(p_scope text, p_hash bytea) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    b     record;
+BEGIN
+    DELETE FROM idemq.idempotency i
+    WHERE i.scope = p_scope AND i.key_hash = p_hash AND i.expires_at > v_now
+    RETURNING i.job_id, i.key_preview INTO b;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM idemq.jobs WHERE id = b.job_id) THEN
+        PERFORM idemq.event(b.job_id, 'binding_released', v_now, jsonb_build_object(
+            'scope', p_scope, 'key_preview', b.key_preview,
+            'key_digest', left(encode(p_hash, 'hex'), 16)));
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION idemq.binding_sweep(p_limit integer) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    n1    bigint;
+    n2    bigint;
+BEGIN
+    DELETE FROM idemq.idempotency i USING (
+        SELECT scope, key_hash FROM idemq.idempotency WHERE expires_at <= v_now
+        LIMIT p_limit FOR UPDATE SKIP LOCKED) e
+    WHERE i.scope = e.scope AND i.key_hash = e.key_hash;
+    GET DIAGNOSTICS n1 = ROW_COUNT;
+    DELETE FROM idemq.dedupe x USING (
+        SELECT d.type, d.key FROM idemq.dedupe d
+        LEFT JOIN idemq.jobs j ON j.id = d.job_id
+        WHERE NOT idemq.binding_live(d.window_until, j.state, v_now)
+        LIMIT greatest(p_limit - n1, 0) FOR UPDATE OF d SKIP LOCKED) e
+    WHERE x.type = e.type AND x.key = e.key;
+    GET DIAGNOSTICS n2 = ROW_COUNT;
+    RETURN n1 + n2;
+END
+$$;
+
+CREATE FUNCTION idemq.cancel(p_id text) RETURNS TABLE(o_found boolean, o_cancelled boolean, o_state text)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    j     idemq.jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO j FROM idemq.jobs WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT false, false, NULL::text;
+        RETURN;
+    END IF;
+    IF j.state IN ('waiting', 'active') THEN
+        PERFORM idemq.cancel_locked(p_id, v_now);
+        RETURN QUERY SELECT true, true,
+            CASE WHEN j.state = 'waiting' THEN 'cancelled' ELSE 'active' END;
+    ELSE
+        RETURN QUERY SELECT true, false, j.state;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION idemq.cancel_by_key(p_type text, p_key text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    v_id  text;
+    n     integer := 0;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('idemq.dedupe:' || p_type || ':' || p_key, 0));
+    FOR v_id IN SELECT id FROM idemq.jobs
+                WHERE type = p_type AND dedupe_key = p_key AND state IN ('waiting', 'active')
+                ORDER BY seq FOR UPDATE
+    LOOP
+        PERFORM idemq.cancel_locked(v_id, v_now);
+        n := n + 1;
+    END LOOP;
+    IF n > 0 THEN
+        DELETE FROM idemq.dedupe x WHERE x.type = p_type AND x.key = p_key;
+    END IF;
+    RETURN n > 0;
+END
+$$;
+
+CREATE FUNCTION idemq.cancel_locked(p_id text, p_now timestamp with time zone) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    j idemq.jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO j FROM idemq.jobs WHERE id = p_id;
+    IF j.state = 'waiting' THEN
+        UPDATE idemq.jobs SET state = 'cancelled', finished_at = p_now,
+            purge_after = idemq.keep_until(j.keep_ms, 'cancelled', p_now), updated_at = p_now
+        WHERE id = p_id;
+        DELETE FROM idemq.dedupe x WHERE x.job_id = p_id;
+        PERFORM idemq.event(p_id, 'cancelled', p_now);
+    ELSIF j.state = 'active' AND NOT j.cancel_requested THEN
+        UPDATE idemq.jobs SET cancel_requested = true, updated_at = p_now WHERE id = p_id;
+        PERFORM idemq.event(p_id, 'cancel_requested', p_now);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION idemq.check_clock(it jsonb, p_run_at timestamp with time zone, p_now timestamp with time zone) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE
+        WHEN NOT it ? 'deadline' THEN NULL
+        WHEN idemq.us((it ->> 'deadline')::bigint) <= p_now THEN
+            jsonb_build_object('kind', 'validation', 'field', 'deadline',
+                               'reason', 'must be in the future')
+        WHEN p_run_at >= idemq.us((it ->> 'deadline')::bigint) THEN
+            jsonb_build_object('kind', 'validation',
+                               'field', CASE WHEN it ? 'delay_ms' THEN 'delay_ms' ELSE 'run_at' END,
+                               'reason', 'must be before the deadline')
+        END
+$$;
+
+CREATE FUNCTION idemq.checkpoint_put(p_id text, p_token text, p_name text, p_value jsonb) RETURNS TABLE(ok boolean, stored boolean)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    j     idemq.jobs%ROWTYPE;
+BEGIN
+    j := idemq.lease_job(p_id, p_token);
+    IF j.id IS NULL THEN
+        RETURN QUERY SELECT false, false;
+        RETURN;
+    END IF;
+    INSERT INTO idemq.checkpoints (job_id, name, value, created_at)
+    VALUES (p_id, p_name, p_value, v_now) ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        PERFORM idemq.event(p_id, 'checkpointed', v_now, jsonb_build_object('name', p_name));
+        RETURN QUERY SELECT true, true;
+    ELSE
+        RETURN QUERY SELECT true, false;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION idemq.claim(p_queues text[], p_types text[], p_worker text, p_limit integer, p_lease_ms bigint) RETURNS TABLE(id text, type text, queue text, payload jsonb, attempt integer, max_attempts integer, lease_token text, lease_expires_at timestamp with time zone, timeout_ms bigint, deadline timestamp with time zone, tags text[])
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now   timestamptz := idemq.now();
+    v_ids   text[] := '{}';
+    v_keys  text[] := '{}';
+    c       record;
+    v_round integer := 0;
+    v_found boolean;
+BEGIN
+    PERFORM idemq.reap(1000, v_now);
+    LOOP
+        v_found := false;
+        FOR c IN
+            SELECT j.id, j.concurrency_key, j.deadline FROM idemq.jobs j
+            WHERE j.state = 'waiting' AND j.run_at <= v_now
+              AND (p_queues IS NULL OR j.queue = ANY (p_queues))
+              AND (p_types IS NULL OR j.type = ANY (p_types))
+              AND NOT EXISTS (SELECT 1 FROM idemq.queues q WHERE q.name = j.queue AND q.paused)
+              AND (j.concurrency_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM idemq.jobs a
+                    WHERE a.state = 'active' AND a.concurrency_key = j.concurrency_key))
+              AND NOT (j.id = ANY (v_ids))
+            ORDER BY j.priority DESC, j.run_at, j.seq
+            LIMIT 256
+            FOR UPDATE OF j SKIP LOCKED
+        LOOP
+            v_found := true;
+            EXIT WHEN cardinality(v_ids) >= p_limit;
+            IF c.deadline IS NOT NULL AND c.deadline <= v_now THEN
+                -- Past its deadline: never started.
+                UPDATE idemq.jobs j SET state = 'dead', finished_at = v_now,
+                    purge_after = idemq.keep_until(j.keep_ms, 'dead', v_now),
+                    last_error = coalesce(j.last_error, 'deadline'), updated_at = v_now
+                WHERE j.id = c.id;
+                PERFORM idemq.event(c.id, 'dead', v_now, jsonb_build_object('reason', 'deadline'));
+                CONTINUE;
+            END IF;
+            IF c.concurrency_key IS NOT NULL THEN
+                CONTINUE WHEN c.concurrency_key = ANY (v_keys);
+                -- Another claimer taking this key right now: skip it.
+                CONTINUE WHEN NOT pg_try_advisory_xact_lock(
+                    hashtextextended('idemq.ck:' || c.concurrency_key, 0));
+                -- Re-check with a fresh snapshot: a claimer may have committed meanwhile.
+                CONTINUE WHEN EXISTS (SELECT 1 FROM idemq.jobs a WHERE a.state = 'active'
+                                      AND a.concurrency_key = c.concurrency_key);
+                v_keys := v_keys || c.concurrency_key;
+            END IF;
+            v_ids := v_ids || c.id;
+        END LOOP;
+        v_round := v_round + 1;
+        EXIT WHEN NOT v_found OR cardinality(v_ids) >= p_limit OR v_round >= 8;
+    END LOOP;
+
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE idemq.jobs j SET state = 'active', attempt = j.attempt + 1,
+            lease_token = replace(gen_random_uuid()::text, '-', ''),
+            lease_expires_at = v_now + idemq.ms(p_lease_ms), lease_ms = p_lease_ms,
+            worker = p_worker, started_at = v_now, updated_at = v_now
+        WHERE j.id = ANY (v_ids)
+        RETURNING j.*
+    ), runs AS (
+        INSERT INTO idemq.runs (job_id, attempt, worker, started_at)
+        SELECT c2.id, c2.attempt, p_worker, v_now FROM claimed c2
+        ON CONFLICT (job_id, attempt) DO UPDATE SET worker = excluded.worker,
+            started_at = excluded.started_at, finished_at = NULL, outcome = NULL, error = NULL
+    ), ev AS (
+        INSERT INTO idemq.events (job_id, kind, at, data)
+        SELECT c3.id, 'claimed', v_now, jsonb_build_object('attempt', c3.attempt, 'worker', p_worker)
+        FROM claimed c3
+    )
+    SELECT c4.id, c4.type, c4.queue, c4.payload, c4.attempt, c4.max_attempts, c4.lease_token,
+           c4.lease_expires_at, c4.timeout_ms, c4.deadline, c4.tags
+    FROM claimed c4
+    ORDER BY c4.priority DESC, c4.run_at, c4.seq;
+END
+$$;
+
+CREATE FUNCTION idemq.debounce_window(p_ttl_ms bigint, p_max_wait_ms bigint, p_accepted timestamp with time zone, p_now timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN p_max_wait_ms IS NULL THEN p_now + idemq.ms(p_ttl_ms)
+                ELSE least(p_now + idemq.ms(p_ttl_ms), p_accepted + idemq.ms(p_max_wait_ms)) END
+$$;
+
+CREATE FUNCTION idemq.delete_job(p_id text) RETURNS void
+    LANGUAGE sql
+    AS $$
+    DELETE FROM idemq.events WHERE job_id = p_id;
+    DELETE FROM idemq.runs WHERE job_id = p_id;
+    DELETE FROM idemq.checkpoints WHERE job_id = p_id;
+    DELETE FROM idemq.dedupe WHERE job_id = p_id;
+    DELETE FROM idemq.jobs WHERE id = p_id;
+$$;
+
+CREATE FUNCTION idemq.end_attempt(p_id text, p_kind text, p_error text, p_retryable boolean, p_retry_after_ms bigint, p_snooze_ms bigint, p_result jsonb, p_now timestamp with time zone) RETURNS TABLE(state text, next_run_at timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    j         idemq.jobs%ROWTYPE;
+    v_used    integer;
+    v_outcome text;
+    v_error   text;
+    v_next    text;
+    v_at      timestamptz;
+    v_dead    text;
+    v_delay   bigint;
+    v_base    double precision;
+BEGIN
+    SELECT * INTO j FROM idemq.jobs WHERE id = p_id;
+    v_used := j.attempts_used + CASE WHEN p_kind IN ('released', 'snoozed') THEN 0 ELSE 1 END;
+    v_outcome := CASE p_kind WHEN 'timed_out' THEN 'failed' WHEN 'deadline' THEN 'failed'
+                             ELSE p_kind END;
+    v_error := CASE p_kind
+        WHEN 'failed' THEN left(p_error, 8192)
+        WHEN 'lease_expired' THEN 'lease expired'
+        WHEN 'timed_out' THEN format('timed out after %s ms', j.timeout_ms)
+        WHEN 'deadline' THEN 'deadline passed'
+        END;
+    -- left() counts characters; keep at most 8 KiB of bytes.
+    WHILE v_error IS NOT NULL AND octet_length(v_error) > 8192 LOOP
+        v_error := left(v_error, length(v_error) - 1);
+    END LOOP;
+    IF j.cancel_requested AND p_kind <> 'completed' THEN
+        v_outcome := 'cancelled';
+    END IF;
+    UPDATE idemq.runs SET finished_at = p_now, outcome = v_outcome, error = v_error
+    WHERE runs.job_id = p_id AND attempt = j.attempt;
+    IF p_kind = 'lease_expired' THEN
+        PERFORM idemq.event(p_id, 'lease_expired', p_now, jsonb_build_object('attempt', j.attempt));
+    END IF;
+
+    IF p_kind = 'completed' THEN
+        v_next := 'completed';
+    ELSIF j.cancel_requested THEN
+        v_next := 'cancelled';
+    ELSIF p_kind = 'released' THEN
+        v_next := 'waiting'; v_at := p_now;
+    ELSIF p_kind = 'snoozed' THEN
+        v_next := 'waiting'; v_at := p_now + idemq.ms(p_snooze_ms);
+    ELSIF p_kind = 'deadline' THEN
+        v_next := 'dead'; v_dead := 'deadline';
+    ELSIF p_kind = 'failed' AND NOT p_retryable THEN
+        v_next := 'dead'; v_dead := 'permanent';
+    ELSIF v_used >= j.max_attempts THEN
+        v_next := 'dead'; v_dead := 'attempts_exhausted';
+    ELSIF p_kind = 'lease_expired' THEN
+        -- Claimable again at once; the attempt is consumed.
+        v_next := 'waiting'; v_at := p_now;
+        IF j.deadline IS NOT NULL AND p_now >= j.deadline THEN
+            v_next := 'dead'; v_dead := 'deadline';
+        END IF;
+    ELSIF j.retry ->> 'kind' = 'none' THEN
+        v_next := 'dead'; v_dead := 'no_retry';
+    ELSE
+        IF j.retry ->> 'kind' = 'fixed' THEN
+            v_delay := (j.retry ->> 'delay_ms')::bigint;
+        ELSE
+            v_base := least((j.retry ->> 'initial_ms')::double precision
+                            * power((j.retry ->> 'factor')::double precision,
+                                    least(greatest(v_used, 1) - 1, 1024)),
+                            (j.retry ->> 'max_ms')::double precision);
+            IF (j.retry ->> 'jitter')::boolean THEN
+                v_base := v_base * random();
+            END IF;
+            v_delay := round(v_base)::bigint;
+        END IF;
+        IF p_kind = 'failed' AND p_retry_after_ms IS NOT NULL THEN
+            v_delay := greatest(p_retry_after_ms, 0);
+        END IF;
+        v_next := 'waiting'; v_at := p_now + idemq.ms(v_delay);
+    END IF;
+    IF v_next = 'waiting' AND p_kind <> 'lease_expired' AND p_kind <> 'released'
+       AND j.deadline IS NOT NULL AND v_at >= j.deadline THEN
+        v_next := 'dead'; v_dead := 'deadline';
+    END IF;
+
+    IF v_next = 'completed' THEN
+        UPDATE idemq.jobs SET state = 'completed', result = p_result, finished_at = p_now,
+            purge_after = idemq.keep_until(j.keep_ms, 'completed', p_now), attempts_used = v_used,
+            lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL, worker = NULL,
+            started_at = NULL, updated_at = p_now
+        WHERE id = p_id;
+        PERFORM idemq.event(p_id, 'completed', p_now, jsonb_build_object('attempt', j.attempt));
+        RETURN QUERY SELECT 'completed'::text, NULL::timestamptz;
+    ELSIF v_next = 'waiting' THEN
+        UPDATE idemq.jobs SET state = 'waiting', run_at = v_at, attempts_used = v_used,
+            last_error = coalesce(v_error, last_error), lease_token = NULL,
+            lease_expires_at = NULL, lease_ms = NULL, worker = NULL, started_at = NULL,
+            updated_at = p_now
+        WHERE id = p_id;
+        IF p_kind = 'released' THEN
+            PERFORM idemq.event(p_id, 'released', p_now,
+                jsonb_build_object('run_at', v_at, 'snoozed', false));
+        ELSIF p_kind <> 'lease_expired' THEN
+            PERFORM idemq.event(p_id, 'retry_scheduled', p_now,
+                jsonb_build_object('run_at', v_at, 'snoozed', p_kind = 'snoozed'));
+        END IF;
+        PERFORM idemq.wake(j.queue);
+        -- The derived state, like every read: a zero delay is ready.
+        RETURN QUERY SELECT CASE WHEN v_at <= p_now THEN 'ready' ELSE 'scheduled' END, v_at;
+    ELSE
+        UPDATE idemq.jobs SET state = v_next, finished_at = p_now,
+            purge_after = idemq.keep_until(j.keep_ms, v_next, p_now), attempts_used = v_used,
+            last_error = coalesce(v_error, CASE WHEN v_next = 'dead' THEN v_dead END, last_error),
+            lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL, worker = NULL,
+            started_at = NULL, updated_at = p_now
+        WHERE id = p_id;
+        IF v_next = 'dead' THEN
+            PERFORM idemq.event(p_id, 'dead', p_now,
+                jsonb_build_object('reason', v_dead, 'attempt', j.attempt));
+        ELSE
+            DELETE FROM idemq.dedupe x WHERE x.job_id = p_id;
+            PERFORM idemq.event(p_id, 'cancelled', p_now, jsonb_build_object('attempt', j.attempt));
+        END IF;
+        RETURN QUERY SELECT v_next, NULL::timestamptz;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION idemq.enqueue(p_items jsonb) RETURNS TABLE(idx integer, job_id text, outcome text, reason text, error jsonb)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now  timestamptz := idemq.now();
+    v_lock bigint;
+    v_item jsonb;
+    v_idx  bigint;
+BEGIN
+    FOR v_lock IN
+        SELECT DISTINCT l FROM (
+            SELECT hashtextextended('idemq.key:' || (it -> 'idem' ->> 'scope') || ':'
+                                    || (it -> 'idem' ->> 'hash'), 0) AS l
+            FROM jsonb_array_elements(p_items) it WHERE it ? 'idem'
+            UNION ALL
+            SELECT hashtextextended('idemq.job:' || (it ->> 'job_id'), 0)
+            FROM jsonb_array_elements(p_items) it WHERE it ? 'job_id'
+            UNION ALL
+            SELECT hashtextextended('idemq.dedupe:' || (it ->> 'type') || ':'
+                                    || (it -> 'dedupe' ->> 'key'), 0)
+            FROM jsonb_array_elements(p_items) it WHERE it ? 'dedupe') s
+        ORDER BY l
+    LOOP
+        PERFORM pg_advisory_xact_lock(v_lock);
+    END LOOP;
+    FOR v_item, v_idx IN SELECT e.value, e.ordinality FROM jsonb_array_elements(p_items)
+                         WITH ORDINALITY AS e
+    LOOP
+        RETURN QUERY SELECT (v_idx - 1)::integer, r.job_id, r.outcome, r.reason, r.error
+                     FROM idemq.enqueue_one(v_item, v_now) r;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION idemq.enqueue_one(it jsonb, v_now timestamp with time zone) RETURNS TABLE(job_id text, outcome text, reason text, error jsonb)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_type   text  := it ->> 'type';
+    v_idem   jsonb := it -> 'idem';
+    v_dd     jsonb := it -> 'dedupe';
+    v_fp     jsonb := it -> 'fingerprint';
+    v_fields text[];
+    b        record;
+    d        record;
+    v_state  text;
+    v_started boolean;
+    v_due    boolean;
+    v_run_at timestamptz;
+    v_err    jsonb;
+    v_id     text;
+    v_outcome text;
+    v_reason text;
+    v_stored jsonb;
+BEGIN
+    -- 1. A live idempotency binding decides: replay or conflict.
+    IF v_idem IS NOT NULL THEN
+        SELECT i.job_id, i.fingerprint INTO b FROM idemq.idempotency i
+        WHERE i.scope = v_idem ->> 'scope' AND i.key_hash = decode(v_idem ->> 'hash', 'hex')
+          AND i.expires_at > v_now;
+        IF FOUND THEN
+            v_fields := idemq.fp_diff(v_fp, b.fingerprint, false);
+            IF cardinality(v_fields) = 0 THEN
+                RETURN QUERY SELECT b.job_id, 'replayed'::text, NULL::text, NULL::jsonb;
+            ELSE
+                RETURN QUERY SELECT NULL::text, NULL::text, NULL::text,
+                    jsonb_build_object('kind', 'conflict', 'job_id', b.job_id,
+                                       'source', 'idempotency_key', 'fields', to_jsonb(v_fields));
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
+
+    -- 2. An existing record with the explicit id: replay or conflict.
+    IF it ? 'job_id' THEN
+        SELECT j.fingerprint INTO v_stored FROM idemq.jobs j WHERE j.id = it ->> 'job_id';
+        IF FOUND THEN
+            v_fields := idemq.fp_diff(v_fp, v_stored, true);
+            IF cardinality(v_fields) > 0 THEN
+                RETURN QUERY SELECT NULL::text, NULL::text, NULL::text,
+                    jsonb_build_object('kind', 'conflict', 'job_id', it ->> 'job_id',
+                                       'source', 'job_id', 'fields', to_jsonb(v_fields));
+                RETURN;
+            END IF;
+            PERFORM idemq.bind_key(v_idem, it ->> 'job_id', v_fp, v_now);
+            RETURN QUERY SELECT it ->> 'job_id', 'replayed'::text, NULL::text, NULL::jsonb;
+            RETURN;
+        END IF;
+    END IF;
+
+    -- 3. A live dedupe binding: coalesce, replace or refuse to replace.
+    IF v_dd IS NOT NULL THEN
+        SELECT x.job_id, x.mode, x.ttl_ms, x.max_wait_ms, x.accepted_at, x.window_until INTO d
+        FROM idemq.dedupe x WHERE x.type = v_type AND x.key = v_dd ->> 'key';
+        IF FOUND THEN
+            SELECT j.state, j.attempt > 0, j.run_at <= v_now INTO v_state, v_started, v_due
+            FROM idemq.jobs j WHERE j.id = d.job_id;
+            IF idemq.binding_live(d.window_until, v_state, v_now) THEN
+                v_reason := NULL;
+                IF d.mode = 'replace' AND v_dd ->> 'mode' = 'replace' THEN
+                    IF v_state = 'waiting' AND NOT v_started AND NOT v_due THEN
+                        v_run_at := idemq.resolve_run_at(it, v_now, d.accepted_at, d.max_wait_ms);
+                        v_err := idemq.check_clock(it, v_run_at, v_now);
+                        IF v_err IS NOT NULL THEN
+                            RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, v_err;
+                            RETURN;
+                        END IF;
+                        -- Conditional: a claim that got there first wins.
+                        UPDATE idemq.jobs j SET
+                            payload = it -> 'payload', priority = (it ->> 'priority')::smallint,
+                            run_at = v_run_at, max_attempts = (it ->> 'max_attempts')::int,
+                            retry = it -> 'retry', timeout_ms = (it ->> 'timeout_ms')::bigint,
+                            deadline = idemq.us((it ->> 'deadline')::bigint),
+                            concurrency_key = it ->> 'concurrency_key',
+                            tags = ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')),
+                            keep_ms = (it ->> 'keep_ms')::bigint, fingerprint = v_fp,
+                            updated_at = v_now
+                        WHERE j.id = d.job_id AND j.state = 'waiting' AND j.attempt = 0
+                          AND j.run_at > v_now;
+                        IF FOUND THEN
+                            PERFORM idemq.event(d.job_id, 'replaced', v_now,
+                                jsonb_build_object('run_at', v_run_at));
+                            IF d.ttl_ms IS NOT NULL THEN
+                                UPDATE idemq.dedupe x
+                                SET window_until = greatest(v_now + idemq.ms(d.ttl_ms), v_run_at)
+                                WHERE x.type = v_type AND x.key = v_dd ->> 'key';
+                            END IF;
+                            PERFORM idemq.wake(it ->> 'queue');
+                            v_outcome := 'replaced';
+                        ELSE
+                            v_outcome := 'non_replaceable';
+                            v_reason := 'not_pending';
+                        END IF;
+                    ELSIF v_state = 'waiting' AND NOT v_started THEN
+                        v_outcome := 'non_replaceable';
+                        v_reason := 'window_elapsed';
+                    ELSE
+                        v_outcome := 'non_replaceable';
+                        v_reason := 'not_pending';
+                    END IF;
+                ELSIF d.mode = 'replace' THEN
+                    v_outcome := 'coalesced';
+                ELSIF v_dd ->> 'mode' = 'replace' THEN
+                    v_outcome := 'non_replaceable';
+                    v_reason := 'incompatible_mode';
+                ELSE
+                    v_outcome := 'coalesced';
+                    IF d.mode = 'debounce' AND d.ttl_ms IS NOT NULL THEN
+                        UPDATE idemq.dedupe x
+                        SET window_until = idemq.debounce_window(d.ttl_ms, d.max_wait_ms,
+                                                                  d.accepted_at, v_now)
+                        WHERE x.type = v_type AND x.key = v_dd ->> 'key';
+                    END IF;
+                END IF;
+                PERFORM idemq.bind_key(v_idem, d.job_id, v_fp, v_now);
+                RETURN QUERY SELECT d.job_id, v_outcome, v_reason, NULL::jsonb;
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+
+    -- 4. A new job.
+    v_run_at := idemq.resolve_run_at(it, v_now, v_now, (v_dd ->> 'max_wait_ms')::bigint);
+    v_err := idemq.check_clock(it, v_run_at, v_now);
+    IF v_err IS NOT NULL THEN
+        RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, v_err;
+        RETURN;
+    END IF;
+    v_id := coalesce(it ->> 'job_id', it ->> 'new_id');
+    INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at, max_attempts, retry,
+        timeout_ms, deadline, concurrency_key, tags, keep_ms, fingerprint, idem_scope,
+        idem_key_hash, idem_key_preview, dedupe_key, dedupe_mode, created_at, updated_at)
+    VALUES (v_id, v_type, it ->> 'queue', 'waiting', it -> 'payload',
+        (it ->> 'priority')::smallint, v_run_at, (it ->> 'max_attempts')::int, it -> 'retry',
+        (it ->> 'timeout_ms')::bigint, idemq.us((it ->> 'deadline')::bigint),
+        it ->> 'concurrency_key', ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')),
+        (it ->> 'keep_ms')::bigint, v_fp, v_idem ->> 'scope', decode(v_idem ->> 'hash', 'hex'),
+        v_idem ->> 'preview', v_dd ->> 'key', v_dd ->> 'mode', v_now, v_now);
+    PERFORM idemq.event(v_id, 'accepted', v_now, jsonb_strip_nulls(jsonb_build_object(
+        'queue', it ->> 'queue', 'run_at', v_run_at,
+        'idempotency', CASE WHEN v_idem IS NULL THEN NULL ELSE jsonb_build_object(
+            'scope', v_idem ->> 'scope', 'key_preview', v_idem ->> 'preview',
+            'key_digest', left(v_idem ->> 'hash', 16)) END,
+        'dedupe', CASE WHEN v_dd IS NULL THEN NULL ELSE jsonb_build_object(
+            'key', v_dd ->> 'key', 'mode', v_dd ->> 'mode') END)));
+    PERFORM idemq.bind_key(v_idem, v_id, v_fp, v_now);
+    IF v_dd IS NOT NULL THEN
+        INSERT INTO idemq.dedupe AS x (type, key, job_id, mode, ttl_ms, max_wait_ms, accepted_at,
+                                       window_until)
+        VALUES (v_type, v_dd ->> 'key', v_id, v_dd ->> 'mode', (v_dd ->> 'ttl_ms')::bigint,
+            (v_dd ->> 'max_wait_ms')::bigint, v_now,
+            CASE WHEN v_dd ->> 'ttl_ms' IS NULL THEN NULL
+                 WHEN v_dd ->> 'mode' = 'debounce' THEN idemq.debounce_window(
+                     (v_dd ->> 'ttl_ms')::bigint, (v_dd ->> 'max_wait_ms')::bigint, v_now, v_now)
+                 WHEN v_dd ->> 'mode' = 'replace' THEN
+                     greatest(v_now + idemq.ms((v_dd ->> 'ttl_ms')::bigint), v_run_at)
+                 ELSE v_now + idemq.ms((v_dd ->> 'ttl_ms')::bigint) END)
+        ON CONFLICT (type, key) DO UPDATE SET job_id = excluded.job_id, mode = excluded.mode,
+            ttl_ms = excluded.ttl_ms, max_wait_ms = excluded.max_wait_ms,
+            accepted_at = excluded.accepted_at, window_until = excluded.window_until;
+    END IF;
+    PERFORM idemq.wake(it ->> 'queue');
+    RETURN QUERY SELECT v_id, 'accepted'::text, NULL::text, NULL::jsonb;
+END
+$$;
+
+CREATE FUNCTION idemq.event(p_job text, p_kind text, p_at timestamp with time zone, p_data jsonb DEFAULT '{}'::jsonb) RETURNS void
+    LANGUAGE sql
+    AS $$
+    INSERT INTO idemq.events (job_id, kind, at, data) VALUES (p_job, p_kind, p_at, p_data)
+$$;
+
+CREATE FUNCTION idemq.finish_attempt(p_id text, p_token text, p_kind text, p_error text, p_retryable boolean, p_retry_after_ms bigint, p_snooze_ms bigint, p_result jsonb) RETURNS TABLE(ok boolean, state text, next_run_at timestamp with time zone)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    j     idemq.jobs%ROWTYPE;
+BEGIN
+    j := idemq.lease_job(p_id, p_token);
+    IF j.id IS NULL THEN
+        RETURN QUERY SELECT false, NULL::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT true, e.state, e.next_run_at
+    FROM idemq.end_attempt(p_id, p_kind, p_error, p_retryable, p_retry_after_ms, p_snooze_ms,
+                           p_result, v_now) e;
+END
+$$;
+
+CREATE FUNCTION idemq.fp_diff(a jsonb, b jsonb, p_against_job boolean) RETURNS text[]
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT coalesce(array_agg(k ORDER BY k COLLATE "C"), '{}')
+    FROM (SELECT k FROM jsonb_object_keys(a) AS t(k)
+          UNION SELECT k FROM jsonb_object_keys(b) AS t(k)) ks
+    WHERE (a ->> k) IS DISTINCT FROM (b ->> k)
+      AND NOT (p_against_job AND k IN ('idempotency.ttl_ms', 'job_id'))
+$$;
+
+CREATE FUNCTION idemq.heartbeat(p_id text, p_token text) RETURNS TABLE(ok boolean, lease_expires_at timestamp with time zone, cancel_requested boolean)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    j     idemq.jobs%ROWTYPE;
+BEGIN
+    j := idemq.lease_job(p_id, p_token);
+    IF j.id IS NULL THEN
+        RETURN QUERY SELECT false, NULL::timestamptz, false;
+        RETURN;
+    END IF;
+    -- Workers the server cannot interrupt: a heartbeat past the timeout or
+    -- the deadline records the attempt so.
+    IF v_now >= j.started_at + idemq.ms(j.timeout_ms) THEN
+        PERFORM idemq.end_attempt(p_id, 'timed_out', NULL, true, NULL, NULL, NULL, v_now);
+        RETURN QUERY SELECT false, NULL::timestamptz, false;
+        RETURN;
+    END IF;
+    IF j.deadline IS NOT NULL AND v_now >= j.deadline THEN
+        PERFORM idemq.end_attempt(p_id, 'deadline', NULL, true, NULL, NULL, NULL, v_now);
+        RETURN QUERY SELECT false, NULL::timestamptz, false;
+        RETURN;
+    END IF;
+    UPDATE idemq.jobs SET lease_expires_at = v_now + idemq.ms(j.lease_ms) WHERE id = p_id;
+    RETURN QUERY SELECT true, v_now + idemq.ms(j.lease_ms), j.cancel_requested;
+END
+$$;
+
+CREATE FUNCTION idemq.keep_until(p_keep_ms bigint, p_state text, p_now timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT p_now + idemq.ms(coalesce(p_keep_ms,
+        CASE WHEN p_state = 'dead' THEN 14 * 86400000 ELSE 86400000 END))
+$$;
+
+CREATE TABLE idemq.jobs (
+    seq bigint NOT NULL,
+    id text NOT NULL,
+    type text NOT NULL,
+    queue text NOT NULL,
+    state text NOT NULL,
+    payload jsonb NOT NULL,
+    result jsonb,
+    priority smallint DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    attempts_used integer DEFAULT 0 NOT NULL,
+    max_attempts integer NOT NULL,
+    retry jsonb NOT NULL,
+    timeout_ms bigint NOT NULL,
+    deadline timestamp with time zone,
+    concurrency_key text,
+    tags text[] DEFAULT '{}'::text[] NOT NULL,
+    keep_ms bigint,
+    fingerprint jsonb NOT NULL,
+    idem_scope text,
+    idem_key_hash bytea,
+    idem_key_preview text,
+    dedupe_key text,
+    dedupe_mode text,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone,
+    purge_after timestamp with time zone,
+    last_error text,
+    cancel_requested boolean DEFAULT false NOT NULL,
+    lease_token text,
+    lease_expires_at timestamp with time zone,
+    lease_ms bigint,
+    worker text,
+    started_at timestamp with time zone,
+    CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'active'::text, 'completed'::text, 'dead'::text, 'cancelled'::text])))
+);
+
+CREATE FUNCTION idemq.lease_job(p_id text, p_token text) RETURNS idemq.jobs
+    LANGUAGE sql
+    AS $$
+    SELECT * FROM idemq.jobs
+    WHERE id = p_id AND state = 'active' AND lease_token = p_token
+    FOR UPDATE
+$$;
+
+CREATE FUNCTION idemq.lease_reap(p_limit integer) RETURNS integer
+    LANGUAGE sql
+    AS $$ SELECT idemq.reap(p_limit, idemq.now()) $$;
+
+CREATE FUNCTION idemq.ms(p bigint) RETURNS interval
+    LANGUAGE sql IMMUTABLE
+    AS $$ SELECT p * interval '1 millisecond' $$;
+
+CREATE FUNCTION idemq.now() RETURNS timestamp with time zone
+    LANGUAGE sql
+    AS $$
+    SELECT coalesce((SELECT at FROM idemq.test_clock), clock_timestamp())
+$$;
+
+CREATE FUNCTION idemq.promote(p_id text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    j     idemq.jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO j FROM idemq.jobs WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF j.state <> 'waiting' OR j.run_at <= v_now THEN
+        RETURN false;
+    END IF;
+    UPDATE idemq.jobs SET run_at = v_now, updated_at = v_now WHERE id = p_id;
+    PERFORM idemq.event(p_id, 'promoted', v_now);
+    PERFORM idemq.wake(j.queue);
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION idemq.purge(p_id text) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    j idemq.jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO j FROM idemq.jobs WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND OR j.state = 'active' THEN
+        RETURN false;
+    END IF;
+    PERFORM idemq.delete_job(p_id);
+    IF j.attempt = 0 THEN
+        -- The work never happened, so its keys may own new work.
+        DELETE FROM idemq.idempotency WHERE job_id = p_id;
+    END IF;
+    RETURN true;
+END
+$$;
+
+CREATE FUNCTION idemq.reap(p_limit integer, p_now timestamp with time zone) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_id text;
+    n    integer := 0;
+BEGIN
+    FOR v_id IN SELECT id FROM idemq.jobs
+                WHERE state = 'active' AND lease_expires_at <= p_now
+                ORDER BY lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+        PERFORM idemq.end_attempt(v_id, 'lease_expired', NULL, true, NULL, NULL, NULL, p_now);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
+CREATE FUNCTION idemq.redrive(p jsonb) RETURNS TABLE(outcome text, job_id text, error jsonb)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := idemq.now();
+    v_id     text := p ->> 'job_id';
+    v_key    jsonb := p -> 'key';
+    b        record;
+    v_fields text[];
+    j        idemq.jobs%ROWTYPE;
+    v_run_at timestamptz;
+    v_deadline timestamptz := idemq.us((p ->> 'deadline')::bigint);
+BEGIN
+    IF v_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(
+            'idemq.key:' || (v_key ->> 'scope') || ':' || (v_key ->> 'hash'), 0));
+        SELECT i.job_id, i.fingerprint INTO b FROM idemq.idempotency i
+        WHERE i.scope = v_key ->> 'scope' AND i.key_hash = decode(v_key ->> 'hash', 'hex')
+          AND i.expires_at > v_now;
+        IF FOUND THEN
+            v_fields := idemq.fp_diff(p -> 'fingerprint', b.fingerprint, false);
+            IF cardinality(v_fields) = 0 THEN
+                RETURN QUERY SELECT 'replayed'::text, b.job_id, NULL::jsonb;
+            ELSE
+                RETURN QUERY SELECT NULL::text, b.job_id, jsonb_build_object('kind', 'conflict',
+                    'job_id', b.job_id, 'source', 'idempotency_key', 'fields', to_jsonb(v_fields));
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
+    SELECT * INTO j FROM idemq.jobs WHERE id = v_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT NULL::text, v_id, jsonb_build_object('kind', 'not_found');
+        RETURN;
+    END IF;
+    IF j.state <> 'dead' THEN
+        RETURN QUERY SELECT NULL::text, v_id, jsonb_build_object('kind', 'not_dead', 'state',
+            CASE WHEN j.state = 'waiting' AND j.run_at <= v_now THEN 'ready'
+                 WHEN j.state = 'waiting' THEN 'scheduled' ELSE j.state END);
+        RETURN;
+    END IF;
+    IF v_deadline IS NOT NULL AND v_deadline <= v_now THEN
+        RETURN QUERY SELECT NULL::text, v_id, jsonb_build_object('kind', 'validation',
+            'field', 'deadline', 'reason', 'must be in the future');
+        RETURN;
+    END IF;
+    v_run_at := coalesce(idemq.us((p ->> 'run_at')::bigint), v_now);
+    IF v_deadline IS NOT NULL AND v_run_at >= v_deadline THEN
+        RETURN QUERY SELECT NULL::text, v_id, jsonb_build_object('kind', 'validation',
+            'field', 'run_at', 'reason', 'must be before the deadline');
+        RETURN;
+    END IF;
+    -- A passed deadline is cleared unless a new one is given.
+    UPDATE idemq.jobs SET state = 'waiting', attempts_used = 0,
+        max_attempts = coalesce((p ->> 'max_attempts')::int, max_attempts), run_at = v_run_at,
+        deadline = CASE WHEN v_deadline IS NOT NULL THEN v_deadline
+                        WHEN deadline > v_now THEN deadline END,
+        finished_at = NULL, purge_after = NULL, cancel_requested = false, updated_at = v_now
+    WHERE id = v_id;
+    -- Redrive does not take dedupe bindings (SPEC 7): a binding without a
+    -- window, left behind by the dead job, would come back to life now.
+    DELETE FROM idemq.dedupe x WHERE x.job_id = v_id AND x.window_until IS NULL;
+    IF (p ->> 'reset_checkpoints')::boolean THEN
+        DELETE FROM idemq.checkpoints c WHERE c.job_id = v_id;
+    END IF;
+    PERFORM idemq.event(v_id, 'redriven', v_now, jsonb_build_object(
+        'run_at', v_run_at, 'reset_checkpoints', (p ->> 'reset_checkpoints')::boolean));
+    PERFORM idemq.bind_key(v_key, v_id, p -> 'fingerprint', v_now);
+    PERFORM idemq.wake(j.queue);
+    RETURN QUERY SELECT 'accepted'::text, v_id, NULL::jsonb;
+END
+$$;
+
+CREATE FUNCTION idemq.resolve_run_at(it jsonb, p_now timestamp with time zone, p_first timestamp with time zone, p_max_wait_ms bigint) RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN p_max_wait_ms IS NOT NULL
+                THEN least(r, p_first + idemq.ms(p_max_wait_ms))
+                ELSE r END
+    FROM (SELECT CASE WHEN it ? 'run_at' THEN idemq.us((it ->> 'run_at')::bigint)
+                      ELSE p_now + idemq.ms(coalesce((it ->> 'delay_ms')::bigint, 0)) END AS r) s
+$$;
+
+CREATE FUNCTION idemq.retention_sweep(p_limit integer) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    v_id  text;
+    n     bigint := 0;
+BEGIN
+    FOR v_id IN
+        SELECT j.id FROM idemq.jobs j
+        WHERE j.purge_after <= v_now AND j.state IN ('completed', 'dead', 'cancelled')
+          AND NOT EXISTS (SELECT 1 FROM idemq.idempotency b
+                          WHERE b.job_id = j.id AND b.expires_at > v_now)
+          AND NOT EXISTS (SELECT 1 FROM idemq.dedupe d
+                          WHERE d.job_id = j.id AND d.window_until > v_now)
+        ORDER BY j.purge_after LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+        PERFORM idemq.delete_job(v_id);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
+CREATE FUNCTION idemq.us(p bigint) RETURNS timestamp with time zone
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN p IS NULL THEN NULL
+                ELSE timestamptz '1970-01-01 00:00:00+00' + p * interval '1 microsecond' END
+$$;
+
+CREATE FUNCTION idemq.wake(p_queue text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+BEGIN
+    IF pg_try_advisory_xact_lock(hashtextextended('idemq.notify:' || p_queue, 0)) THEN
+        PERFORM pg_notify('idemq_jobs', p_queue);
+    END IF;
+END
+$$;
+
+CREATE TABLE idemq.checkpoints (
+    job_id text NOT NULL,
+    name text NOT NULL,
+    value jsonb NOT NULL,
+    created_at timestamp with time zone NOT NULL
+);
+
+CREATE TABLE idemq.dedupe (
+    type text NOT NULL,
+    key text NOT NULL,
+    job_id text NOT NULL,
+    mode text NOT NULL,
+    ttl_ms bigint,
+    max_wait_ms bigint,
+    accepted_at timestamp with time zone NOT NULL,
+    window_until timestamp with time zone
+);
+
+CREATE TABLE idemq.events (
+    seq bigint NOT NULL,
+    job_id text NOT NULL,
+    kind text NOT NULL,
+    at timestamp with time zone NOT NULL,
+    data jsonb DEFAULT '{}'::jsonb NOT NULL
+);
+
+ALTER TABLE idemq.events ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME idemq.events_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE idemq.idempotency (
+    scope text NOT NULL,
+    key_hash bytea NOT NULL,
+    key_preview text NOT NULL,
+    job_id text NOT NULL,
+    fingerprint jsonb NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL
+);
+
+ALTER TABLE idemq.jobs ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME idemq.jobs_seq_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE idemq.queues (
+    name text NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    updated_at timestamp with time zone NOT NULL
+);
+
+CREATE TABLE idemq.runs (
+    job_id text NOT NULL,
+    attempt integer NOT NULL,
+    worker text NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone,
+    outcome text,
+    error text
+);
+
+CREATE TABLE idemq.schema_migrations (
+    version bigint NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE idemq.test_clock (
+    one boolean DEFAULT true NOT NULL,
+    at timestamp with time zone NOT NULL,
+    CONSTRAINT test_clock_one_check CHECK (one)
+);
+
+ALTER TABLE ONLY idemq.checkpoints
+    ADD CONSTRAINT checkpoints_pkey PRIMARY KEY (job_id, name);
+
+ALTER TABLE ONLY idemq.dedupe
+    ADD CONSTRAINT dedupe_pkey PRIMARY KEY (type, key);
+
+ALTER TABLE ONLY idemq.events
+    ADD CONSTRAINT events_pkey PRIMARY KEY (seq);
+
+ALTER TABLE ONLY idemq.idempotency
+    ADD CONSTRAINT idempotency_pkey PRIMARY KEY (scope, key_hash);
+
+ALTER TABLE ONLY idemq.jobs
+    ADD CONSTRAINT jobs_id_key UNIQUE (id);
+
+ALTER TABLE ONLY idemq.jobs
+    ADD CONSTRAINT jobs_pkey PRIMARY KEY (seq);
+
+ALTER TABLE ONLY idemq.queues
+    ADD CONSTRAINT queues_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY idemq.runs
+    ADD CONSTRAINT runs_pkey PRIMARY KEY (job_id, attempt);
+
+ALTER TABLE ONLY idemq.schema_migrations
+    ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY idemq.test_clock
+    ADD CONSTRAINT test_clock_pkey PRIMARY KEY (one);
+
+CREATE INDEX dedupe_job ON idemq.dedupe USING btree (job_id);
+
+CREATE INDEX events_job ON idemq.events USING btree (job_id, seq);
+
+CREATE INDEX idempotency_expiry ON idemq.idempotency USING btree (expires_at);
+
+CREATE INDEX idempotency_job ON idemq.idempotency USING btree (job_id);
+
+CREATE UNIQUE INDEX jobs_active_key ON idemq.jobs USING btree (concurrency_key) WHERE ((state = 'active'::text) AND (concurrency_key IS NOT NULL));
+
+CREATE INDEX jobs_claim ON idemq.jobs USING btree (priority DESC, run_at, seq) WHERE (state = 'waiting'::text);
+
+CREATE INDEX jobs_dedupe ON idemq.jobs USING btree (type, dedupe_key) WHERE (dedupe_key IS NOT NULL);
+
+CREATE INDEX jobs_lease ON idemq.jobs USING btree (lease_expires_at) WHERE (state = 'active'::text);
+
+CREATE INDEX jobs_purge ON idemq.jobs USING btree (purge_after) WHERE (purge_after IS NOT NULL);
+
+CREATE INDEX jobs_state ON idemq.jobs USING btree (state, queue);
+

@@ -1,0 +1,3 @@
+//! Conformance cases: races between clients on separate connections.
+
+instantiate!();
