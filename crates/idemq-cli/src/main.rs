@@ -81,7 +81,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         let value = serde_json::json!({"applied": applied, "database": redact(&cli.database)});
         output::line(cli.json, &value, || match applied.as_slice() {
             [] => format!("schema is up to date ({})", redact(&cli.database)),
-            v => format!("applied migrations {v:?}; schema is up to date ({})", redact(&cli.database)),
+            v => format!(
+                "applied migrations {v:?}; schema is up to date ({})",
+                redact(&cli.database)
+            ),
         });
         return Ok(());
     }

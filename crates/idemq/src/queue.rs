@@ -156,7 +156,9 @@ impl Queue {
                 .max_connections(1)
                 .connect(url)
                 .await
-                .map_err(|e| Error::Unavailable { message: format!("cannot connect to PostgreSQL: {e}") })?;
+                .map_err(|e| Error::Unavailable {
+                    message: format!("cannot connect to PostgreSQL: {e}"),
+                })?;
             let applied = crate::store::postgres::migrate(&pool).await;
             pool.close().await;
             return applied;
@@ -348,7 +350,11 @@ impl Queue {
     ) -> Result<EnqueueResult> {
         let item = self.prepare(&req)?;
         let mut results = PgStore::enqueue_in(conn, std::slice::from_ref(&item)).await?;
-        results.pop().unwrap_or_else(|| Err(Error::Backend { message: "no result".into() }))
+        results.pop().unwrap_or_else(|| {
+            Err(Error::Backend {
+                message: "no result".into(),
+            })
+        })
     }
 
     /// A dry run: what an enqueue would do now and why. Writes nothing, ever.

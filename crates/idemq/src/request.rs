@@ -652,6 +652,13 @@ pub(crate) fn prepare_key(
             "must be 1–255 bytes of UTF-8",
         ));
     }
+    // Its preview is stored as text, which PostgreSQL cannot hold with U+0000.
+    if key.contains('\0') {
+        return Err(Error::validation(
+            format!("{field}.key"),
+            "must not contain U+0000",
+        ));
+    }
     Ok(PreparedKey {
         scope: scope.to_owned(),
         hash: hasher.hash(scope, key),

@@ -14,21 +14,33 @@ use serde_json::json;
 use support::Harness;
 
 async fn exec(conn: &mut sqlx::PgConnection, sql: String) {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(conn).await.expect("statement");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(conn)
+        .await
+        .expect("statement");
 }
 
 fn keyed(key: &str, payload: serde_json::Value) -> EnqueueRequest {
-    EnqueueRequest::new("order.confirm").payload(payload).idempotency_key(key)
+    EnqueueRequest::new("order.confirm")
+        .payload(payload)
+        .idempotency_key(key)
 }
 
 async fn orders_table(h: &Harness) -> sqlx::PgPool {
-    let pool = sqlx::PgPool::connect(h.db_url.as_deref().expect("postgres")).await.expect("pool");
-    pool.execute("CREATE TABLE orders (id text PRIMARY KEY)").await.expect("orders table");
+    let pool = sqlx::PgPool::connect(h.db_url.as_deref().expect("postgres"))
+        .await
+        .expect("pool");
+    pool.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+        .await
+        .expect("orders table");
     pool
 }
 
 async fn orders(pool: &sqlx::PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM orders").fetch_one(pool).await.expect("count")
+    sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(pool)
+        .await
+        .expect("count")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -36,15 +48,26 @@ async fn transactional_enqueue_commits_with_the_callers_rows() {
     let h = Harness::postgres().await;
     let pool = orders_table(&h).await;
     let mut tx = pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO orders VALUES ('o-1')").execute(&mut *tx).await.unwrap();
-    let r = h.queue.enqueue_in(&mut tx, keyed("o-1", json!({"order": 1}))).await.unwrap();
+    sqlx::query("INSERT INTO orders VALUES ('o-1')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let r = h
+        .queue
+        .enqueue_in(&mut tx, keyed("o-1", json!({"order": 1})))
+        .await
+        .unwrap();
     assert_eq!(r.outcome, Outcome::Accepted);
     // Not visible, not claimable, before the commit.
     assert!(h.queue.get(&r.job_id).await.unwrap().is_none());
     assert!(h.claim(10).await.is_empty());
     tx.commit().await.unwrap();
     assert_eq!(orders(&pool).await, 1);
-    assert_eq!(h.claim(10).await.len(), 1, "claimable exactly once after the commit");
+    assert_eq!(
+        h.claim(10).await.len(),
+        1,
+        "claimable exactly once after the commit"
+    );
     assert!(h.claim(10).await.is_empty());
 }
 
@@ -53,14 +76,32 @@ async fn transactional_enqueue_rolls_back_with_the_callers_rows() {
     let h = Harness::postgres().await;
     let pool = orders_table(&h).await;
     let mut tx = pool.begin().await.unwrap();
-    sqlx::query("INSERT INTO orders VALUES ('o-2')").execute(&mut *tx).await.unwrap();
-    let r = h.queue.enqueue_in(&mut tx, keyed("o-2", json!(2))).await.unwrap();
+    sqlx::query("INSERT INTO orders VALUES ('o-2')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let r = h
+        .queue
+        .enqueue_in(&mut tx, keyed("o-2", json!(2)))
+        .await
+        .unwrap();
     tx.rollback().await.unwrap();
     assert_eq!(orders(&pool).await, 0);
     assert!(h.queue.get(&r.job_id).await.unwrap().is_none());
     assert_eq!(h.totals().await, (0, 0), "no job, no event");
-    assert!(h.queue.lookup_key("default", "o-2").await.unwrap().is_none(), "no binding");
-    let again = h.queue.enqueue_with_result(keyed("o-2", json!(2))).await.unwrap();
+    assert!(
+        h.queue
+            .lookup_key("default", "o-2")
+            .await
+            .unwrap()
+            .is_none(),
+        "no binding"
+    );
+    let again = h
+        .queue
+        .enqueue_with_result(keyed("o-2", json!(2)))
+        .await
+        .unwrap();
     assert_eq!(again.outcome, Outcome::Accepted);
 }
 
@@ -69,14 +110,31 @@ async fn callers_transaction_stays_usable_after_a_refused_request() {
     let h = Harness::postgres().await;
     let pool = orders_table(&h).await;
     let mut tx = pool.begin().await.unwrap();
-    h.queue.enqueue_in(&mut tx, keyed("o-3", json!(1))).await.unwrap();
-    let err = h.queue.enqueue_in(&mut tx, keyed("o-3", json!(2))).await.unwrap_err();
-    assert_eq!(err.conflict().map(|c| c.fields.clone()), Some(vec!["payload".to_owned()]));
+    h.queue
+        .enqueue_in(&mut tx, keyed("o-3", json!(1)))
+        .await
+        .unwrap();
+    let err = h
+        .queue
+        .enqueue_in(&mut tx, keyed("o-3", json!(2)))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.conflict().map(|c| c.fields.clone()),
+        Some(vec!["payload".to_owned()])
+    );
     let past = h.now().await - chrono::Duration::seconds(1);
-    let err = h.queue.enqueue_in(&mut tx, EnqueueRequest::new("t").deadline(past)).await.unwrap_err();
+    let err = h
+        .queue
+        .enqueue_in(&mut tx, EnqueueRequest::new("t").deadline(past))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Validation { ref field, .. } if field == "deadline"));
     // The transaction is not aborted: more work and a commit succeed.
-    sqlx::query("INSERT INTO orders VALUES ('o-3')").execute(&mut *tx).await.unwrap();
+    sqlx::query("INSERT INTO orders VALUES ('o-3')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(orders(&pool).await, 1);
     assert_eq!(h.totals().await.0, 1);
@@ -89,9 +147,14 @@ async fn waiter_behind_a_rolled_back_holder_is_accepted() {
     let h = Harness::postgres().await;
     let pool = orders_table(&h).await;
     let mut tx = pool.begin().await.unwrap();
-    let held = h.queue.enqueue_in(&mut tx, keyed("o-4", json!(4))).await.unwrap();
+    let held = h
+        .queue
+        .enqueue_in(&mut tx, keyed("o-4", json!(4)))
+        .await
+        .unwrap();
     let other = h.another_queue().await;
-    let waiter = tokio::spawn(async move { other.enqueue_with_result(keyed("o-4", json!(4))).await });
+    let waiter =
+        tokio::spawn(async move { other.enqueue_with_result(keyed("o-4", json!(4))).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "the waiter blocks on the held key");
     tx.rollback().await.unwrap();
@@ -106,9 +169,14 @@ async fn waiter_behind_a_committed_holder_is_replayed() {
     let h = Harness::postgres().await;
     let pool = orders_table(&h).await;
     let mut tx = pool.begin().await.unwrap();
-    let held = h.queue.enqueue_in(&mut tx, keyed("o-5", json!(5))).await.unwrap();
+    let held = h
+        .queue
+        .enqueue_in(&mut tx, keyed("o-5", json!(5)))
+        .await
+        .unwrap();
     let other = h.another_queue().await;
-    let waiter = tokio::spawn(async move { other.enqueue_with_result(keyed("o-5", json!(5))).await });
+    let waiter =
+        tokio::spawn(async move { other.enqueue_with_result(keyed("o-5", json!(5))).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     tx.commit().await.unwrap();
     let r = waiter.await.unwrap().unwrap();
@@ -126,15 +194,33 @@ async fn snapshot_isolation_callers_get_a_retryable_error_then_a_replay() {
         let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
         exec(&mut conn, format!("BEGIN ISOLATION LEVEL {level}")).await;
         // Take the snapshot before the other client commits.
-        conn.execute("SELECT count(*) FROM idemq.jobs").await.unwrap();
-        let first = h.queue.enqueue_with_result(keyed("o-6", json!(6))).await.unwrap();
-        let err = h.queue.enqueue_in(&mut conn, keyed("o-6", json!(6))).await.unwrap_err();
+        conn.execute("SELECT count(*) FROM idemq.jobs")
+            .await
+            .unwrap();
+        let first = h
+            .queue
+            .enqueue_with_result(keyed("o-6", json!(6)))
+            .await
+            .unwrap();
+        let err = h
+            .queue
+            .enqueue_in(&mut conn, keyed("o-6", json!(6)))
+            .await
+            .unwrap_err();
         assert!(err.is_retryable(), "{level}: {err:?}");
         conn.execute("ROLLBACK").await.unwrap();
         exec(&mut conn, format!("BEGIN ISOLATION LEVEL {level}")).await;
-        let retry = h.queue.enqueue_in(&mut conn, keyed("o-6", json!(6))).await.unwrap();
+        let retry = h
+            .queue
+            .enqueue_in(&mut conn, keyed("o-6", json!(6)))
+            .await
+            .unwrap();
         conn.execute("COMMIT").await.unwrap();
-        assert_eq!((retry.job_id, retry.outcome), (first.job_id, Outcome::Replayed), "{level}");
+        assert_eq!(
+            (retry.job_id, retry.outcome),
+            (first.job_id, Outcome::Replayed),
+            "{level}"
+        );
         assert_eq!(h.totals().await.0, 1, "{level}");
     }
 }
@@ -142,15 +228,29 @@ async fn snapshot_isolation_callers_get_a_retryable_error_then_a_replay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acceptance_notifies_and_a_replay_does_not() {
     let h = Harness::postgres().await;
-    let mut listener = sqlx::postgres::PgListener::connect(h.db_url.as_deref().unwrap()).await.unwrap();
-    listener.listen(idemq::store::postgres::NOTIFY_CHANNEL).await.unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect(h.db_url.as_deref().unwrap())
+        .await
+        .unwrap();
+    listener
+        .listen(idemq::store::postgres::NOTIFY_CHANNEL)
+        .await
+        .unwrap();
     let req = || keyed("o-7", json!(7)).queue("mail");
     h.queue.enqueue(req()).await.unwrap();
-    let n = tokio::time::timeout(Duration::from_secs(5), listener.recv()).await.expect("notified").unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("notified")
+        .unwrap();
     assert_eq!(n.payload(), "mail", "the payload is only the queue name");
-    assert_eq!(h.queue.enqueue_with_result(req()).await.unwrap().outcome, Outcome::Replayed);
+    assert_eq!(
+        h.queue.enqueue_with_result(req()).await.unwrap().outcome,
+        Outcome::Replayed
+    );
     let quiet = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await;
-    assert!(quiet.is_err(), "a replay writes nothing, not even a notification");
+    assert!(
+        quiet.is_err(),
+        "a replay writes nothing, not even a notification"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,10 +260,12 @@ async fn migrations_are_safe_to_run_concurrently() {
     let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap();
     exec(&mut conn, format!("CREATE DATABASE {db}")).await;
     let url = support::pg_url(&db);
-    let runs: Vec<_> = (0..4).map(|_| {
-        let url = url.clone();
-        tokio::spawn(async move { Queue::migrate(&url).await })
-    }).collect();
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { Queue::migrate(&url).await })
+        })
+        .collect();
     let mut applied = Vec::new();
     for r in runs {
         applied.extend(r.await.unwrap().expect("migrate"));
@@ -171,7 +273,13 @@ async fn migrations_are_safe_to_run_concurrently() {
     applied.sort();
     assert_eq!(applied, vec![1, 2], "each migration applied exactly once");
     let q = Queue::connect(&url).await.expect("the schema is current");
-    assert_eq!(q.enqueue_with_result(EnqueueRequest::new("t")).await.unwrap().outcome, Outcome::Accepted);
+    assert_eq!(
+        q.enqueue_with_result(EnqueueRequest::new("t"))
+            .await
+            .unwrap()
+            .outcome,
+        Outcome::Accepted
+    );
     drop(q);
     exec(&mut conn, format!("DROP DATABASE {db} WITH (FORCE)")).await;
 }
@@ -179,7 +287,9 @@ async fn migrations_are_safe_to_run_concurrently() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmigrated_database_is_refused_with_what_to_do() {
     let db = format!("idemq_m_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(&support::pg_admin_url()).await.unwrap();
+    let mut conn = sqlx::PgConnection::connect(&support::pg_admin_url())
+        .await
+        .unwrap();
     exec(&mut conn, format!("CREATE DATABASE {db}")).await;
     let err = Queue::connect(&support::pg_url(&db)).await.unwrap_err();
     assert!(err.to_string().contains("idemq migrate"), "{err}");
@@ -193,11 +303,20 @@ async fn unmigrated_database_is_refused_with_what_to_do() {
 async fn committed_schema_dump_matches_the_migrations() {
     let h = Harness::postgres().await;
     let out = std::process::Command::new("pg_dump")
-        .args(["--schema-only", "--no-owner", "--no-privileges", "--schema=idemq"])
+        .args([
+            "--schema-only",
+            "--no-owner",
+            "--no-privileges",
+            "--schema=idemq",
+        ])
         .arg(h.db_url.as_deref().unwrap())
         .output()
         .expect("pg_dump is installed (Debian: postgresql-client)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let dump = normalize(&String::from_utf8_lossy(&out.stdout));
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schema/postgres.sql");
     if std::env::var_os("IDEMQ_UPDATE_SCHEMA").is_some() {
@@ -215,7 +334,8 @@ async fn committed_schema_dump_matches_the_migrations() {
 /// Drops what varies between runs and versions of pg_dump: comments, SET
 /// lines, the restrict keys and blank-line runs.
 fn normalize(dump: &str) -> String {
-    let mut out = String::from("-- The idemq schema on PostgreSQL, as migrated: generated, do not edit.\n");
+    let mut out =
+        String::from("-- The idemq schema on PostgreSQL, as migrated: generated, do not edit.\n");
     let mut blank = false;
     for line in dump.lines() {
         let skip = line.starts_with("--")

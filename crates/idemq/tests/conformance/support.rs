@@ -202,14 +202,20 @@ impl Harness {
         match &self.clock {
             Clock::Manual(clock) => {
                 let path = self.db_file.as_ref().expect("sqlite file");
-                let options = QueueOptions { clock: clock.clone(), ..QueueOptions::default() };
+                let options = QueueOptions {
+                    clock: clock.clone(),
+                    ..QueueOptions::default()
+                };
                 Queue::connect_with(&format!("sqlite://{}", path.display()), options)
                     .await
                     .expect("open sqlite again")
             }
             Clock::Postgres(..) => {
                 let url = self.db_url.as_ref().expect("postgres url");
-                let options = PgOptions { max_connections: 4, ..PgOptions::default() };
+                let options = PgOptions {
+                    max_connections: 4,
+                    ..PgOptions::default()
+                };
                 let store = PgStore::connect(url, options).await.expect("connect again");
                 Queue::from_store(Arc::new(store), QueueOptions::default())
             }
