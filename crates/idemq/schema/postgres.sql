@@ -534,8 +534,13 @@ BEGIN
                             PERFORM idemq.wake(it ->> 'queue');
                             v_outcome := 'replaced';
                         ELSE
+                            -- Changed since it was read: say how, from a fresh
+                            -- read (a promote made it due; a claim started it).
                             v_outcome := 'non_replaceable';
-                            v_reason := 'not_pending';
+                            v_reason := coalesce((
+                                SELECT CASE WHEN j.state = 'waiting' AND j.attempt = 0
+                                            THEN 'window_elapsed' ELSE 'not_pending' END
+                                FROM idemq.jobs j WHERE j.id = d.job_id), 'not_pending');
                         END IF;
                     ELSIF v_state = 'waiting' AND NOT v_started THEN
                         v_outcome := 'non_replaceable';
@@ -913,6 +918,55 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION idemq.schedule_every_next(p_anchor timestamp with time zone, p_every_ms bigint, p_now timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT a + idemq.ms(p_every_ms) * (CASE WHEN p_now < a THEN 1
+        ELSE floor(extract(epoch FROM p_now - a) * 1000 / p_every_ms)::bigint + 1 END)
+    FROM (SELECT date_trunc('second', p_anchor) AS a) anchor
+$$;
+
+CREATE FUNCTION idemq.schedule_mark_fired(p_name text, p_cron text, p_every_ms bigint, p_timezone text, p_fired timestamp with time zone, p_next timestamp with time zone) RETURNS boolean
+    LANGUAGE sql
+    AS $$
+    WITH marked AS (
+        UPDATE idemq.schedules
+        SET last_fired_at = coalesce(p_fired, last_fired_at),
+            next_fire_at = CASE WHEN p_next IS NULL THEN NULL
+                                ELSE greatest(next_fire_at, p_next) END
+        WHERE name = p_name AND next_fire_at IS NOT NULL
+          AND cron IS NOT DISTINCT FROM p_cron AND every_ms IS NOT DISTINCT FROM p_every_ms
+          AND timezone = p_timezone
+          AND (p_fired IS NULL OR last_fired_at IS NULL OR last_fired_at <= p_fired)
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM marked)
+$$;
+
+CREATE FUNCTION idemq.schedule_put(p_name text, p_cron text, p_every_ms bigint, p_timezone text, p_job jsonb, p_paused boolean, p_at timestamp with time zone, p_cron_next timestamp with time zone) RETURNS boolean
+    LANGUAGE sql
+    AS $$
+    INSERT INTO idemq.schedules AS s (name, cron, every_ms, timezone, job, paused,
+                                      created_at, updated_at, last_fired_at, next_fire_at)
+    VALUES (p_name, p_cron, p_every_ms, p_timezone, p_job, p_paused, p_at, p_at, NULL,
+            CASE WHEN p_paused THEN NULL
+                 WHEN p_every_ms IS NOT NULL THEN idemq.schedule_every_next(p_at, p_every_ms, p_at)
+                 ELSE p_cron_next END)
+    ON CONFLICT (name) DO UPDATE SET
+        cron = excluded.cron, every_ms = excluded.every_ms, timezone = excluded.timezone,
+        job = excluded.job, paused = excluded.paused, updated_at = excluded.updated_at,
+        next_fire_at = CASE
+            WHEN excluded.paused THEN NULL
+            WHEN s.next_fire_at IS NOT NULL
+                 AND s.cron IS NOT DISTINCT FROM excluded.cron
+                 AND s.every_ms IS NOT DISTINCT FROM excluded.every_ms
+                 AND s.timezone = excluded.timezone THEN s.next_fire_at
+            WHEN excluded.every_ms IS NOT NULL
+                THEN idemq.schedule_every_next(s.created_at, excluded.every_ms, p_at)
+            ELSE p_cron_next END
+    RETURNING xmax = 0
+$$;
+
 CREATE FUNCTION idemq.us(p bigint) RETURNS timestamp with time zone
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -1001,6 +1055,20 @@ CREATE TABLE idemq.runs (
     error text
 );
 
+CREATE TABLE idemq.schedules (
+    name text NOT NULL,
+    cron text,
+    every_ms bigint,
+    timezone text NOT NULL,
+    job jsonb NOT NULL,
+    paused boolean DEFAULT false NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    last_fired_at timestamp with time zone,
+    next_fire_at timestamp with time zone,
+    CONSTRAINT schedules_check CHECK (((cron IS NULL) <> (every_ms IS NULL)))
+);
+
 CREATE TABLE idemq.schema_migrations (
     version bigint NOT NULL,
     name text NOT NULL,
@@ -1037,6 +1105,9 @@ ALTER TABLE ONLY idemq.queues
 ALTER TABLE ONLY idemq.runs
     ADD CONSTRAINT runs_pkey PRIMARY KEY (job_id, attempt);
 
+ALTER TABLE ONLY idemq.schedules
+    ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
+
 ALTER TABLE ONLY idemq.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
 
@@ -1062,4 +1133,6 @@ CREATE INDEX jobs_lease ON idemq.jobs USING btree (lease_expires_at) WHERE (stat
 CREATE INDEX jobs_purge ON idemq.jobs USING btree (purge_after) WHERE (purge_after IS NOT NULL);
 
 CREATE INDEX jobs_state ON idemq.jobs USING btree (state, queue);
+
+CREATE INDEX schedules_due ON idemq.schedules USING btree (next_fire_at) WHERE (next_fire_at IS NOT NULL);
 

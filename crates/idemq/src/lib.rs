@@ -48,7 +48,9 @@ mod job;
 mod queue;
 pub mod request;
 pub mod retry;
+pub mod schedule;
 pub mod store;
+pub mod worker;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{ConflictSource, Error, IdempotencyConflict, Result};
@@ -61,7 +63,9 @@ pub use queue::{
     RedriveOptions,
 };
 pub use request::{DedupeMode, DedupeOptions, EnqueueRequest, IdempotencyOptions, RetryPolicy};
+pub use schedule::{Schedule, ScheduleDefinition, ScheduleSpec};
 pub use store::{BindingInfo, Explain, JobList, JobPage};
+pub use worker::{HandlerContext, JobError, Worker};
 
 /// The PostgreSQL driver idemq uses, for [`Queue::enqueue_in`] on your own transactions.
 pub use sqlx;

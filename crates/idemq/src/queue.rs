@@ -722,4 +722,143 @@ impl Queue {
     pub async fn sweep_retention(&self, limit: u32) -> Result<u64> {
         self.store.job_retention_sweep(Sweep { limit }).await
     }
+
+    /// Creates or replaces the schedule `name` (1–128 bytes of
+    /// `[A-Za-z0-9._:-]`); true when it was created. The definition is
+    /// validated in full first and nothing is written for a refused one: the
+    /// cron expression (six fields, seconds first, and some instant to come),
+    /// the time zone, the interval, and the job template by every bound of an
+    /// enqueue (a template may not carry an idempotency key, `job_id`,
+    /// `run_at` or `deadline`; errors name `job.<field>`).
+    ///
+    /// Replacing a schedule with the same timing keeps its next fire, so a
+    /// process may declare its schedules at every start; a new timing, or a
+    /// resume, fires next at the first tick after now (an interval stays
+    /// anchored at the schedule's creation). See docs/schedules.md.
+    pub async fn schedule_set(
+        &self,
+        name: &str,
+        definition: crate::schedule::ScheduleDefinition,
+    ) -> Result<bool> {
+        let checked =
+            crate::schedule::check_definition(name, &definition, &self.hasher, self.payload_limit)?;
+        let now = self.store.now().await?;
+        let cron_next = match &checked.cron {
+            Some(spec) => Some(
+                spec.next_after(now)
+                    .ok_or_else(|| Error::validation("cron", "matches no instant to come"))?,
+            ),
+            None => None,
+        };
+        self.store
+            .schedule_put(SchedulePut {
+                name: name.into(),
+                cron: definition.cron,
+                every_ms: definition.every_ms,
+                timezone: checked.timezone,
+                job: checked.job,
+                paused: definition.paused,
+                at: micros(now),
+                cron_next: cron_next.map(micros),
+            })
+            .await
+    }
+
+    /// Deletes the schedule `name`; false when there was none. Jobs it
+    /// already enqueued are not touched.
+    pub async fn schedule_delete(&self, name: &str) -> Result<bool> {
+        crate::schedule::check_name(name)?;
+        self.store
+            .schedule_delete(ScheduleRef { name: name.into() })
+            .await
+    }
+
+    /// Every schedule, by name, with its next fire.
+    pub async fn schedules(&self) -> Result<Vec<crate::schedule::Schedule>> {
+        self.store.schedule_list().await
+    }
+
+    /// Maintenance: fires the schedules that are due (at most `limit`,
+    /// 1–1000) and returns how many ticks this call fired.
+    ///
+    /// Each due schedule fires its latest tick at or before now, if it is
+    /// later than the last tick fired: older missed ticks collapse into it,
+    /// so after downtime the schedule fires once, not once per missed tick.
+    /// The tick enqueues the template with the idempotency key
+    /// `schedule:<name>:<tick>` in the reserved scope `idemq.schedule`, so
+    /// any number of processes running this at once fire each tick exactly
+    /// once; a tick another process fired (a replay, or a conflict because
+    /// the template changed in between) is not counted and fails nothing.
+    /// A schedule that cannot fire (the backend failed) stays due for the
+    /// next pass; the others still fire, and the first error is returned.
+    pub async fn fire_schedules(&self, limit: u32) -> Result<u64> {
+        if !(1..=1000).contains(&limit) {
+            return Err(Error::validation("limit", "must be 1–1000"));
+        }
+        let due = self.store.schedule_due(ScheduleDue { limit }).await?;
+        let mut fired = 0;
+        let mut first_error = None;
+        for schedule in &due.schedules {
+            match self.fire_schedule(schedule, due.now).await {
+                Ok(true) => fired += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(fired),
+        }
+    }
+
+    /// Fires one due schedule's latest tick; true when this call enqueued it.
+    async fn fire_schedule(
+        &self,
+        schedule: &crate::schedule::Schedule,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let spec = schedule.spec()?;
+        let tick = spec
+            .latest_at_or_before(now)
+            .filter(|t| schedule.last_fired_at.is_none_or(|last| *t > last));
+        let mut fired = false;
+        if let Some(tick) = tick {
+            let item =
+                crate::schedule::tick_request(schedule, tick, &self.hasher, self.payload_limit)?;
+            let result = self
+                .store
+                .job_enqueue(JobEnqueue {
+                    items: vec![item],
+                    atomic: false,
+                    dry_run: false,
+                })
+                .await?
+                .pop()
+                .unwrap_or_else(|| {
+                    Err(Error::Backend {
+                        message: "no result".into(),
+                    })
+                });
+            match result {
+                Ok(r) => fired = r.outcome != crate::Outcome::Replayed,
+                // Another scheduler fired this tick with the template as it
+                // was before (or after) a change: the tick is fired.
+                Err(Error::EnqueueIdempotencyConflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.store
+            .schedule_mark_fired(ScheduleMarkFired {
+                name: schedule.name.clone(),
+                cron: schedule.cron.clone(),
+                every_ms: schedule.every_ms,
+                timezone: schedule.timezone.clone(),
+                fired_at: tick.map(micros),
+                next_fire_at: spec.next_after(now).map(micros),
+            })
+            .await?;
+        Ok(fired)
+    }
 }

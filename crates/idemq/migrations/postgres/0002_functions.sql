@@ -216,8 +216,13 @@ BEGIN
                             PERFORM idemq.wake(it ->> 'queue');
                             v_outcome := 'replaced';
                         ELSE
+                            -- Changed since it was read: say how, from a fresh
+                            -- read (a promote made it due; a claim started it).
                             v_outcome := 'non_replaceable';
-                            v_reason := 'not_pending';
+                            v_reason := coalesce((
+                                SELECT CASE WHEN j.state = 'waiting' AND j.attempt = 0
+                                            THEN 'window_elapsed' ELSE 'not_pending' END
+                                FROM idemq.jobs j WHERE j.id = d.job_id), 'not_pending');
                         END IF;
                     ELSIF v_state = 'waiting' AND NOT v_started THEN
                         v_outcome := 'non_replaceable';

@@ -22,6 +22,7 @@ use crate::job::{
     QueueInfo, Run,
 };
 use crate::request::{DedupeMode, PreparedEnqueue, PreparedKey};
+use crate::schedule::Schedule;
 
 pub mod postgres;
 pub mod sqlite;
@@ -269,11 +270,50 @@ pub struct Sweep {
     pub limit: u32,
 }
 
+/// A worker's source of wake-ups: new claimable work was committed. It may
+/// miss some (notifications can be lost), so workers also poll.
+pub enum Wakeups {
+    /// The in-process signal of an embedded store.
+    Local(std::sync::Arc<tokio::sync::Notify>),
+    /// `LISTEN idemq_jobs` on PostgreSQL.
+    Postgres(Box<sqlx::postgres::PgListener>),
+}
+
+impl std::fmt::Debug for Wakeups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Local(_) => "Wakeups::Local",
+            Self::Postgres(_) => "Wakeups::Postgres",
+        })
+    }
+}
+
+impl Wakeups {
+    /// Waits until work may be there or `timeout` passes. Returns true when
+    /// woken. A lost `LISTEN` connection is reconnected by the driver; until
+    /// then this waits out the timeout.
+    pub async fn wait(&mut self, timeout: std::time::Duration) -> bool {
+        match self {
+            Self::Local(n) => tokio::time::timeout(timeout, n.notified()).await.is_ok(),
+            Self::Postgres(l) => match tokio::time::timeout(timeout, l.recv()).await {
+                Ok(Ok(_)) => true,
+                Ok(Err(_)) => {
+                    tokio::time::sleep(timeout.min(std::time::Duration::from_millis(500))).await;
+                    false
+                }
+                Err(_) => false,
+            },
+        }
+    }
+}
+
 /// The storage seam. See the module documentation.
 #[async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// `sqlite`, `postgres`, …
     fn backend(&self) -> &'static str;
+    /// A source of wake-ups for a worker.
+    async fn wakeups(&self) -> Result<Wakeups>;
     /// The clock of record.
     async fn now(&self) -> Result<DateTime<Utc>>;
     /// Enqueue: one result per item, in order.
@@ -330,4 +370,80 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn lease_reap(&self, p: Sweep) -> Result<u64>;
     /// Delete terminal jobs past their retention that no live binding points at.
     async fn job_retention_sweep(&self, p: Sweep) -> Result<u64>;
+    /// Create or replace a schedule's definition; true when it was created.
+    async fn schedule_put(&self, p: SchedulePut) -> Result<bool>;
+    /// Delete a schedule; false when there was none.
+    async fn schedule_delete(&self, p: ScheduleRef) -> Result<bool>;
+    /// Every schedule, by name.
+    async fn schedule_list(&self) -> Result<Vec<Schedule>>;
+    /// Schedules that are not paused and whose next fire is due, earliest first.
+    async fn schedule_due(&self, p: ScheduleDue) -> Result<DueSchedules>;
+    /// Record a fired tick and the next fire; false when the schedule is
+    /// gone, paused, retimed, or already past that tick.
+    async fn schedule_mark_fired(&self, p: ScheduleMarkFired) -> Result<bool>;
+}
+
+/// `schedule_put`: a validated definition.
+#[derive(Clone, Debug)]
+pub struct SchedulePut {
+    /// The schedule's name.
+    pub name: String,
+    /// The cron expression (exactly one of `cron` and `every_ms`).
+    pub cron: Option<String>,
+    /// The interval in milliseconds.
+    pub every_ms: Option<i64>,
+    /// The IANA time zone of the cron expression (`UTC` for intervals).
+    pub timezone: String,
+    /// The job template: an `EnqueueRequest` as JSON.
+    pub job: String,
+    /// A paused schedule has no next fire.
+    pub paused: bool,
+    /// The clock of record when the caller computed `cron_next` (µs); the
+    /// creation instant of a new schedule, the anchor of an interval.
+    pub at: i64,
+    /// For a cron schedule: its first fire after `at` (µs). An interval's
+    /// next fire is computed by the store from the stored anchor.
+    pub cron_next: Option<i64>,
+}
+
+/// A schedule, by name.
+#[derive(Clone, Debug)]
+pub struct ScheduleRef {
+    /// The schedule's name.
+    pub name: String,
+}
+
+/// `schedule_due`.
+#[derive(Clone, Copy, Debug)]
+pub struct ScheduleDue {
+    /// At most this many schedules.
+    pub limit: u32,
+}
+
+/// What `schedule_due` found.
+#[derive(Clone, Debug)]
+pub struct DueSchedules {
+    /// The clock of record the schedules were found due at.
+    pub now: DateTime<Utc>,
+    /// The due schedules, earliest next fire first.
+    pub schedules: Vec<Schedule>,
+}
+
+/// `schedule_mark_fired`: moves `last_fired_at` forward (never back) and
+/// sets the next fire, if the schedule still has the timing the caller
+/// computed them with and is not paused.
+#[derive(Clone, Debug)]
+pub struct ScheduleMarkFired {
+    /// The schedule's name.
+    pub name: String,
+    /// The cron expression the caller computed with.
+    pub cron: Option<String>,
+    /// The interval the caller computed with.
+    pub every_ms: Option<i64>,
+    /// The time zone the caller computed with.
+    pub timezone: String,
+    /// The tick fired (µs); `None` when nothing was due to fire.
+    pub fired_at: Option<i64>,
+    /// The next fire (µs); `None` when the expression matches no later instant.
+    pub next_fire_at: Option<i64>,
 }

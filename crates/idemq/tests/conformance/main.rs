@@ -39,4 +39,6 @@ mod execution;
 mod idempotency;
 mod operations;
 mod races;
+mod schedules;
 mod validation;
+mod worker;

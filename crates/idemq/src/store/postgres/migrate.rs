@@ -19,6 +19,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "functions",
         include_str!("../../../migrations/postgres/0002_functions.sql"),
     ),
+    (
+        3,
+        "schedules",
+        include_str!("../../../migrations/postgres/0003_schedules.sql"),
+    ),
 ];
 
 /// The lock every migrating process takes (an arbitrary constant: "idemq" in ASCII).

@@ -15,6 +15,7 @@
 mod enqueue;
 mod migrate;
 mod query;
+mod schedule;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -196,6 +197,14 @@ fn not_found(id: &str) -> Error {
 impl Store for PgStore {
     fn backend(&self) -> &'static str {
         "postgres"
+    }
+
+    async fn wakeups(&self) -> Result<Wakeups> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool)
+            .await
+            .map_err(db_err)?;
+        listener.listen(NOTIFY_CHANNEL).await.map_err(db_err)?;
+        Ok(Wakeups::Postgres(Box::new(listener)))
     }
 
     async fn now(&self) -> Result<DateTime<Utc>> {
@@ -496,5 +505,25 @@ impl Store for PgStore {
             .await
             .map_err(db_err)?;
         Ok(n as u64)
+    }
+
+    async fn schedule_put(&self, p: SchedulePut) -> Result<bool> {
+        schedule::put(&self.pool, &p).await
+    }
+
+    async fn schedule_delete(&self, p: ScheduleRef) -> Result<bool> {
+        schedule::delete(&self.pool, &p.name).await
+    }
+
+    async fn schedule_list(&self) -> Result<Vec<crate::schedule::Schedule>> {
+        schedule::list(&self.pool).await
+    }
+
+    async fn schedule_due(&self, p: ScheduleDue) -> Result<DueSchedules> {
+        schedule::due(&self.pool, p.limit).await
+    }
+
+    async fn schedule_mark_fired(&self, p: ScheduleMarkFired) -> Result<bool> {
+        schedule::mark_fired(&self.pool, &p).await
     }
 }

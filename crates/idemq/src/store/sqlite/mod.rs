@@ -18,6 +18,7 @@ mod admin;
 mod enqueue;
 mod exec;
 mod query;
+mod schedule;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,11 +41,18 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Read connections of a file database.
 const READERS: usize = 4;
 
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "init",
-    include_str!("../../../migrations/sqlite/0001_init.sql"),
-)];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "init",
+        include_str!("../../../migrations/sqlite/0001_init.sql"),
+    ),
+    (
+        2,
+        "schedules",
+        include_str!("../../../migrations/sqlite/0002_schedules.sql"),
+    ),
+];
 
 impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
@@ -184,6 +192,13 @@ impl SqliteStore {
         self.inner.wakeup.clone()
     }
 
+    /// Wakes every waiting worker, and leaves a permit for one that is
+    /// between two waits so the signal is not lost.
+    fn wake(&self) {
+        self.inner.wakeup.notify_waiters();
+        self.inner.wakeup.notify_one();
+    }
+
     /// The `synchronous` and `journal_mode` pragmas in force, for checks and metrics.
     pub fn durability(&self) -> Result<(i64, String)> {
         let conn = lock(&self.inner.writer);
@@ -277,6 +292,10 @@ impl Store for SqliteStore {
         "sqlite"
     }
 
+    async fn wakeups(&self) -> Result<Wakeups> {
+        Ok(Wakeups::Local(self.inner.wakeup.clone()))
+    }
+
     async fn now(&self) -> Result<DateTime<Utc>> {
         Ok(self.inner.clock.now())
     }
@@ -311,7 +330,7 @@ impl Store for SqliteStore {
                 )
             })
         {
-            self.inner.wakeup.notify_waiters();
+            self.wake();
         }
         Ok(results)
     }
@@ -357,21 +376,21 @@ impl Store for SqliteStore {
     async fn job_promote(&self, p: JobRef) -> Result<bool> {
         let promoted = flatten(self.write(move |cx| admin::promote(cx, &p.job_id)).await)?;
         if promoted {
-            self.inner.wakeup.notify_waiters();
+            self.wake();
         }
         Ok(promoted)
     }
 
     async fn job_redrive(&self, p: JobRedrive) -> Result<EnqueueResult> {
         let r = flatten(self.write(move |cx| admin::redrive(cx, &p)).await)?;
-        self.inner.wakeup.notify_waiters();
+        self.wake();
         Ok(r)
     }
 
     async fn queue_pause(&self, p: QueuePause) -> Result<bool> {
         let paused = self.write(move |cx| admin::pause(cx, &p)).await?;
         if !paused {
-            self.inner.wakeup.notify_waiters();
+            self.wake();
         }
         Ok(paused)
     }
@@ -394,13 +413,13 @@ impl Store for SqliteStore {
 
     async fn job_fail(&self, p: JobFail) -> Result<FailOutcome> {
         let r = flatten(self.write(move |cx| exec::fail(cx, &p)).await)?;
-        self.inner.wakeup.notify_waiters();
+        self.wake();
         Ok(r)
     }
 
     async fn job_release(&self, p: LeaseRef) -> Result<()> {
         flatten(self.write(move |cx| exec::release(cx, &p)).await)?;
-        self.inner.wakeup.notify_waiters();
+        self.wake();
         Ok(())
     }
 
@@ -432,7 +451,7 @@ impl Store for SqliteStore {
     async fn lease_reap(&self, p: Sweep) -> Result<u64> {
         let n = self.write(move |cx| exec::reap(cx, p.limit)).await?;
         if n > 0 {
-            self.inner.wakeup.notify_waiters();
+            self.wake();
         }
         Ok(n)
     }
@@ -440,5 +459,25 @@ impl Store for SqliteStore {
     async fn job_retention_sweep(&self, p: Sweep) -> Result<u64> {
         self.write(move |cx| admin::retention_sweep(cx, p.limit))
             .await
+    }
+
+    async fn schedule_put(&self, p: SchedulePut) -> Result<bool> {
+        self.write(move |cx| schedule::put(cx, &p)).await
+    }
+
+    async fn schedule_delete(&self, p: ScheduleRef) -> Result<bool> {
+        self.write(move |cx| schedule::delete(cx, &p.name)).await
+    }
+
+    async fn schedule_list(&self) -> Result<Vec<crate::schedule::Schedule>> {
+        self.read(schedule::list).await
+    }
+
+    async fn schedule_due(&self, p: ScheduleDue) -> Result<DueSchedules> {
+        self.read(move |cx| schedule::due(cx, p.limit)).await
+    }
+
+    async fn schedule_mark_fired(&self, p: ScheduleMarkFired) -> Result<bool> {
+        self.write(move |cx| schedule::mark_fired(cx, &p)).await
     }
 }

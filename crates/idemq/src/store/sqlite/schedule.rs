@@ -1,0 +1,150 @@
+//! Schedules on SQLite (SPEC 8): definitions, due schedules and fired ticks.
+
+use rusqlite::{OptionalExtension, Row, params};
+
+use super::{Cx, ts};
+use crate::error::{Error, Result};
+use crate::schedule::{Schedule, every_next};
+use crate::store::{DueSchedules, ScheduleMarkFired, SchedulePut};
+
+const COLUMNS: &str = "name, cron, every_ms, timezone, job, paused, created_at, updated_at, \
+                       last_fired_at, next_fire_at";
+
+fn schedule_of(r: &Row) -> rusqlite::Result<(Schedule, String)> {
+    let job: String = r.get(4)?;
+    Ok((
+        Schedule {
+            name: r.get(0)?,
+            cron: r.get(1)?,
+            every_ms: r.get(2)?,
+            timezone: r.get(3)?,
+            job: crate::request::EnqueueRequest::default(),
+            paused: r.get(5)?,
+            created_at: ts(r.get(6)?),
+            updated_at: ts(r.get(7)?),
+            last_fired_at: r.get::<_, Option<i64>>(8)?.map(ts),
+            next_fire_at: r.get::<_, Option<i64>>(9)?.map(ts),
+        },
+        job,
+    ))
+}
+
+/// Parses the stored template into the schedule read beside it.
+fn with_job((mut s, job): (Schedule, String)) -> Result<Schedule> {
+    s.job = serde_json::from_str(&job).map_err(|e| Error::Backend {
+        message: format!("schedule {}: unreadable job template: {e}", s.name),
+    })?;
+    Ok(s)
+}
+
+/// Creates or replaces a definition. A schedule whose timing is unchanged
+/// and that was not paused keeps its next fire, so a process declaring its
+/// schedules at every start neither skips nor repeats a tick; any other
+/// change computes the next fire afresh (an interval from its creation).
+pub(super) fn put(cx: &Cx, p: &SchedulePut) -> Result<bool> {
+    type Old = (Option<String>, Option<i64>, String, i64, Option<i64>);
+    let old: Option<Old> = cx
+        .db
+        .prepare_cached(
+            "SELECT cron, every_ms, timezone, created_at, next_fire_at
+             FROM idemq_schedules WHERE name = ?1",
+        )?
+        .query_row([&p.name], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
+        .optional()?;
+    let anchor = old.as_ref().map_or(p.at, |o| o.3);
+    let fresh = match p.every_ms {
+        Some(every_ms) => every_next(anchor, every_ms, p.at),
+        None => p.cron_next,
+    };
+    let next = match &old {
+        _ if p.paused => None,
+        Some((cron, every_ms, timezone, _, Some(next)))
+            if *cron == p.cron && *every_ms == p.every_ms && *timezone == p.timezone =>
+        {
+            Some(*next)
+        }
+        _ => fresh,
+    };
+    match old {
+        None => {
+            cx.db
+                .prepare_cached(
+                    "INSERT INTO idemq_schedules (name, cron, every_ms, timezone, job, paused,
+                         created_at, updated_at, last_fired_at, next_fire_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, NULL, ?8)",
+                )?
+                .execute(params![
+                    p.name, p.cron, p.every_ms, p.timezone, p.job, p.paused, p.at, next
+                ])?;
+            Ok(true)
+        }
+        Some(_) => {
+            cx.db
+                .prepare_cached(
+                    "UPDATE idemq_schedules SET cron = ?2, every_ms = ?3, timezone = ?4, job = ?5,
+                         paused = ?6, updated_at = ?7, next_fire_at = ?8
+                     WHERE name = ?1",
+                )?
+                .execute(params![
+                    p.name, p.cron, p.every_ms, p.timezone, p.job, p.paused, p.at, next
+                ])?;
+            Ok(false)
+        }
+    }
+}
+
+pub(super) fn delete(cx: &Cx, name: &str) -> Result<bool> {
+    let n = cx
+        .db
+        .prepare_cached("DELETE FROM idemq_schedules WHERE name = ?1")?
+        .execute([name])?;
+    Ok(n > 0)
+}
+
+pub(super) fn list(cx: &Cx) -> Result<Vec<Schedule>> {
+    let mut stmt = cx.db.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM idemq_schedules ORDER BY name"
+    ))?;
+    let rows = stmt.query_map([], schedule_of)?;
+    rows.map(|r| with_job(r?)).collect()
+}
+
+pub(super) fn due(cx: &Cx, limit: u32) -> Result<DueSchedules> {
+    let mut stmt = cx.db.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM idemq_schedules
+         WHERE next_fire_at IS NOT NULL AND next_fire_at <= ?1
+         ORDER BY next_fire_at, name LIMIT ?2"
+    ))?;
+    let rows = stmt.query_map(params![cx.now, limit], schedule_of)?;
+    let schedules = rows.map(|r| with_job(r?)).collect::<Result<_>>()?;
+    Ok(DueSchedules {
+        now: ts(cx.now),
+        schedules,
+    })
+}
+
+pub(super) fn mark_fired(cx: &Cx, p: &ScheduleMarkFired) -> Result<bool> {
+    // Ticks of one timing only move forward, so the next fire never moves
+    // back either (a slower scheduler's mark changes nothing).
+    let n = cx
+        .db
+        .prepare_cached(
+            "UPDATE idemq_schedules
+             SET last_fired_at = coalesce(?5, last_fired_at),
+                 next_fire_at = CASE WHEN ?6 IS NULL THEN NULL ELSE max(next_fire_at, ?6) END
+             WHERE name = ?1 AND next_fire_at IS NOT NULL
+               AND cron IS ?2 AND every_ms IS ?3 AND timezone = ?4
+               AND (?5 IS NULL OR last_fired_at IS NULL OR last_fired_at <= ?5)",
+        )?
+        .execute(params![
+            p.name,
+            p.cron,
+            p.every_ms,
+            p.timezone,
+            p.fired_at,
+            p.next_fire_at
+        ])?;
+    Ok(n > 0)
+}

@@ -1,0 +1,189 @@
+//! The worker runtime: claims jobs of the types it has handlers for, runs
+//! them under a lease, heartbeats, enforces timeouts, deadlines and
+//! cancellation, and maps each handler's result onto the state machine.
+//!
+//! ```no_run
+//! use idemq::worker::{HandlerContext, JobError, Worker};
+//! use serde::Deserialize;
+//!
+//! #[derive(Deserialize)]
+//! struct Capture { invoice_id: String }
+//!
+//! # async fn run(queue: idemq::Queue) -> idemq::Result<()> {
+//! Worker::new(queue)
+//!     .handle("invoice.capture", |ctx: HandlerContext, job: Capture| async move {
+//!         let charge = ctx
+//!             .checkpoint("charge", || async {
+//!                 // Pass the job id to the provider as its idempotency key.
+//!                 Ok::<_, JobError>(format!("ch_{}_{}", job.invoice_id, ctx.job_id()))
+//!             })
+//!             .await?;
+//!         Ok(serde_json::json!({ "charge": charge }))
+//!     })
+//!     .concurrency(16)
+//!     .run(async { let _ = tokio::signal::ctrl_c().await; })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+
+mod context;
+mod handler;
+pub mod maintenance;
+mod run;
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use context::{HandlerContext, JobError};
+pub use handler::Job;
+pub use maintenance::Maintenance;
+
+use crate::error::Result;
+use crate::queue::Queue;
+use handler::Registry;
+
+/// Counts of what a worker did, returned when it stops.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerReport {
+    /// Attempts that completed.
+    pub completed: u64,
+    /// Attempts that failed (retried, dead, snoozed or cancelled).
+    pub failed: u64,
+    /// Attempts released at shutdown.
+    pub released: u64,
+    /// Attempts whose lease was lost (their results were not recorded).
+    pub lost: u64,
+}
+
+/// A worker: handlers by job type and how to run them.
+pub struct Worker {
+    pub(crate) queue: Queue,
+    pub(crate) registry: Registry,
+    pub(crate) queues: Vec<String>,
+    pub(crate) concurrency: usize,
+    pub(crate) lease: Duration,
+    pub(crate) poll_interval: Duration,
+    pub(crate) name: String,
+    pub(crate) grace: Duration,
+    pub(crate) maintenance: bool,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("name", &self.name)
+            .field("types", &self.registry.types())
+            .field("queues", &self.queues)
+            .field("concurrency", &self.concurrency)
+            .finish()
+    }
+}
+
+impl Worker {
+    /// A worker on `queue` with no handlers: 10 concurrent jobs, a 30 s
+    /// lease, polling every second as the fallback of wake-ups, a 30 s
+    /// shutdown grace period, and the maintenance loop on.
+    pub fn new(queue: Queue) -> Self {
+        let name = format!(
+            "{}-{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()),
+            std::process::id(),
+            &uuid::Uuid::new_v4().simple().to_string()[..6]
+        );
+        Self {
+            queue,
+            registry: Registry::default(),
+            queues: Vec::new(),
+            concurrency: 10,
+            lease: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            name,
+            grace: Duration::from_secs(30),
+            maintenance: true,
+        }
+    }
+
+    /// Registers the handler of `job_type`. The payload is deserialized into
+    /// `P` (a payload that does not fit fails the job permanently,
+    /// `bad_payload`); the handler's `Ok` value is stored as the job's result.
+    pub fn handle<P, R, F, Fut>(mut self, job_type: &str, handler: F) -> Self
+    where
+        P: DeserializeOwned + Send + 'static,
+        R: Serialize + Send + 'static,
+        F: Fn(HandlerContext, P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, JobError>> + Send + 'static,
+    {
+        self.registry
+            .handlers
+            .insert(job_type.to_owned(), handler::erase(handler));
+        self
+    }
+
+    /// Registers the handler of a typed [`Job`].
+    pub fn job<J, R, F, Fut>(self, handler: F) -> Self
+    where
+        J: Job,
+        R: Serialize + Send + 'static,
+        F: Fn(HandlerContext, J) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, JobError>> + Send + 'static,
+    {
+        self.handle(J::TYPE, handler)
+    }
+
+    /// Claims only from these queues (every queue when none are named).
+    pub fn queues<I, S>(mut self, queues: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.queues = queues.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Runs at most `n` jobs at once (at least 1).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// The lease of each claim (heartbeats renew it every lease/3).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How often to look for work when no wake-up arrives.
+    pub fn poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
+        self
+    }
+
+    /// The name recorded in the run ledger.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// How long running handlers may finish after shutdown is asked for;
+    /// the rest are stopped and their leases released.
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Runs the maintenance loop beside the worker (on by default).
+    pub fn maintenance(mut self, on: bool) -> Self {
+        self.maintenance = on;
+        self
+    }
+
+    /// Runs until `shutdown` resolves: then stops claiming, lets running
+    /// handlers finish for up to the grace period, stops the rest and
+    /// releases their leases so other workers can claim them at once.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<WorkerReport> {
+        run::run(self, shutdown).await
+    }
+}

@@ -1,0 +1,329 @@
+//! The claim loop, the per-job supervisor and the heartbeat loop.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::context::{ErrorKind, HandlerContext, JobError};
+use super::handler::Erased;
+use super::maintenance::Maintenance;
+use super::{Worker, WorkerReport};
+use crate::error::{Error, Result};
+use crate::job::ClaimedJob;
+use crate::queue::{ClaimOptions, FailOptions, Queue};
+use crate::store::Wakeups;
+
+/// Why a supervisor must stop its handler early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    Running,
+    /// The lease was lost (expired and recorded, or the job reclaimed): the
+    /// attempt is not ours to finish.
+    LeaseLost,
+    /// The grace period ended: release the lease.
+    Shutdown,
+}
+
+struct Slot {
+    token: String,
+    cancel: watch::Sender<bool>,
+    stop: watch::Sender<Stop>,
+}
+
+type Slots = Arc<Mutex<HashMap<String, Slot>>>;
+
+#[derive(Clone, Copy)]
+enum Ended {
+    Completed,
+    Failed,
+    Released,
+    Lost,
+}
+
+fn lock(slots: &Slots) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
+    slots.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(super) async fn run(
+    w: Worker,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<WorkerReport> {
+    let types = w.registry.types();
+    if types.is_empty() {
+        return Err(Error::validation(
+            "handlers",
+            "register at least one handler before run",
+        ));
+    }
+    // Wake-ups are an optimisation: polling alone still finds the work.
+    let mut wakeups = w.queue.store().wakeups().await.ok();
+    let slots: Slots = Arc::default();
+    let (stop_all, stop_rx) = watch::channel(false);
+    let heartbeats = tokio::spawn(heartbeat_loop(
+        w.queue.clone(),
+        slots.clone(),
+        w.lease,
+        stop_rx.clone(),
+    ));
+    let maintenance = w
+        .maintenance
+        .then(|| tokio::spawn(Maintenance::new(w.queue.clone()).run_until(stop_rx.clone())));
+
+    let mut report = WorkerReport::default();
+    let mut tasks: JoinSet<Ended> = JoinSet::new();
+    let count = |report: &mut WorkerReport, e: Ended| match e {
+        Ended::Completed => report.completed += 1,
+        Ended::Failed => report.failed += 1,
+        Ended::Released => report.released += 1,
+        Ended::Lost => report.lost += 1,
+    };
+    tokio::pin!(shutdown);
+    loop {
+        while let Some(done) = tasks.try_join_next() {
+            count(&mut report, done.unwrap_or(Ended::Failed));
+        }
+        let free = w.concurrency.saturating_sub(tasks.len());
+        let mut full = false;
+        if free > 0 {
+            let options = ClaimOptions {
+                queues: w.queues.clone(),
+                types: Some(types.clone()),
+                worker: w.name.clone(),
+                limit: u32::try_from(free.min(1000)).unwrap_or(1000),
+                lease: w.lease,
+            };
+            match w.queue.claim(options).await {
+                Ok(jobs) => {
+                    full = jobs.len() == free;
+                    for job in jobs {
+                        let Some(handler) = w.registry.handlers.get(&job.job_type).cloned() else {
+                            continue;
+                        };
+                        let (cancel, cancel_rx) = watch::channel(false);
+                        let (stop, stop_rx) = watch::channel(Stop::Running);
+                        lock(&slots).insert(
+                            job.id.clone(),
+                            Slot {
+                                token: job.lease_token.clone(),
+                                cancel,
+                                stop,
+                            },
+                        );
+                        let (queue, slots, lease) = (w.queue.clone(), slots.clone(), w.lease);
+                        tasks.spawn(async move {
+                            let id = job.id.clone();
+                            let ended =
+                                supervise(queue, job, handler, lease, cancel_rx, stop_rx).await;
+                            lock(&slots).remove(&id);
+                            ended
+                        });
+                    }
+                }
+                // The backend is down or busy: wait a poll interval and retry.
+                Err(_) => full = false,
+            }
+        }
+        if full {
+            continue;
+        }
+        tokio::select! {
+            () = &mut shutdown => break,
+            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                count(&mut report, done.unwrap_or(Ended::Failed));
+            }
+            _ = wait(&mut wakeups, w.poll_interval) => {}
+        }
+    }
+
+    // Shutdown: no more claims; running handlers get the grace period.
+    let grace = tokio::time::sleep(w.grace);
+    tokio::pin!(grace);
+    loop {
+        tokio::select! {
+            done = tasks.join_next() => match done {
+                Some(done) => count(&mut report, done.unwrap_or(Ended::Failed)),
+                None => break,
+            },
+            () = &mut grace => {
+                for slot in lock(&slots).values() {
+                    let _ = slot.stop.send(Stop::Shutdown);
+                }
+                while let Some(done) = tasks.join_next().await {
+                    count(&mut report, done.unwrap_or(Ended::Failed));
+                }
+                break;
+            }
+        }
+    }
+    let _ = stop_all.send(true);
+    let _ = heartbeats.await;
+    if let Some(m) = maintenance {
+        let _ = m.await;
+    }
+    Ok(report)
+}
+
+async fn wait(wakeups: &mut Option<Wakeups>, poll: Duration) {
+    match wakeups {
+        Some(w) => {
+            w.wait(poll).await;
+        }
+        None => tokio::time::sleep(poll).await,
+    }
+}
+
+/// Heartbeats every running job every lease/3, passing on cancellation and
+/// lost leases.
+async fn heartbeat_loop(
+    queue: Queue,
+    slots: Slots,
+    lease: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
+    let every = (lease / 3).max(Duration::from_millis(30));
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let running: Vec<(String, String)> = lock(&slots)
+            .iter()
+            .map(|(id, s)| (id.clone(), s.token.clone()))
+            .collect();
+        for (id, token) in running {
+            let outcome = queue.heartbeat(&id, &token).await;
+            let slots = lock(&slots);
+            let Some(slot) = slots.get(&id) else { continue };
+            match outcome {
+                Ok(hb) if hb.cancel_requested => {
+                    let _ = slot.cancel.send(true);
+                }
+                Ok(_) => {}
+                Err(Error::LeaseLost { .. }) => {
+                    let _ = slot.stop.send(Stop::LeaseLost);
+                }
+                // The backend is down: try again at the next beat; the lease
+                // outlives a few missed beats.
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// Runs one attempt: the handler in a task of its own (a panic is a failed
+/// attempt, never a dead worker), interrupted by the timeout, the deadline,
+/// cancellation, a lost lease or the end of the shutdown grace period.
+async fn supervise(
+    queue: Queue,
+    job: ClaimedJob,
+    handler: Erased,
+    lease: Duration,
+    cancel_rx: watch::Receiver<bool>,
+    mut stop_rx: watch::Receiver<Stop>,
+) -> Ended {
+    let job = Arc::new(job);
+    let ctx = HandlerContext {
+        job: job.clone(),
+        queue: queue.clone(),
+        cancel: cancel_rx.clone(),
+    };
+    let mut task = tokio::spawn(handler(ctx.clone()));
+    let timeout = Duration::from_millis(u64::try_from(job.timeout_ms).unwrap_or(0));
+    // Measured on the store's clock: the claim happened at lease_expires_at - lease.
+    let deadline = job.deadline.map(|d| {
+        let claimed_at =
+            job.lease_expires_at - chrono::Duration::from_std(lease).unwrap_or_default();
+        (d - claimed_at).to_std().unwrap_or(Duration::ZERO)
+    });
+    let outcome: std::result::Result<Value, JobError> = tokio::select! {
+        joined = &mut task => match joined {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => {
+                let msg = e.into_panic();
+                let text = msg
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| msg.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a non-string panic".into());
+                Err(JobError::retryable(format!("handler panicked: {text}")))
+            }
+            Err(e) => Err(JobError::retryable(format!("handler task ended: {e}"))),
+        },
+        () = tokio::time::sleep(timeout) => {
+            task.abort();
+            Err(JobError::retryable(format!("timed out after {} ms", job.timeout_ms)))
+        }
+        () = async { match deadline { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => {
+            task.abort();
+            Err(JobError::retryable("deadline passed"))
+        }
+        () = ctx.cancelled() => {
+            task.abort();
+            Err(JobError::retryable("cancelled"))
+        }
+        stop = async { loop { if stop_rx.changed().await.is_err() { std::future::pending::<()>().await; } let s = *stop_rx.borrow(); if s != Stop::Running { return s; } } } => {
+            task.abort();
+            return match stop {
+                Stop::Shutdown => match queue.release(&job.id, &job.lease_token).await {
+                    Ok(()) => Ended::Released,
+                    Err(_) => Ended::Lost,
+                },
+                _ => Ended::Lost,
+            };
+        }
+    };
+    // Record the end. While the backend is unavailable, keep trying for as
+    // long as the lease could still be ours: an acknowledged result is not
+    // dropped because the database restarted.
+    let give_up = tokio::time::Instant::now() + lease;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let recorded = match &outcome {
+            Ok(value) => {
+                let result = (!value.is_null()).then(|| value.clone());
+                queue
+                    .complete(&job.id, &job.lease_token, result)
+                    .await
+                    .map(|()| Ended::Completed)
+            }
+            Err(e) => {
+                let error = e.message.clone();
+                let options = match e.kind {
+                    ErrorKind::Retryable { retry_after } => FailOptions {
+                        error,
+                        permanent: false,
+                        retry_after,
+                        snooze: None,
+                    },
+                    ErrorKind::Permanent => FailOptions {
+                        error,
+                        permanent: true,
+                        ..FailOptions::default()
+                    },
+                    ErrorKind::Snooze(d) => FailOptions {
+                        error,
+                        snooze: Some(d),
+                        ..FailOptions::default()
+                    },
+                };
+                queue
+                    .fail(&job.id, &job.lease_token, options)
+                    .await
+                    .map(|_| Ended::Failed)
+            }
+        };
+        match recorded {
+            Ok(ended) => return ended,
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() + backoff < give_up => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            Err(_) => return Ended::Lost,
+        }
+    }
+}

@@ -1,0 +1,551 @@
+//! Conformance cases: the worker runtime and maintenance (SPEC 7, 9) on
+//! every backend. Handlers run in real time; the clock of record moves only
+//! when a case moves it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idemq::worker::{HandlerContext, JobError, Maintenance, Worker, WorkerReport};
+use idemq::{EnqueueRequest, JobState, RetryPolicy};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+use crate::support::Harness;
+
+instantiate!(
+    typed_handler_completes_jobs_with_results,
+    handler_error_schedules_a_retry,
+    permanent_error_is_dead,
+    bad_payload_is_dead,
+    panicking_handler_fails_only_its_attempt,
+    timeout_interrupts_the_handler,
+    deadline_interrupts_the_handler,
+    cancel_of_a_running_job_stops_it_at_the_next_heartbeat,
+    checkpoint_is_not_run_again_on_a_later_attempt,
+    shutdown_releases_jobs_past_the_grace_period,
+    shutdown_lets_quick_handlers_finish,
+    only_registered_types_are_claimed,
+    concurrency_limit_is_respected,
+    lost_lease_stops_the_handler_and_drops_its_result,
+    wakeups_start_new_work_without_waiting_for_the_poll,
+    snooze_from_a_handler_keeps_the_attempt,
+    worker_without_handlers_is_refused,
+    drain_500_jobs_each_completed_once,
+    concurrent_maintenance_passes_reap_each_lease_once,
+);
+
+#[derive(Deserialize)]
+struct Add {
+    a: i64,
+    b: i64,
+}
+
+/// Runs `worker` until `done` holds (checked every 20 ms, at most 30 s), then
+/// shuts it down and returns its report.
+async fn run_until<F, Fut>(worker: Worker, mut done: F) -> WorkerReport
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(worker.run(async move {
+        let _ = rx.await;
+    }));
+    let start = tokio::time::Instant::now();
+    while !done().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the worker did not get there in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = tx.send(());
+    handle.await.expect("worker task").expect("worker run")
+}
+
+fn worker(h: &Harness) -> Worker {
+    Worker::new(h.queue.clone())
+        .poll_interval(Duration::from_millis(50))
+        .lease(Duration::from_secs(30))
+        .maintenance(false)
+}
+
+async fn state(h: &Harness, id: &str) -> JobState {
+    h.job(id).await.state
+}
+
+fn no_retry_soon() -> RetryPolicy {
+    RetryPolicy::Fixed {
+        delay_ms: 3_600_000,
+    }
+}
+
+async fn typed_handler_completes_jobs_with_results(h: Harness) {
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(
+            h.put(EnqueueRequest::new("math.add").payload(json!({"a": i, "b": 1})))
+                .await,
+        );
+    }
+    let w = worker(&h)
+        .concurrency(4)
+        .handle("math.add", |_ctx: HandlerContext, p: Add| async move {
+            Ok::<_, JobError>(json!({"sum": p.a + p.b}))
+        });
+    let report = run_until(w, || async {
+        h.jobs()
+            .await
+            .iter()
+            .all(|j| j.state == JobState::Completed)
+    })
+    .await;
+    assert_eq!(report.completed, 20);
+    for (i, id) in ids.iter().enumerate() {
+        let job = h.job(id).await;
+        assert_eq!(job.result, Some(json!({"sum": i as i64 + 1})));
+        assert_eq!((job.attempt, job.attempts_used), (1, 1));
+    }
+}
+
+async fn handler_error_schedules_a_retry(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t").retry(no_retry_soon())).await;
+    let w = worker(&h).handle("t", |_c: HandlerContext, _p: Value| async move {
+        Err::<(), _>(JobError::retryable("upstream said 503"))
+    });
+    run_until(w, || async { state(&h, &id).await == JobState::Scheduled }).await;
+    let job = h.job(&id).await;
+    assert_eq!(job.attempts_used, 1);
+    assert_eq!(job.last_error.as_deref(), Some("upstream said 503"));
+    let runs = h.queue.runs(&id).await.unwrap();
+    assert_eq!(runs[0].outcome.as_deref(), Some("failed"));
+}
+
+async fn permanent_error_is_dead(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let w = worker(&h).handle("t", |_c: HandlerContext, _p: Value| async move {
+        Err::<(), _>(JobError::permanent("card declined"))
+    });
+    run_until(w, || async { state(&h, &id).await == JobState::Dead }).await;
+    assert_eq!(h.job(&id).await.attempts_used, 1);
+}
+
+async fn bad_payload_is_dead(h: Harness) {
+    let id = h
+        .put(EnqueueRequest::new("math.add").payload(json!({"a": "not a number"})))
+        .await;
+    let w = worker(&h).handle("math.add", |_c: HandlerContext, p: Add| async move {
+        Ok::<_, JobError>(p.a + p.b)
+    });
+    run_until(w, || async { state(&h, &id).await == JobState::Dead }).await;
+    let err = h.job(&id).await.last_error.unwrap_or_default();
+    assert!(err.starts_with("bad_payload"), "{err}");
+}
+
+async fn panicking_handler_fails_only_its_attempt(h: Harness) {
+    let bad = h
+        .put(
+            EnqueueRequest::new("t")
+                .payload(json!("boom"))
+                .retry(no_retry_soon()),
+        )
+        .await;
+    let mut good = Vec::new();
+    for i in 0..5 {
+        good.push(h.put(EnqueueRequest::new("t").payload(json!(i))).await);
+    }
+    let w = worker(&h)
+        .concurrency(2)
+        .handle("t", |_c: HandlerContext, p: Value| async move {
+            if p == json!("boom") {
+                panic!("handler bug");
+            }
+            Ok::<_, JobError>(())
+        });
+    let report = run_until(w, || async {
+        let jobs = h.jobs().await;
+        jobs.iter()
+            .filter(|j| j.state == JobState::Completed)
+            .count()
+            == 5
+            && jobs.iter().any(|j| j.state == JobState::Scheduled)
+    })
+    .await;
+    assert_eq!((report.completed, report.failed), (5, 1));
+    let job = h.job(&bad).await;
+    assert!(job.last_error.unwrap_or_default().contains("handler bug"));
+    for id in good {
+        assert_eq!(state(&h, &id).await, JobState::Completed);
+    }
+}
+
+async fn timeout_interrupts_the_handler(h: Harness) {
+    let id = h
+        .put(
+            EnqueueRequest::new("t")
+                .timeout(Duration::from_millis(200))
+                .retry(no_retry_soon()),
+        )
+        .await;
+    let finished = Arc::new(AtomicUsize::new(0));
+    let f = finished.clone();
+    let w = worker(&h).handle("t", move |_c: HandlerContext, _p: Value| {
+        let f = f.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            f.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, JobError>(())
+        }
+    });
+    run_until(w, || async { state(&h, &id).await == JobState::Scheduled }).await;
+    assert_eq!(
+        finished.load(Ordering::SeqCst),
+        0,
+        "the handler was stopped"
+    );
+    assert!(
+        h.job(&id)
+            .await
+            .last_error
+            .unwrap_or_default()
+            .contains("timed out")
+    );
+}
+
+async fn deadline_interrupts_the_handler(h: Harness) {
+    let deadline = h.now().await + chrono::Duration::milliseconds(300);
+    let id = h
+        .put(
+            EnqueueRequest::new("t")
+                .deadline(deadline)
+                .retry(no_retry_soon()),
+        )
+        .await;
+    let w = worker(&h).handle("t", |_c: HandlerContext, _p: Value| async move {
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        Ok::<_, JobError>(())
+    });
+    run_until(w, || async { state(&h, &id).await == JobState::Dead }).await;
+    assert!(h.event_kinds(&id).await.contains(&"dead".to_string()));
+}
+
+async fn cancel_of_a_running_job_stops_it_at_the_next_heartbeat(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let s = started.clone();
+    let w = worker(&h).lease(Duration::from_millis(300)).handle(
+        "t",
+        move |ctx: HandlerContext, _p: Value| {
+            let s = s.clone();
+            async move {
+                s.notify_one();
+                ctx.cancelled().await;
+                // A handler that stops on cancellation reports it as a failure:
+                // an `Ok` here would complete the job (the effect happened).
+                Err::<(), _>(JobError::retryable("stopped: cancelled"))
+            }
+        },
+    );
+    let q = h.queue.clone();
+    let id2 = id.clone();
+    tokio::spawn(async move {
+        started.notified().await;
+        q.cancel(&id2).await.expect("cancel");
+    });
+    run_until(w, || async { state(&h, &id).await == JobState::Cancelled }).await;
+    let runs = h.queue.runs(&id).await.unwrap();
+    assert_eq!(runs[0].outcome.as_deref(), Some("cancelled"));
+}
+
+async fn checkpoint_is_not_run_again_on_a_later_attempt(h: Harness) {
+    let id = h.put(EnqueueRequest::new("charge")).await;
+    let charges = Arc::new(AtomicUsize::new(0));
+    let c = charges.clone();
+    let w = worker(&h).handle("charge", move |ctx: HandlerContext, _p: Value| {
+        let c = c.clone();
+        async move {
+            let charge: String = ctx
+                .checkpoint("charge", || async {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    Ok(format!("ch_{}", ctx.job_id()))
+                })
+                .await?;
+            if ctx.attempt() == 1 {
+                return Err(JobError::retry_after(
+                    "crashed after charging",
+                    Duration::ZERO,
+                ));
+            }
+            Ok(json!({ "charge": charge }))
+        }
+    });
+    run_until(w, || async { state(&h, &id).await == JobState::Completed }).await;
+    assert_eq!(charges.load(Ordering::SeqCst), 1, "the step ran once");
+    let job = h.job(&id).await;
+    assert_eq!(job.attempt, 2);
+    assert_eq!(job.result, Some(json!({ "charge": format!("ch_{id}") })));
+    assert_eq!(h.queue.checkpoints(&id).await.unwrap().len(), 1);
+}
+
+async fn shutdown_releases_jobs_past_the_grace_period(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let w = worker(&h)
+        .shutdown_grace(Duration::from_millis(200))
+        .handle("t", |_c: HandlerContext, _p: Value| async move {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok::<_, JobError>(())
+        });
+    let report = run_until(w, || async { state(&h, &id).await == JobState::Active }).await;
+    assert_eq!(report.released, 1);
+    let job = h.job(&id).await;
+    assert_eq!(
+        (job.state, job.attempts_used),
+        (JobState::Ready, 0),
+        "ready at once, attempt not used"
+    );
+    assert_eq!(
+        h.queue.runs(&id).await.unwrap()[0].outcome.as_deref(),
+        Some("released")
+    );
+}
+
+async fn shutdown_lets_quick_handlers_finish(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let w = worker(&h).shutdown_grace(Duration::from_secs(10)).handle(
+        "t",
+        |_c: HandlerContext, _p: Value| async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok::<_, JobError>(())
+        },
+    );
+    let report = run_until(w, || async { state(&h, &id).await == JobState::Active }).await;
+    assert_eq!((report.completed, report.released), (1, 0));
+    assert_eq!(state(&h, &id).await, JobState::Completed);
+}
+
+async fn only_registered_types_are_claimed(h: Harness) {
+    let mine = h.put(EnqueueRequest::new("mine")).await;
+    let other = h.put(EnqueueRequest::new("other")).await;
+    let w = worker(&h).handle("mine", |_c: HandlerContext, _p: Value| async move {
+        Ok::<_, JobError>(())
+    });
+    run_until(w, || async {
+        state(&h, &mine).await == JobState::Completed
+    })
+    .await;
+    let job = h.job(&other).await;
+    assert_eq!((job.state, job.attempt), (JobState::Ready, 0));
+}
+
+async fn concurrency_limit_is_respected(h: Harness) {
+    for _ in 0..6 {
+        h.put(EnqueueRequest::new("t")).await;
+    }
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let (r, p) = (running.clone(), peak.clone());
+    let w = worker(&h)
+        .concurrency(2)
+        .handle("t", move |_c: HandlerContext, _p: Value| {
+            let (r, p) = (r.clone(), p.clone());
+            async move {
+                let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                p.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                r.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, JobError>(())
+            }
+        });
+    run_until(w, || async {
+        h.jobs()
+            .await
+            .iter()
+            .all(|j| j.state == JobState::Completed)
+    })
+    .await;
+    assert_eq!(peak.load(Ordering::SeqCst), 2);
+}
+
+async fn lost_lease_stops_the_handler_and_drops_its_result(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let s = started.clone();
+    // A 3 s lease: heartbeats every second, so the takeover below (within
+    // milliseconds of moving the clock) happens before the next renewal.
+    let w = worker(&h)
+        .lease(Duration::from_secs(3))
+        .shutdown_grace(Duration::from_millis(100))
+        .handle("t", move |_c: HandlerContext, _p: Value| {
+            let s = s.clone();
+            async move {
+                s.notify_one();
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok::<_, JobError>(json!("from the zombie"))
+            }
+        });
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(w.run(async move {
+        let _ = rx.await;
+    }));
+    started.notified().await;
+    // The store's clock passes the lease; another worker takes the job over.
+    let other = h.another_queue().await;
+    h.advance(Duration::from_secs(60));
+    let claimed = other
+        .claim(idemq::ClaimOptions {
+            worker: "w-2".into(),
+            ..idemq::ClaimOptions::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].attempt, 2);
+    other
+        .complete(&id, &claimed[0].lease_token, Some(json!("from w-2")))
+        .await
+        .unwrap();
+    // The first worker's next heartbeat finds the lease lost and stops.
+    let start = tokio::time::Instant::now();
+    loop {
+        if handle.is_finished() || start.elapsed() > Duration::from_millis(2500) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = tx.send(());
+    let report = handle.await.unwrap().unwrap();
+    assert_eq!(report.lost, 1);
+    let job = h.job(&id).await;
+    assert_eq!(
+        (job.state, job.result),
+        (JobState::Completed, Some(json!("from w-2")))
+    );
+    let outcomes: Vec<_> = h
+        .queue
+        .runs(&id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.outcome)
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            Some("lease_expired".to_string()),
+            Some("completed".to_string())
+        ]
+    );
+}
+
+async fn wakeups_start_new_work_without_waiting_for_the_poll(h: Harness) {
+    let w = Worker::new(h.queue.clone())
+        .poll_interval(Duration::from_secs(120))
+        .maintenance(false)
+        .handle("t", |_c: HandlerContext, _p: Value| async move {
+            Ok::<_, JobError>(())
+        });
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(w.run(async move {
+        let _ = rx.await;
+    }));
+    // Let the worker reach its first wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let start = tokio::time::Instant::now();
+    while state(&h, &id).await != JobState::Completed {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not woken: the poll interval is 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = tx.send(());
+    handle.await.unwrap().unwrap();
+}
+
+async fn snooze_from_a_handler_keeps_the_attempt(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let w = worker(&h).handle("t", |_c: HandlerContext, _p: Value| async move {
+        Err::<(), _>(JobError::snooze(Duration::from_secs(60)))
+    });
+    run_until(w, || async { state(&h, &id).await == JobState::Scheduled }).await;
+    let job = h.job(&id).await;
+    assert_eq!((job.attempt, job.attempts_used), (1, 0));
+    assert_eq!(job.run_at, h.now().await + chrono::Duration::seconds(60));
+}
+
+async fn worker_without_handlers_is_refused(h: Harness) {
+    let err = Worker::new(h.queue.clone())
+        .run(async {})
+        .await
+        .unwrap_err();
+    assert!(matches!(err, idemq::Error::Validation { .. }), "{err:?}");
+}
+
+async fn drain_500_jobs_each_completed_once(h: Harness) {
+    let reqs: Vec<_> = (0..500)
+        .map(|i| EnqueueRequest::new("noop").payload(json!(i)))
+        .collect();
+    h.queue
+        .enqueue_many(reqs, idemq::BatchOptions::default())
+        .await
+        .unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let w = worker(&h)
+        .concurrency(16)
+        .handle("noop", move |_c: HandlerContext, _p: Value| {
+            c.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, JobError>(()) }
+        });
+    let report = run_until(w, || async {
+        h.queue
+            .queues()
+            .await
+            .unwrap()
+            .iter()
+            .map(|q| q.counts.completed)
+            .sum::<u64>()
+            == 500
+    })
+    .await;
+    assert_eq!(report.completed, 500);
+    assert_eq!(calls.load(Ordering::SeqCst), 500, "each handler ran once");
+    assert!(
+        h.jobs()
+            .await
+            .iter()
+            .all(|j| j.attempt == 1 && j.attempts_used == 1)
+    );
+}
+
+async fn concurrent_maintenance_passes_reap_each_lease_once(h: Harness) {
+    for _ in 0..40 {
+        h.put(EnqueueRequest::new("t").retry(no_retry_soon())).await;
+    }
+    assert_eq!(h.claim(40).await.len(), 40);
+    h.advance(Duration::from_secs(60));
+    let mut passes = Vec::new();
+    for _ in 0..4 {
+        let m = Maintenance::new(h.another_queue().await).batch(7);
+        passes.push(tokio::spawn(async move {
+            let mut reaped = 0;
+            for _ in 0..20 {
+                reaped += m.pass().await.expect("pass").leases_reaped;
+            }
+            reaped
+        }));
+    }
+    let mut total = 0;
+    for p in passes {
+        total += p.await.unwrap();
+    }
+    assert_eq!(total, 40, "each expired lease recorded exactly once");
+    for j in h.jobs().await {
+        let kinds = h.event_kinds(&j.id).await;
+        assert_eq!(kinds.iter().filter(|k| *k == "lease_expired").count(), 1);
+        assert_eq!((j.state, j.attempts_used), (JobState::Ready, 1));
+    }
+}
