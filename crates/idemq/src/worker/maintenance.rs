@@ -1,5 +1,5 @@
-//! The maintenance loop (SPEC 9): reaps expired leases, removes expired
-//! bindings, deletes terminal jobs past their retention. Every pass is
+//! The maintenance loop (SPEC 9): reaps expired leases, fires due schedules,
+//! removes expired bindings, deletes terminal jobs past their retention. Every pass is
 //! bounded in rows, and every step is safe to run on many processes at once
 //! (each row is taken by one pass; the others skip it).
 
@@ -15,6 +15,8 @@ use crate::queue::Queue;
 pub struct PassReport {
     /// Expired leases recorded.
     pub leases_reaped: u64,
+    /// Schedule ticks fired.
+    pub ticks_fired: u64,
     /// Expired or dead bindings removed.
     pub bindings_removed: u64,
     /// Terminal jobs deleted after their retention.
@@ -56,6 +58,7 @@ impl Maintenance {
     pub async fn pass(&self) -> Result<PassReport> {
         Ok(PassReport {
             leases_reaped: self.queue.reap_leases(self.batch).await?,
+            ticks_fired: self.queue.fire_schedules(self.batch.min(1000)).await?,
             bindings_removed: self.queue.sweep_bindings(self.batch).await?,
             jobs_deleted: self.queue.sweep_retention(self.batch).await?,
         })

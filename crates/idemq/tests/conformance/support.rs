@@ -137,6 +137,23 @@ fn fxhash(s: &str) -> u64 {
     })
 }
 
+/// A new PostgreSQL database cloned from the migrated template, on the real
+/// clock; returns its URL and name (drop it with [`drop_pg_database`]).
+pub fn pg_database() -> (String, String) {
+    let template = template();
+    let db = format!("idemq_t_{}", uuid::Uuid::new_v4().simple());
+    let create = format!("CREATE DATABASE {db} TEMPLATE {template}");
+    on_own_runtime(async move || admin_exec(create).await)
+        .unwrap_or_else(|e| panic!("cannot create a test database: {e}"));
+    (pg_url(&db), db)
+}
+
+/// Drops a database made by [`pg_database`].
+pub fn drop_pg_database(db: &str) {
+    let sql = format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)");
+    let _ = on_own_runtime(async move || admin_exec(sql).await);
+}
+
 impl Harness {
     /// A new SQLite database file in a temporary directory.
     pub async fn sqlite() -> Self {
@@ -164,12 +181,7 @@ impl Harness {
 
     /// A new PostgreSQL database cloned from the migrated template.
     pub async fn postgres() -> Self {
-        let template = template();
-        let db = format!("idemq_t_{}", uuid::Uuid::new_v4().simple());
-        let create = format!("CREATE DATABASE {db} TEMPLATE {template}");
-        on_own_runtime(async move || admin_exec(create).await)
-            .unwrap_or_else(|e| panic!("cannot create a test database: {e}"));
-        let url = pg_url(&db);
+        let (url, db) = pg_database();
         let store = PgStore::connect(
             &url,
             PgOptions {
@@ -322,8 +334,7 @@ impl Drop for Harness {
     fn drop(&mut self) {
         if let Some(db) = self.drop_db.take() {
             // The case's pool may still hold connections: FORCE ends them.
-            let sql = format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)");
-            let _ = on_own_runtime(async move || admin_exec(sql).await);
+            drop_pg_database(&db);
         }
     }
 }
