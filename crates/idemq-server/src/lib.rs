@@ -1,7 +1,48 @@
 //! # idemq-server
 //!
-//! The home of idemq's HTTP API (v1) and operator dashboard, as a library
-//! that never touches SQL and calls only `idemq::Queue`.
+//! idemq's HTTP API (v1, see `API.md`) and operator dashboard, as a library.
+//! It never touches SQL: every handler calls a method of [`idemq::Queue`].
 //!
-//! Not built yet: this version of idemq has no HTTP surface. The README's
-//! status table says what is available.
+//! Mount it in your own axum application with [`router`], or run it with
+//! [`serve`] on a listener you bound.
+
+mod api;
+mod dashboard;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use idemq::Queue;
+
+/// Settings of the server.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions {
+    /// With a token, every request but `GET /healthz` needs
+    /// `Authorization: Bearer <token>` (or the dashboard's cookie).
+    pub token: Option<String>,
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub(crate) queue: Queue,
+    pub(crate) options: Arc<ServerOptions>,
+}
+
+/// The API and the dashboard as one axum router.
+pub fn router(queue: Queue, options: ServerOptions) -> Router {
+    let state = AppState { queue, options: Arc::new(options) };
+    Router::new().merge(api::routes(state.clone())).merge(dashboard::routes(state))
+}
+
+/// Serves [`router`] on `listener` until `shutdown` resolves, then finishes
+/// the requests in flight.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    queue: Queue,
+    options: ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(queue, options)).with_graceful_shutdown(shutdown).await
+}

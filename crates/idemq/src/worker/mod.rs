@@ -187,3 +187,27 @@ impl Worker {
         run::run(self, shutdown).await
     }
 }
+
+/// Resolves on SIGINT or SIGTERM (on other platforms, Ctrl-C): the usual
+/// `shutdown` future of [`Worker::run`] in a process of its own.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+            (Ok(mut int), Ok(mut term)) => {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
