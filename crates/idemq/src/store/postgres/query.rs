@@ -117,14 +117,8 @@ pub(super) async fn job_get(pool: &PgPool, id: &str) -> Result<Option<Job>> {
 }
 
 pub(super) async fn job_list(pool: &PgPool, p: &JobList) -> Result<JobPage> {
-    let (stored, due): (Option<&str>, Option<bool>) = match p.state {
-        None => (None, None),
-        Some(JobState::Scheduled) => (Some("waiting"), Some(false)),
-        Some(JobState::Ready) => (Some("waiting"), Some(true)),
-        Some(s) => (Some(s.as_str()), None),
-    };
-    let cursor: Option<i64> = p.cursor.as_deref().and_then(|c| c.parse().ok());
-    let limit = p.limit.clamp(1, 1000);
+    let (stored, due) = p.stored_state();
+    let (cursor, limit) = (p.seq_cursor(), p.limit.clamp(1, 1000));
     let sql = format!(
         "{JOB_SELECT}
          WHERE ($1::text IS NULL OR j.state = $1)

@@ -11,7 +11,7 @@ use super::enqueue::{keyed_job, load_binding};
 use super::{Cx, ts};
 use crate::error::Result;
 use crate::fingerprint::key_digest;
-use crate::job::{Event, Job, JobDedupe, JobIdempotency, JobState, QueueInfo, Run};
+use crate::job::{Event, Job, JobDedupe, JobIdempotency, QueueInfo, Run};
 use crate::request::DedupeMode;
 use crate::store::{
     BindingInfo, BindingRef, CheckpointGet, DedupeRef, ExplainDedupe, JobList, JobPage,
@@ -136,16 +136,8 @@ pub(super) fn job_get(cx: &Cx, id: &str) -> Result<Option<Job>> {
 }
 
 pub(super) fn job_list(cx: &Cx, p: &JobList) -> Result<JobPage> {
-    // Scheduled and ready are one stored state split by run_at.
-    let (stored, due): (Option<&str>, Option<bool>) = match p.state {
-        None => (None, None),
-        Some(JobState::Scheduled) => (Some("waiting"), Some(false)),
-        Some(JobState::Ready) => (Some("waiting"), Some(true)),
-        Some(s) => (Some(s.as_str()), None),
-    };
-    // Queue::list refuses a cursor that is not a previous page's.
-    let cursor: Option<i64> = p.cursor.as_deref().and_then(|c| c.parse().ok());
-    let limit = p.limit.clamp(1, 1000);
+    let (stored, due) = p.stored_state();
+    let (cursor, limit) = (p.seq_cursor(), p.limit.clamp(1, 1000));
     let sql = format!(
         "SELECT {JOB_COLS} FROM idemq_jobs j
          WHERE (?1 IS NULL OR state = ?1)
