@@ -107,7 +107,29 @@ fn read_source(path: &str) -> Result<String, CliError> {
     Ok(s)
 }
 
-fn ms(d: Duration) -> i64 {
+/// The key of `--idempotency-key`, or read from `--idempotency-key-file`
+/// (`-` for stdin) with one trailing newline dropped.
+pub(crate) fn read_key(
+    key: Option<String>,
+    file: Option<&str>,
+) -> Result<Option<String>, CliError> {
+    Ok(match (key, file) {
+        (Some(k), _) => Some(k),
+        (None, Some(f)) => {
+            let mut k = read_source(f)?;
+            if k.ends_with('\n') {
+                k.pop();
+                if k.ends_with('\r') {
+                    k.pop();
+                }
+            }
+            Some(k)
+        }
+        (None, None) => None,
+    })
+}
+
+pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
@@ -165,20 +187,7 @@ impl EnqueueArgs {
                 .map_err(|e| CliError::Usage(format!("the payload is not valid JSON: {e}")))?,
             None => Value::Null,
         };
-        let key = match (self.idempotency_key, &self.idempotency_key_file) {
-            (Some(k), _) => Some(k),
-            (None, Some(f)) => {
-                let mut k = read_source(f)?;
-                if k.ends_with('\n') {
-                    k.pop();
-                    if k.ends_with('\r') {
-                        k.pop();
-                    }
-                }
-                Some(k)
-            }
-            (None, None) => None,
-        };
+        let key = read_key(self.idempotency_key, self.idempotency_key_file.as_deref())?;
         if key.is_none() && (self.scope.is_some() || self.key_ttl.is_some()) {
             return Err(CliError::Usage(
                 "--scope and --key-ttl need an idempotency key".into(),

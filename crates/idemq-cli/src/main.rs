@@ -1,9 +1,17 @@
 //! `idemq`: the command-line tool. It parses, wires and calls the library;
 //! the behaviour lives in the `idemq` crate.
 
+mod bench;
+mod dead;
+mod demo;
 mod enqueue;
+mod exec;
 mod jobs;
+mod ops;
 mod output;
+mod schedules;
+mod serve;
+mod worker;
 
 use std::process::ExitCode;
 
@@ -41,6 +49,32 @@ enum Command {
     /// Inspect jobs.
     #[command(subcommand)]
     Jobs(jobs::JobsCommand),
+    /// Serve the HTTP API and the dashboard, with maintenance (and, with --exec, a shell worker).
+    Serve(Box<serve::ServeArgs>),
+    /// Run jobs with a shell command: payload on stdin; exit 0 completes, 75 retries.
+    Worker(Box<worker::WorkerArgs>),
+    /// Cancel a job: waiting jobs at once, a running one at its next heartbeat.
+    Cancel(ops::JobIdArg),
+    /// Cancel the pending jobs of a type holding a dedupe key, and release the key.
+    CancelByKey(ops::CancelByKeyArgs),
+    /// Delete a job that is not active, with its events, runs and checkpoints.
+    Purge(ops::JobIdArg),
+    /// Make a scheduled job due now.
+    Promote(ops::JobIdArg),
+    /// Pause a queue: enqueues are accepted, workers skip it.
+    Pause(ops::QueueArg),
+    /// Resume a paused queue.
+    Resume(ops::QueueArg),
+    /// Dead letters: list and redrive.
+    #[command(subcommand)]
+    Dead(dead::DeadCommand),
+    /// Cron and interval schedules.
+    #[command(subcommand)]
+    Schedules(schedules::SchedulesCommand),
+    /// A narrated tour: replays, a conflict, a webhook redelivery, a debounce burst, a dead letter.
+    Demo(demo::DemoArgs),
+    /// Measure idemq against the database's own raw limits (fresh databases).
+    Bench(Box<bench::BenchArgs>),
 }
 
 /// Exit codes a script can rely on.
@@ -88,11 +122,29 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         });
         return Ok(());
     }
+    if let Command::Bench(args) = cli.command {
+        return bench::run(*args, &cli.database, cli.json).await;
+    }
+    if let Command::Serve(args) = &cli.command {
+        // Before connecting: a refused address must not create a database.
+        return serve::run(&cli.database, (**args).clone(), cli.json).await;
+    }
     let queue = connect(&cli.database).await?;
     match cli.command {
-        Command::Migrate => Ok(()),
+        Command::Migrate | Command::Bench(_) => Ok(()),
         Command::Enqueue(args) => enqueue::run(&queue, *args, cli.json).await,
         Command::Jobs(cmd) => jobs::run(&queue, cmd, cli.json).await,
+        Command::Serve(_) => Ok(()),
+        Command::Worker(args) => worker::run(queue, *args, cli.json).await,
+        Command::Cancel(a) => ops::cancel(&queue, a, cli.json).await,
+        Command::CancelByKey(a) => ops::cancel_by_key(&queue, a, cli.json).await,
+        Command::Purge(a) => ops::purge(&queue, a, cli.json).await,
+        Command::Promote(a) => ops::promote(&queue, a, cli.json).await,
+        Command::Pause(a) => ops::pause(&queue, a, true, cli.json).await,
+        Command::Resume(a) => ops::pause(&queue, a, false, cli.json).await,
+        Command::Dead(cmd) => dead::run(&queue, cmd, cli.json).await,
+        Command::Schedules(cmd) => schedules::run(&queue, cmd, cli.json).await,
+        Command::Demo(a) => demo::run(&queue, &cli.database, a, cli.json).await,
     }
 }
 

@@ -16,11 +16,20 @@ use axum::Router;
 use idemq::Queue;
 
 /// Settings of the server.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct ServerOptions {
     /// With a token, every request but `GET /healthz` needs
     /// `Authorization: Bearer <token>` (or the dashboard's cookie).
     pub token: Option<String>,
+}
+
+impl std::fmt::Debug for ServerOptions {
+    // The token never reaches a log line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerOptions")
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 /// What every handler shares.
@@ -32,8 +41,16 @@ pub(crate) struct AppState {
 
 /// The API and the dashboard as one axum router.
 pub fn router(queue: Queue, options: ServerOptions) -> Router {
-    let state = AppState { queue, options: Arc::new(options) };
-    Router::new().merge(api::routes(state.clone())).merge(dashboard::routes(state))
+    let state = AppState {
+        queue,
+        options: Arc::new(options),
+    };
+    let router = Router::new()
+        .merge(api::routes(state.clone()))
+        .merge(dashboard::routes(state.clone()))
+        .fallback(api::not_found);
+    // The token guards everything (API, dashboard, unknown routes) but /healthz.
+    api::auth::protect(router, state)
 }
 
 /// Serves [`router`] on `listener` until `shutdown` resolves, then finishes
@@ -44,5 +61,7 @@ pub async fn serve(
     options: ServerOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(queue, options)).with_graceful_shutdown(shutdown).await
+    axum::serve(listener, router(queue, options))
+        .with_graceful_shutdown(shutdown)
+        .await
 }

@@ -259,6 +259,28 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION idemq.complete_many(p_ids text[], p_tokens text[], p_results jsonb[]) RETURNS TABLE(idx integer, ok boolean)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    j     idemq.jobs%ROWTYPE;
+    i     integer;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
+        j := idemq.lease_job(p_ids[i], p_tokens[i]);
+        IF j.id IS NULL THEN
+            RETURN QUERY SELECT i - 1, false;
+        ELSE
+            PERFORM idemq.end_attempt(p_ids[i], 'completed', NULL, true, NULL, NULL,
+                                      p_results[i], v_now);
+            RETURN QUERY SELECT i - 1, true;
+        END IF;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION idemq.debounce_window(p_ttl_ms bigint, p_max_wait_ms bigint, p_accepted timestamp with time zone, p_now timestamp with time zone) RETURNS timestamp with time zone
     LANGUAGE sql IMMUTABLE
     AS $$

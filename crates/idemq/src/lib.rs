@@ -59,8 +59,8 @@ pub use job::{
     JobIdempotency, JobState, NonReplaceableReason, Outcome, QueueInfo, Run, StateCounts,
 };
 pub use queue::{
-    BatchOptions, ClaimOptions, FailOptions, MAX_BATCH_BYTES, MAX_BATCH_ITEMS, Queue, QueueOptions,
-    RedriveOptions,
+    BatchOptions, ClaimOptions, Completion, FailOptions, MAX_BATCH_BYTES, MAX_BATCH_ITEMS, Queue,
+    QueueOptions, RedriveOptions,
 };
 pub use request::{DedupeMode, DedupeOptions, EnqueueRequest, IdempotencyOptions, RetryPolicy};
 pub use schedule::{Schedule, ScheduleDefinition, ScheduleSpec};

@@ -121,6 +121,17 @@ pub struct FailOptions {
     pub snooze: Option<Duration>,
 }
 
+/// One successful attempt to record ([`Queue::complete_many`]).
+#[derive(Clone, Debug)]
+pub struct Completion {
+    /// The job.
+    pub job_id: String,
+    /// The lease of the attempt.
+    pub lease_token: String,
+    /// An optional JSON result (≤ the payload limit).
+    pub result: Option<Value>,
+}
+
 /// A job queue on one backend. Cheap to clone; share it freely.
 #[derive(Clone)]
 pub struct Queue {
@@ -644,6 +655,34 @@ impl Queue {
             .await
     }
 
+    /// Completes many attempts in one round trip and one transaction: one
+    /// result per item, in order. An item whose lease is lost fails alone
+    /// (`LeaseLost`, nothing written for it); an `Err` of the whole call
+    /// recorded nothing. A result over the payload limit fails the call.
+    pub async fn complete_many(&self, items: Vec<Completion>) -> Result<Vec<Result<()>>> {
+        if items.len() > MAX_BATCH_ITEMS {
+            return Err(Error::validation("items", "at most 1000 items per call"));
+        }
+        let items = items
+            .into_iter()
+            .map(|c| {
+                Ok(JobComplete {
+                    lease: Self::lease(&c.job_id, &c.lease_token),
+                    result: c
+                        .result
+                        .map(|v| encode_json("result", &v, self.payload_limit))
+                        .transpose()?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.store
+            .job_complete_many(JobCompleteMany { items })
+            .await
+    }
+
     /// Fails an attempt: a retry by policy, a snooze, or the dead letters.
     pub async fn fail(
         &self,
@@ -860,5 +899,11 @@ impl Queue {
             })
             .await?;
         Ok(fired)
+    }
+
+    /// The largest accepted payload, result or checkpoint value in bytes
+    /// (servers size their request body limit from it).
+    pub fn payload_limit(&self) -> usize {
+        self.payload_limit
     }
 }

@@ -216,6 +216,13 @@ pub struct JobComplete {
     pub result: Option<String>,
 }
 
+/// `job_complete_many`: several completions in one transaction.
+#[derive(Clone, Debug)]
+pub struct JobCompleteMany {
+    /// The completions; each is fenced by its own lease.
+    pub items: Vec<JobComplete>,
+}
+
 /// `job_fail`.
 #[derive(Clone, Debug)]
 pub struct JobFail {
@@ -369,6 +376,18 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat>;
     /// Finish an attempt successfully.
     async fn job_complete(&self, p: JobComplete) -> Result<()>;
+    /// Finish many attempts successfully in one transaction (one round
+    /// trip): one result per item, in order; an item whose lease is lost is
+    /// that item's `LeaseLost` and changes nothing, the others stand. An
+    /// `Err` of the whole call recorded nothing. The default completes the
+    /// items one by one.
+    async fn job_complete_many(&self, p: JobCompleteMany) -> Result<Vec<Result<()>>> {
+        let mut out = Vec::with_capacity(p.items.len());
+        for item in p.items {
+            out.push(self.job_complete(item).await);
+        }
+        Ok(out)
+    }
     /// Finish an attempt with an error (or a snooze).
     async fn job_fail(&self, p: JobFail) -> Result<FailOutcome>;
     /// Give a lease back without consuming the attempt.

@@ -48,9 +48,19 @@ where
 #[derive(Clone, Default)]
 pub(crate) struct Registry {
     pub(crate) handlers: HashMap<String, Erased>,
+    /// The handler of every type without one of its own, if any.
+    pub(crate) catch_all: Option<Erased>,
 }
 
 impl Registry {
+    /// The handler of `job_type`: its own, or the catch-all.
+    pub(crate) fn get(&self, job_type: &str) -> Option<Erased> {
+        self.handlers
+            .get(job_type)
+            .or(self.catch_all.as_ref())
+            .cloned()
+    }
+
     pub(crate) fn types(&self) -> Vec<String> {
         let mut t: Vec<String> = self.handlers.keys().cloned().collect();
         t.sort();

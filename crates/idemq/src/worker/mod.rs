@@ -26,6 +26,7 @@
 //! # Ok(()) }
 //! ```
 
+mod complete;
 mod context;
 mod handler;
 pub mod maintenance;
@@ -185,6 +186,20 @@ impl Worker {
     /// releases their leases so other workers can claim them at once.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<WorkerReport> {
         run::run(self, shutdown).await
+    }
+
+    /// Registers a handler for every job type that has no handler of its
+    /// own: the worker then claims jobs of any type (of its queues). The
+    /// payload arrives as raw JSON; [`HandlerContext::job_type`] says which
+    /// type it is. Used by `idemq worker --exec`.
+    pub fn handle_any<R, F, Fut>(mut self, handler: F) -> Self
+    where
+        R: Serialize + Send + 'static,
+        F: Fn(HandlerContext, serde_json::Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<R, JobError>> + Send + 'static,
+    {
+        self.registry.catch_all = Some(handler::erase(handler));
+        self
     }
 }
 

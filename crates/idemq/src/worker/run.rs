@@ -9,6 +9,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use super::complete::Completer;
 use super::context::{ErrorKind, HandlerContext, JobError};
 use super::handler::Erased;
 use super::maintenance::Maintenance;
@@ -54,7 +55,9 @@ pub(super) async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<WorkerReport> {
     let types = w.registry.types();
-    if types.is_empty() {
+    // A catch-all handler takes claims of any type.
+    let claim_types = w.registry.catch_all.is_none().then(|| types.clone());
+    if types.is_empty() && w.registry.catch_all.is_none() {
         return Err(Error::validation(
             "handlers",
             "register at least one handler before run",
@@ -70,6 +73,7 @@ pub(super) async fn run(
         w.lease,
         stop_rx.clone(),
     ));
+    let (completer, completer_task) = Completer::start(w.queue.clone());
     let maintenance = w
         .maintenance
         .then(|| tokio::spawn(Maintenance::new(w.queue.clone()).run_until(stop_rx.clone())));
@@ -92,7 +96,7 @@ pub(super) async fn run(
         if free > 0 {
             let options = ClaimOptions {
                 queues: w.queues.clone(),
-                types: Some(types.clone()),
+                types: claim_types.clone(),
                 worker: w.name.clone(),
                 limit: u32::try_from(free.min(1000)).unwrap_or(1000),
                 lease: w.lease,
@@ -101,7 +105,7 @@ pub(super) async fn run(
                 Ok(jobs) => {
                     full = jobs.len() == free;
                     for job in jobs {
-                        let Some(handler) = w.registry.handlers.get(&job.job_type).cloned() else {
+                        let Some(handler) = w.registry.get(&job.job_type) else {
                             continue;
                         };
                         let (cancel, cancel_rx) = watch::channel(false);
@@ -115,10 +119,13 @@ pub(super) async fn run(
                             },
                         );
                         let (queue, slots, lease) = (w.queue.clone(), slots.clone(), w.lease);
+                        let completer = completer.clone();
                         tasks.spawn(async move {
                             let id = job.id.clone();
-                            let ended =
-                                supervise(queue, job, handler, lease, cancel_rx, stop_rx).await;
+                            let ended = supervise(
+                                queue, &completer, job, handler, lease, cancel_rx, stop_rx,
+                            )
+                            .await;
                             lock(&slots).remove(&id);
                             ended
                         });
@@ -160,6 +167,8 @@ pub(super) async fn run(
             }
         }
     }
+    drop(completer);
+    let _ = completer_task.await;
     let _ = stop_all.send(true);
     let _ = heartbeats.await;
     if let Some(m) = maintenance {
@@ -220,6 +229,7 @@ async fn heartbeat_loop(
 /// cancellation, a lost lease or the end of the shutdown grace period.
 async fn supervise(
     queue: Queue,
+    completer: &Completer,
     job: ClaimedJob,
     handler: Erased,
     lease: Duration,
@@ -277,6 +287,16 @@ async fn supervise(
             };
         }
     };
+    // A success goes through the completer, many to a round trip; if that
+    // fails for want of the backend, the loop below retries on its own.
+    if let Ok(value) = &outcome {
+        let result = (!value.is_null()).then(|| value.clone());
+        match completer.complete(&job.id, &job.lease_token, result).await {
+            Some(Ok(())) => return Ended::Completed,
+            Some(Err(Error::LeaseLost { .. })) => return Ended::Lost,
+            _ => {}
+        }
+    }
     // Record the end. While the backend is unavailable, keep trying for as
     // long as the lease could still be ours: an acknowledged result is not
     // dropped because the database restarted.

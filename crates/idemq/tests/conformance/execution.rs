@@ -30,6 +30,7 @@ instantiate!(
     concurrency_keys_are_global_across_queues,
     stale_token_is_refused_and_changes_nothing,
     token_is_dead_after_the_attempt_ends,
+    complete_many_records_each_and_refuses_stale_items,
     reclaimed_job_fences_the_old_holder,
     expired_lease_is_claimable_by_the_next_claim,
     expired_lease_without_budget_is_dead,
@@ -610,6 +611,50 @@ async fn token_is_dead_after_the_attempt_ends(h: Harness) {
     assert_fenced(&h, &id2, &c2.lease_token).await;
     assert_eq!(state(&h, &id2).await, JobState::Scheduled);
     assert_eq!(h.job(&id2).await.attempts_used, 1);
+}
+
+/// `complete_many` records each item as `complete` would, in one call; an
+/// item with a dead token fails alone and changes nothing.
+async fn complete_many_records_each_and_refuses_stale_items(h: Harness) {
+    let (a, b, c) = (h.put(job("t")).await, h.put(job("t")).await, h.put(job("t")).await);
+    let claimed = claim_as(&h, "w", 30_000, 3).await;
+    let token = |id: &str| {
+        claimed
+            .iter()
+            .find(|x| x.id == id)
+            .map(|x| x.lease_token.clone())
+            .expect("claimed")
+    };
+    // `a` ends first, so its token is dead when the batch arrives.
+    h.queue.complete(&a, &token(&a), None).await.unwrap();
+    let a_before = h.job(&a).await;
+    let a_events = h.queue.events(&a).await.unwrap();
+    let item = |id: &str, result: Option<serde_json::Value>| idemq::Completion {
+        job_id: id.into(),
+        lease_token: token(id),
+        result,
+    };
+    let results = h
+        .queue
+        .complete_many(vec![item(&b, Some(json!({"n": 2}))), item(&a, None), item(&c, None)])
+        .await
+        .unwrap();
+    assert_eq!(results.len(), 3);
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    assert_lost(results.into_iter().nth(1).unwrap(), &a);
+    for id in [&b, &c] {
+        let j = h.job(id).await;
+        assert_eq!(j.state, JobState::Completed);
+        assert_eq!(j.attempts_used, 1);
+        let kinds: Vec<String> = h.queue.events(id).await.unwrap().into_iter().map(|e| e.kind).collect();
+        assert_eq!(kinds.last().map(String::as_str), Some("completed"));
+    }
+    assert_eq!(h.job(&b).await.result, Some(json!({"n": 2})));
+    assert_eq!(h.job(&c).await.result, None);
+    assert_eq!(h.job(&a).await, a_before);
+    assert_eq!(h.queue.events(&a).await.unwrap(), a_events);
+    assert_fenced(&h, &b, &token(&b)).await;
+    assert!(h.queue.complete_many(Vec::new()).await.unwrap().is_empty());
 }
 
 async fn reclaimed_job_fences_the_old_holder(h: Harness) {

@@ -27,6 +27,7 @@ instantiate!(
     shutdown_releases_jobs_past_the_grace_period,
     shutdown_lets_quick_handlers_finish,
     only_registered_types_are_claimed,
+    catch_all_handler_claims_every_type,
     concurrency_limit_is_respected,
     lost_lease_stops_the_handler_and_drops_its_result,
     wakeups_start_new_work_without_waiting_for_the_poll,
@@ -337,6 +338,35 @@ async fn only_registered_types_are_claimed(h: Harness) {
     .await;
     let job = h.job(&other).await;
     assert_eq!((job.state, job.attempt), (JobState::Ready, 0));
+}
+
+async fn catch_all_handler_claims_every_type(h: Harness) {
+    let a = h.put(EnqueueRequest::new("a").payload(json!(1))).await;
+    let b = h.put(EnqueueRequest::new("b").payload(json!(2))).await;
+    let own = h.put(EnqueueRequest::new("own")).await;
+    let w = worker(&h)
+        .handle("own", |_c: HandlerContext, _p: Value| async move {
+            Ok::<_, JobError>(json!("own"))
+        })
+        .handle_any(|c: HandlerContext, p: Value| async move {
+            Ok::<_, JobError>(json!({"type": c.job_type(), "payload": p}))
+        });
+    run_until(w, || async {
+        h.jobs()
+            .await
+            .iter()
+            .all(|j| j.state == JobState::Completed)
+    })
+    .await;
+    assert_eq!(
+        h.job(&a).await.result,
+        Some(json!({"type": "a", "payload": 1}))
+    );
+    assert_eq!(
+        h.job(&b).await.result,
+        Some(json!({"type": "b", "payload": 2}))
+    );
+    assert_eq!(h.job(&own).await.result, Some(json!("own")));
 }
 
 async fn concurrency_limit_is_respected(h: Harness) {

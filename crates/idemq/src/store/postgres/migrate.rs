@@ -24,6 +24,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "schedules",
         include_str!("../../../migrations/postgres/0003_schedules.sql"),
     ),
+    (
+        4,
+        "complete_many",
+        include_str!("../../../migrations/postgres/0004_complete_many.sql"),
+    ),
 ];
 
 /// The lock every migrating process takes (an arbitrary constant: "idemq" in ASCII).

@@ -413,6 +413,57 @@ impl Store for PgStore {
         Ok(())
     }
 
+    async fn job_complete_many(&self, p: JobCompleteMany) -> Result<Vec<Result<()>>> {
+        // Rows are locked in job-id order, so two batches cannot deadlock.
+        let mut order: Vec<usize> = (0..p.items.len()).collect();
+        order.sort_by(|&a, &b| p.items[a].lease.job_id.cmp(&p.items[b].lease.job_id));
+        let ids: Vec<&str> = order
+            .iter()
+            .map(|&i| p.items[i].lease.job_id.as_str())
+            .collect();
+        let tokens: Vec<&str> = order
+            .iter()
+            .map(|&i| p.items[i].lease.lease_token.as_str())
+            .collect();
+        let results: Vec<Option<&str>> = order
+            .iter()
+            .map(|&i| p.items[i].result.as_deref())
+            .collect();
+        let rows = sqlx::query(
+            "SELECT idx, ok FROM idemq.complete_many($1, $2, $3::text[]::jsonb[]) ORDER BY idx",
+        )
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(&results)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err)?;
+        let mut out: Vec<Result<()>> = p
+            .items
+            .iter()
+            .map(|i| {
+                Err(Error::Backend {
+                    message: format!("no completion result for job {}", i.lease.job_id),
+                })
+            })
+            .collect();
+        for row in rows {
+            let idx: i32 = row.try_get("idx").map_err(db_err)?;
+            let ok: bool = row.try_get("ok").map_err(db_err)?;
+            let Some(&item) = usize::try_from(idx).ok().and_then(|i| order.get(i)) else {
+                continue;
+            };
+            out[item] = if ok {
+                Ok(())
+            } else {
+                Err(Error::LeaseLost {
+                    job_id: p.items[item].lease.job_id.clone(),
+                })
+            };
+        }
+        Ok(out)
+    }
+
     async fn job_fail(&self, p: JobFail) -> Result<FailOutcome> {
         let kind = if p.snooze_ms.is_some() {
             "snoozed"

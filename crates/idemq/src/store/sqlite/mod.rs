@@ -411,6 +411,12 @@ impl Store for SqliteStore {
         flatten(self.write(move |cx| exec::complete(cx, &p)).await)
     }
 
+    async fn job_complete_many(&self, p: JobCompleteMany) -> Result<Vec<Result<()>>> {
+        // One BEGIN IMMEDIATE transaction, so one WAL sync for the batch.
+        self.write(move |cx| p.items.iter().map(|i| exec::complete(cx, i)).collect())
+            .await
+    }
+
     async fn job_fail(&self, p: JobFail) -> Result<FailOutcome> {
         let r = flatten(self.write(move |cx| exec::fail(cx, &p)).await)?;
         self.wake();

@@ -1,0 +1,368 @@
+//! `idemq bench`: measures what idemq does against what the database under
+//! it can do, in the same run on the same database. Every workload runs on a
+//! fresh database (SQLite: a new file; PostgreSQL: a new database on the
+//! URL's server, dropped afterwards) and is reported next to the raw limit of
+//! that database for the same shape of work, as a ratio.
+//!
+//! Files by concern: `target` makes and drops the fresh databases, `raw_pg`
+//! and `raw_sqlite` measure the raw limits, `enqueue` and `worker` run the
+//! idemq workloads, `report` prints rows and tracks memory.
+
+mod enqueue;
+mod raw_pg;
+mod raw_sqlite;
+mod report;
+mod target;
+mod worker;
+
+use std::future::Future;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::CliError;
+pub(crate) use report::Row;
+use target::{Backend, Fresh};
+
+/// Arguments of `idemq bench` (the database is the global `--database`).
+#[derive(clap::Args, Debug)]
+pub(crate) struct BenchArgs {
+    /// Small counts (a smoke run of a few seconds per backend).
+    #[arg(long)]
+    quick: bool,
+    /// Run only these workloads (comma-separated: W1,W2,W3,W4,W4r,W5,W6).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+/// Operation counts of one run.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sizes {
+    pub single_1: usize,
+    pub single_8: usize,
+    pub batch: usize,
+    pub drain: usize,
+    pub dup_calls: usize,
+    pub dup_keys: usize,
+    pub storm_calls: usize,
+    pub storm_keys: usize,
+    pub latency_jobs: usize,
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Self {
+        if quick {
+            Self {
+                single_1: 200,
+                single_8: 400,
+                batch: 2_000,
+                drain: 1_000,
+                dup_calls: 1_000,
+                dup_keys: 100,
+                storm_calls: 800,
+                storm_keys: 100,
+                latency_jobs: 40,
+            }
+        } else {
+            Self {
+                single_1: 3_000,
+                single_8: 8_000,
+                batch: 50_000,
+                drain: 20_000,
+                dup_calls: 10_000,
+                dup_keys: 1_000,
+                storm_calls: 10_000,
+                storm_keys: 100,
+                latency_jobs: 500,
+            }
+        }
+    }
+}
+
+/// Runs the bench and prints its rows.
+pub(crate) async fn run(args: BenchArgs, database: &str, json: bool) -> Result<(), CliError> {
+    bench(args, database, json).await.map_err(|e| {
+        CliError::Lib(idemq::Error::Backend {
+            message: format!("bench: {e:#}"),
+        })
+    })
+}
+
+async fn bench(args: BenchArgs, database: &str, json: bool) -> Result<()> {
+    let backend = Backend::parse(database)?;
+    let sizes = Sizes::new(args.quick);
+    let wanted =
+        |name: &str| args.only.is_empty() || args.only.iter().any(|o| o.eq_ignore_ascii_case(name));
+    let known = ["W1", "W2", "W3", "W4", "W4r", "W5", "W6"];
+    if let Some(bad) = args
+        .only
+        .iter()
+        .find(|o| !known.iter().any(|k| k.eq_ignore_ascii_case(o)))
+    {
+        bail!("unknown workload {bad} (known: {})", known.join(","));
+    }
+    let out = report::Printer::new(json);
+    out.header(&backend, &sizes);
+    let mut rows: Vec<Row> = Vec::new();
+    let emit = |row: Row, rows: &mut Vec<Row>| {
+        out.row(&row);
+        rows.push(row);
+    };
+    if wanted("W1") {
+        for producers in [1, 8] {
+            let ops = if producers == 1 {
+                sizes.single_1
+            } else {
+                sizes.single_8
+            };
+            emit(enqueue::single(&backend, producers, ops).await?, &mut rows);
+        }
+    }
+    if wanted("W2") {
+        emit(enqueue::batch(&backend, sizes.batch).await?, &mut rows);
+    }
+    if wanted("W3") {
+        emit(worker::drain(&backend, sizes.drain).await?, &mut rows);
+    }
+    if wanted("W4") {
+        for producers in [1, 8] {
+            let row = enqueue::duplicates(&backend, producers, sizes.dup_calls, sizes.dup_keys);
+            emit(row.await?, &mut rows);
+        }
+    }
+    if wanted("W4r") {
+        for producers in [1, 8] {
+            // The yardstick is idemq's own single enqueue at the same
+            // producer count (W1), measured now when W1 did not run.
+            let w1 = rows
+                .iter()
+                .find(|r| r.workload == "W1" && r.producers == producers)
+                .map(|r| r.ops_per_sec);
+            let row = enqueue::replay(&backend, producers, sizes.dup_calls, sizes.dup_keys, w1);
+            emit(row.await?, &mut rows);
+        }
+    }
+    if wanted("W5") {
+        let row = enqueue::storm(&backend, 8, sizes.storm_calls, sizes.storm_keys);
+        emit(row.await?, &mut rows);
+    }
+    if wanted("W6") {
+        emit(
+            worker::latency(&backend, sizes.latency_jobs).await?,
+            &mut rows,
+        );
+    }
+    out.table(&rows);
+    let failed: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.check != "ok")
+        .map(|r| r.workload)
+        .collect();
+    if !failed.is_empty() {
+        bail!("correctness checks failed: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
+/// A progress bar of `len` operations (drawn on stderr, hidden when it is
+/// not a terminal).
+pub(crate) fn bar(name: &str, len: usize) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64);
+    let style = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {per_sec} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(name.to_owned());
+    bar
+}
+
+/// Runs the calls of `range` over `producers` concurrent tasks; call `i`
+/// goes to producer `i % producers`, so calls on one key (keyed by `i`
+/// modulo the key count) come from different producers at once. Returns the
+/// wall time from the first call to the last answer.
+pub(crate) async fn drive<F, Fut>(
+    producers: usize,
+    range: Range<usize>,
+    bar: &ProgressBar,
+    call: F,
+) -> Result<Duration>
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    let call = Arc::new(call);
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for p in 0..producers {
+        let (call, bar, end) = (call.clone(), bar.clone(), range.end);
+        let mut i = range.start + p;
+        tasks.spawn(async move {
+            while i < end {
+                call(i).await?;
+                bar.inc(1);
+                i += producers;
+            }
+            Ok::<_, anyhow::Error>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.context("a producer task failed")??;
+    }
+    Ok(start.elapsed())
+}
+
+/// Rounds a paired measurement alternates over: the raw limit and idemq
+/// take turns on slices of the work, so load from elsewhere on the machine
+/// hits both alike.
+const ROUNDS: usize = 4;
+
+/// The slices of `0..ops` of the paired rounds.
+fn slices(ops: usize) -> Vec<Range<usize>> {
+    let rounds = ROUNDS.min(ops.max(1));
+    (0..rounds)
+        .map(|r| r * ops / rounds..(r + 1) * ops / rounds)
+        .collect()
+}
+
+/// Measures `limit` and idemq's `run` on the same database, in alternating
+/// slices of `0..ops`; returns the raw measurement and idemq's rate.
+pub(crate) async fn paired<F>(
+    db: &Fresh,
+    limit: Limit,
+    ops: usize,
+    name: &str,
+    mut run: F,
+) -> Result<(Measured, f64)>
+where
+    F: AsyncFnMut(Range<usize>, &ProgressBar) -> Result<Duration>,
+{
+    let raw_bar = bar(&limit.name(), ops);
+    let idemq_bar = bar(name, ops);
+    let raw = Raw::open(db, limit).await?;
+    let (mut raw_time, mut idemq_time) = (Duration::ZERO, Duration::ZERO);
+    let mut out = Ok(());
+    for slice in slices(ops) {
+        match raw.run(slice.clone(), &raw_bar).await {
+            Ok(t) => raw_time += t,
+            Err(e) => {
+                out = Err(e);
+                break;
+            }
+        }
+        reset_peak_memory_once(&slice);
+        match run(slice, &idemq_bar).await {
+            Ok(t) => idemq_time += t,
+            Err(e) => {
+                out = Err(e);
+                break;
+            }
+        }
+    }
+    let p50 = raw.close().await;
+    raw_bar.finish_and_clear();
+    idemq_bar.finish_and_clear();
+    out?;
+    Ok((
+        Measured {
+            ops_per_sec: rate(ops, raw_time),
+            p50_ms: p50?,
+        },
+        rate(ops, idemq_time),
+    ))
+}
+
+/// The peak memory of a paired workload counts from its first idemq slice.
+fn reset_peak_memory_once(slice: &Range<usize>) {
+    if slice.start == 0 {
+        report::reset_peak_memory();
+    }
+}
+
+/// A raw limit being measured: its scratch tables exist until `close`.
+pub(crate) enum Raw {
+    Postgres(raw_pg::Raw),
+    Sqlite(raw_sqlite::Raw),
+}
+
+impl Raw {
+    pub(crate) async fn open(db: &Fresh, limit: Limit) -> Result<Self> {
+        Ok(match db {
+            Fresh::Postgres { url, .. } => Self::Postgres(raw_pg::Raw::open(url, limit).await?),
+            Fresh::Sqlite { path, .. } => Self::Sqlite(raw_sqlite::Raw::open(path, limit).await?),
+        })
+    }
+
+    /// Runs the slice `range` of the work; returns its timed part.
+    pub(crate) async fn run(&self, range: Range<usize>, bar: &ProgressBar) -> Result<Duration> {
+        match self {
+            Self::Postgres(r) => r.run(range, bar).await,
+            Self::Sqlite(r) => r.run(range, bar).await,
+        }
+    }
+
+    /// Drops the scratch tables; returns the median single-insert latency
+    /// (one producer) when that was measured.
+    pub(crate) async fn close(self) -> Result<Option<f64>> {
+        match self {
+            Self::Postgres(r) => r.close().await,
+            Self::Sqlite(r) => r.close().await,
+        }
+    }
+}
+
+/// `n` operations in `elapsed`, per second.
+pub(crate) fn rate(n: usize, elapsed: Duration) -> f64 {
+    n as f64 / elapsed.as_secs_f64().max(1e-9)
+}
+
+/// What a workload compares against: a raw limit of the database.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Limit {
+    /// Single-row `INSERT`, each its own transaction, over `producers` connections.
+    InsertCommit { producers: usize },
+    /// Multi-row `INSERT`s of 1,000 rows.
+    MultiRow,
+    /// Claim-100-and-delete transactions until the table is empty.
+    ClaimDelete,
+    /// `INSERT … ON CONFLICT DO NOTHING` over `keys` keys.
+    OnConflict { producers: usize, keys: usize },
+    /// `INSERT … ON CONFLICT DO UPDATE` (a counter) over `keys` keys.
+    Upsert { producers: usize, keys: usize },
+}
+
+impl Limit {
+    /// The name printed beside the workload.
+    pub(crate) fn name(self) -> String {
+        match self {
+            Self::InsertCommit { producers } => format!("raw insert commit x{producers}"),
+            Self::MultiRow => "raw multi-row insert".into(),
+            Self::ClaimDelete => "raw claim-100+delete".into(),
+            Self::OnConflict { producers, .. } => format!("raw on-conflict-nothing x{producers}"),
+            Self::Upsert { producers, .. } => format!("raw upsert x{producers}"),
+        }
+    }
+}
+
+/// A raw measurement: a rate and, for single inserts on one connection, the
+/// median commit latency.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Measured {
+    pub ops_per_sec: f64,
+    pub p50_ms: Option<f64>,
+}
+
+/// Measures `limit` alone with `ops` operations on the fresh database `db`.
+pub(crate) async fn measure_limit(db: &Fresh, limit: Limit, ops: usize) -> Result<Measured> {
+    let bar = bar(&limit.name(), ops);
+    let raw = Raw::open(db, limit).await?;
+    let timed = raw.run(0..ops, &bar).await;
+    let p50 = raw.close().await;
+    bar.finish_and_clear();
+    Ok(Measured {
+        ops_per_sec: rate(ops, timed?),
+        p50_ms: p50?,
+    })
+}

@@ -1,0 +1,187 @@
+//! The raw limits of PostgreSQL, measured through sqlx (as idemq talks to
+//! it) in scratch tables of the bench database.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use indicatif::ProgressBar;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+use super::{Limit, drive};
+
+const SETUP: &str = "
+    CREATE TABLE bench_raw (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        k text NOT NULL,
+        payload jsonb NOT NULL,
+        created_at timestamptz NOT NULL DEFAULT now());
+    CREATE TABLE bench_keys (k text PRIMARY KEY, job text NOT NULL, n integer NOT NULL DEFAULT 1);
+    CREATE TABLE bench_queue (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        payload jsonb NOT NULL)";
+const TEARDOWN: &str = "DROP TABLE IF EXISTS bench_raw, bench_keys, bench_queue";
+
+/// Loopers of the claim-100-and-delete limit: one per core of a small box.
+const CLAIMERS: usize = 2;
+
+/// A raw limit being measured on one pool.
+pub(crate) struct Raw {
+    pool: PgPool,
+    limit: Limit,
+    latencies: Arc<Mutex<Vec<f64>>>,
+}
+
+impl Raw {
+    pub(crate) async fn open(url: &str, limit: Limit) -> Result<Self> {
+        let connections = match limit {
+            Limit::InsertCommit { producers }
+            | Limit::OnConflict { producers, .. }
+            | Limit::Upsert { producers, .. } => producers,
+            Limit::MultiRow => 1,
+            Limit::ClaimDelete => CLAIMERS,
+        };
+        let pool = PgPoolOptions::new()
+            .max_connections(connections as u32)
+            .min_connections(connections as u32)
+            .connect(url)
+            .await?;
+        sqlx::raw_sql(SETUP).execute(&pool).await?;
+        Ok(Self {
+            pool,
+            limit,
+            latencies: Arc::default(),
+        })
+    }
+
+    pub(crate) async fn close(self) -> Result<Option<f64>> {
+        sqlx::raw_sql(TEARDOWN).execute(&self.pool).await?;
+        self.pool.close().await;
+        let mut l = lock(&self.latencies);
+        Ok((!l.is_empty()).then(|| median(&mut l)))
+    }
+
+    pub(crate) async fn run(&self, range: Range<usize>, bar: &ProgressBar) -> Result<Duration> {
+        let pool = &self.pool;
+        match self.limit {
+            Limit::InsertCommit { producers } => {
+                let (p, l) = (pool.clone(), self.latencies.clone());
+                drive(producers, range, bar, move |i| {
+                    let (pool, lat) = (p.clone(), l.clone());
+                    async move {
+                        let t = Instant::now();
+                        sqlx::query("INSERT INTO bench_raw (k, payload) VALUES ($1, $2::jsonb)")
+                            .bind(format!("k{i}"))
+                            .bind(format!("{{\"i\":{i}}}"))
+                            .execute(&pool)
+                            .await?;
+                        if producers == 1 {
+                            lock(&lat).push(t.elapsed().as_secs_f64() * 1e3);
+                        }
+                        Ok(())
+                    }
+                })
+                .await
+            }
+            Limit::MultiRow => {
+                let start = Instant::now();
+                let mut done = range.start;
+                while done < range.end {
+                    let n = (range.end - done).min(1000);
+                    let keys: Vec<String> = (done..done + n).map(|i| format!("k{i}")).collect();
+                    let payloads: Vec<String> =
+                        (done..done + n).map(|i| format!("{{\"i\":{i}}}")).collect();
+                    sqlx::query(
+                        "INSERT INTO bench_raw (k, payload)
+                         SELECT * FROM unnest($1::text[], $2::text[]::jsonb[])",
+                    )
+                    .bind(&keys)
+                    .bind(&payloads)
+                    .execute(pool)
+                    .await?;
+                    done += n;
+                    bar.inc(n as u64);
+                }
+                Ok(start.elapsed())
+            }
+            Limit::ClaimDelete => {
+                // Filling the table is not timed; claiming it empty is.
+                sqlx::query(
+                    "INSERT INTO bench_queue (payload)
+                     SELECT jsonb_build_object('i', i) FROM generate_series($1, $2) i",
+                )
+                .bind(range.start as i64)
+                .bind(range.end as i64 - 1)
+                .execute(pool)
+                .await?;
+                sqlx::raw_sql("ANALYZE bench_queue").execute(pool).await?;
+                let start = Instant::now();
+                let mut tasks = tokio::task::JoinSet::new();
+                for _ in 0..CLAIMERS {
+                    let (pool, bar) = (pool.clone(), bar.clone());
+                    tasks.spawn(async move {
+                        loop {
+                            let ids: Vec<i64> = sqlx::query_scalar(
+                                "DELETE FROM bench_queue WHERE id IN (
+                                     SELECT id FROM bench_queue ORDER BY id LIMIT 100
+                                     FOR UPDATE SKIP LOCKED)
+                                 RETURNING id",
+                            )
+                            .fetch_all(&pool)
+                            .await?;
+                            if ids.is_empty() {
+                                return Ok::<_, anyhow::Error>(());
+                            }
+                            bar.inc(ids.len() as u64);
+                        }
+                    });
+                }
+                while let Some(done) = tasks.join_next().await {
+                    done??;
+                }
+                Ok(start.elapsed())
+            }
+            Limit::OnConflict { producers, keys } | Limit::Upsert { producers, keys } => {
+                let sql = if matches!(self.limit, Limit::Upsert { .. }) {
+                    "INSERT INTO bench_keys (k, job) VALUES ($1, $2)
+                     ON CONFLICT (k) DO UPDATE SET n = bench_keys.n + 1"
+                } else {
+                    "INSERT INTO bench_keys (k, job) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+                };
+                let p = pool.clone();
+                drive(producers, range, bar, move |i| {
+                    let pool = p.clone();
+                    async move {
+                        sqlx::query(sql)
+                            .bind(format!("key-{}", i % keys))
+                            .bind(format!("job-{i}"))
+                            .execute(&pool)
+                            .await?;
+                        Ok(())
+                    }
+                })
+                .await
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The median of `v` (sorted in place); 0 for none.
+pub(crate) fn median(v: &mut [f64]) -> f64 {
+    percentile(v, 0.5)
+}
+
+/// The `q` quantile of `v` (sorted in place, nearest rank); 0 for none.
+pub(crate) fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}

@@ -1,0 +1,185 @@
+//! The database each workload runs on: a fresh one every time, so no
+//! workload inherits another's rows, dead tuples or WAL.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::{Context as _, Result, bail};
+use sqlx::Connection as _;
+
+/// The backend named by `--database`.
+#[derive(Clone, Debug)]
+pub(crate) enum Backend {
+    /// A PostgreSQL server; the URL's own database is only used to create and
+    /// drop the bench databases.
+    Postgres { admin_url: String },
+    /// SQLite: fresh files are made in this directory (the one of the
+    /// `--database` file, so the bench measures that file system).
+    Sqlite { dir: PathBuf },
+}
+
+/// A fresh, migrated database.
+pub(crate) enum Fresh {
+    Postgres {
+        url: String,
+        name: String,
+        admin_url: String,
+    },
+    Sqlite {
+        url: String,
+        path: PathBuf,
+        _dir: tempfile::TempDir,
+    },
+}
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+impl Backend {
+    pub(crate) fn parse(url: &str) -> Result<Self> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Self::Postgres {
+                admin_url: url.to_owned(),
+            });
+        }
+        if url == "sqlite::memory:" {
+            return Ok(Self::Sqlite {
+                dir: std::env::temp_dir(),
+            });
+        }
+        if let Some(rest) = url.strip_prefix("sqlite:") {
+            let path = Path::new(rest.strip_prefix("//").unwrap_or(rest));
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            return Ok(Self::Sqlite { dir });
+        }
+        bail!("unknown database URL: use sqlite://path/to/file.db or postgres://…")
+    }
+
+    /// `sqlite` or `postgres`.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Postgres { .. } => "postgres",
+            Self::Sqlite { .. } => "sqlite",
+        }
+    }
+
+    /// Makes a fresh database with the idemq schema installed.
+    pub(crate) async fn fresh(&self) -> Result<Fresh> {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        match self {
+            Self::Postgres { admin_url } => {
+                let name = format!("idemq_bench_{}_{n}", std::process::id());
+                let mut admin = sqlx::PgConnection::connect(admin_url)
+                    .await
+                    .context("cannot connect to PostgreSQL")?;
+                // The name is ours: letters, digits and underscores.
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&mut admin)
+                    .await
+                    .with_context(|| format!("cannot create database {name}"))?;
+                admin.close().await.ok();
+                let url = with_database(admin_url, &name);
+                let fresh = Fresh::Postgres {
+                    url: url.clone(),
+                    name,
+                    admin_url: admin_url.clone(),
+                };
+                if let Err(e) = idemq::Queue::migrate(&url).await {
+                    fresh.dispose().await.ok();
+                    return Err(e).context("cannot migrate the bench database");
+                }
+                Ok(fresh)
+            }
+            Self::Sqlite { dir } => {
+                let tmp = tempfile::Builder::new()
+                    .prefix("idemq-bench-")
+                    .tempdir_in(dir)
+                    .with_context(|| format!("cannot make a directory in {}", dir.display()))?;
+                let path = tmp.path().join("bench.db");
+                let url = format!("sqlite://{}", path.display());
+                // Opening creates and migrates the file.
+                idemq::Queue::connect(&url).await?;
+                Ok(Fresh::Sqlite {
+                    url,
+                    path,
+                    _dir: tmp,
+                })
+            }
+        }
+    }
+
+    /// Runs `f` on a fresh database and drops the database afterwards,
+    /// whether `f` succeeded or not.
+    pub(crate) async fn with_fresh<T>(
+        &self,
+        f: impl AsyncFnOnce(&Fresh) -> Result<T>,
+    ) -> Result<T> {
+        let db = self.fresh().await?;
+        let out = f(&db).await;
+        let dropped = db.dispose().await;
+        let out = out?;
+        dropped?;
+        Ok(out)
+    }
+}
+
+impl Fresh {
+    /// The URL idemq connects to.
+    pub(crate) fn url(&self) -> &str {
+        match self {
+            Self::Postgres { url, .. } | Self::Sqlite { url, .. } => url,
+        }
+    }
+
+    /// Drops the database (the SQLite directory goes with the value).
+    pub(crate) async fn dispose(self) -> Result<()> {
+        if let Self::Postgres {
+            name, admin_url, ..
+        } = self
+        {
+            let mut admin = sqlx::PgConnection::connect(&admin_url).await?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+            )))
+            .execute(&mut admin)
+            .await
+            .with_context(|| format!("cannot drop database {name}"))?;
+            admin.close().await.ok();
+        }
+        Ok(())
+    }
+}
+
+/// `url` with its database path replaced by `name` (query parameters kept).
+fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let start = base.find("://").map_or(0, |i| i + 3);
+    let end = base[start..].find('/').map_or(base.len(), |i| start + i);
+    match query {
+        Some(q) => format!("{}/{name}?{q}", &base[..end]),
+        None => format!("{}/{name}", &base[..end]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_database;
+
+    #[test]
+    fn replaces_the_database_of_a_url() {
+        assert_eq!(
+            with_database("postgres://postgres@127.0.0.1:5432/postgres", "b"),
+            "postgres://postgres@127.0.0.1:5432/b"
+        );
+        assert_eq!(
+            with_database("postgres://u:p@h/db?sslmode=disable", "b"),
+            "postgres://u:p@h/b?sslmode=disable"
+        );
+        assert_eq!(with_database("postgres://h:1", "b"), "postgres://h:1/b");
+    }
+}

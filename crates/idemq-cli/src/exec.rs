@@ -1,0 +1,307 @@
+//! The shell handler of `idemq worker --exec` and `idemq serve --exec`: each
+//! attempt runs `sh -c CMD` with the payload on stdin.
+//!
+//! Exit 0 completes the job (stdout, when it is JSON, becomes the result);
+//! exit 75 (`EX_TEMPFAIL`) asks for a retry; any other exit, or death by a
+//! signal, is a failure. Both failures follow the job's retry policy (a
+//! command cannot send a job to the dead letters at once: give the job
+//! `--max-attempts 1` or `--retry none` for that). The last 8 KiB of
+//! stdout and stderr become the run's error.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Args;
+use idemq::worker::{HandlerContext, JobError, Worker};
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// The exit status that asks for a retry (`EX_TEMPFAIL` of sysexits.h).
+pub const EXIT_RETRY: i32 = 75;
+
+/// The run ledger keeps errors up to 8 KiB.
+const MAX_ERROR_BYTES: usize = 8 * 1024;
+
+/// A result is stored only up to 1 MiB; larger stdout is not a result.
+const MAX_RESULT_BYTES: usize = 1024 * 1024;
+
+/// How long the output pipes may stay open after the command exited (a
+/// background process it started can hold them).
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(500);
+
+/// How a shell worker claims and runs jobs; shared by `worker` and `serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ExecOptions {
+    /// Only these job types, comma-separated (every type when omitted).
+    #[arg(long, value_delimiter = ',', value_name = "TYPES")]
+    pub types: Vec<String>,
+    /// Only these queues, comma-separated (every queue when omitted).
+    #[arg(long, value_delimiter = ',', value_name = "QUEUES")]
+    pub queues: Vec<String>,
+    /// Jobs run at once.
+    #[arg(long, default_value_t = 10)]
+    pub concurrency: usize,
+    /// The lease of each claim in milliseconds (heartbeats renew it every third).
+    #[arg(long, default_value_t = 30_000)]
+    pub lease_ms: u64,
+    /// How often to look for new work when no wake-up arrives, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub poll_ms: u64,
+    /// How long running commands may finish after SIGINT/SIGTERM before they
+    /// are killed and their jobs released.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub grace: Duration,
+}
+
+/// A worker whose handler runs `command` for every job of `options.types`
+/// (or of any type).
+pub fn shell_worker(queue: idemq::Queue, command: &str, options: &ExecOptions) -> Worker {
+    let command: Arc<str> = Arc::from(command);
+    let handler = move |ctx: HandlerContext, payload: Value| {
+        let command = command.clone();
+        async move { run_command(&command, &ctx, &payload).await }
+    };
+    let mut worker = Worker::new(queue)
+        .queues(options.queues.iter().filter(|q| !q.is_empty()).cloned())
+        .concurrency(options.concurrency)
+        .lease(Duration::from_millis(options.lease_ms))
+        .poll_interval(Duration::from_millis(options.poll_ms.max(10)))
+        .shutdown_grace(options.grace);
+    let types: Vec<&String> = options.types.iter().filter(|t| !t.is_empty()).collect();
+    if types.is_empty() {
+        worker = worker.handle_any(handler);
+    } else {
+        for t in types {
+            worker = worker.handle(t, handler.clone());
+        }
+    }
+    worker
+}
+
+/// Kills the command's process group when the attempt is dropped before the
+/// command was reaped (timeout, deadline, cancel, lost lease, shutdown).
+struct KillGroup(Option<u32>);
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            // `kill_on_drop` only reaches `sh` itself; its children share the
+            // group. (No `unsafe` for kill(2) here: the workspace forbids it.)
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// Output of both pipes in arrival order (only the tail is kept) and stdout
+/// alone (for the result).
+#[derive(Default)]
+struct Captured {
+    tail: Vec<u8>,
+    stdout: Vec<u8>,
+    stdout_too_large: bool,
+}
+
+impl Captured {
+    fn push(&mut self, bytes: &[u8], is_stdout: bool) {
+        self.tail.extend_from_slice(bytes);
+        if self.tail.len() > 2 * MAX_ERROR_BYTES {
+            let cut = self.tail.len() - MAX_ERROR_BYTES;
+            self.tail.drain(..cut);
+        }
+        if is_stdout && !self.stdout_too_large {
+            if self.stdout.len() + bytes.len() > MAX_RESULT_BYTES {
+                self.stdout_too_large = true;
+                self.stdout = Vec::new();
+            } else {
+                self.stdout.extend_from_slice(bytes);
+            }
+        }
+    }
+}
+
+async fn pump(
+    mut from: impl AsyncRead + Unpin,
+    into: &Mutex<Captured>,
+    is_stdout: bool,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 8192];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        into.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(&buf[..n], is_stdout);
+    }
+}
+
+/// The last `limit` bytes of `bytes` as text, cut at a character boundary.
+fn tail_text(bytes: &[u8], limit: usize) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    if text.len() <= limit {
+        return text.into_owned();
+    }
+    let mut start = text.len() - limit;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_owned()
+}
+
+/// The run's error: why it failed, then as much of the output's tail as
+/// fits in 8 KiB.
+fn failure_message(why: &str, tail: &[u8]) -> String {
+    let head = format!("{why}; output tail:\n");
+    let tail = tail_text(tail, MAX_ERROR_BYTES.saturating_sub(head.len()));
+    if tail.trim().is_empty() {
+        format!("{why} (no output)")
+    } else {
+        format!("{head}{tail}")
+    }
+}
+
+async fn run_command(
+    command: &str,
+    ctx: &HandlerContext,
+    payload: &Value,
+) -> Result<Value, JobError> {
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(command)
+        .env("IDEMQ_JOB_ID", ctx.job_id())
+        .env("IDEMQ_JOB_TYPE", ctx.job_type())
+        .env("IDEMQ_JOB_QUEUE", ctx.queue_name())
+        .env("IDEMQ_ATTEMPT", ctx.attempt().to_string())
+        .env("IDEMQ_MAX_ATTEMPTS", ctx.max_attempts().to_string())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if let Some(d) = ctx.deadline() {
+        cmd.env("IDEMQ_DEADLINE", d.to_rfc3339());
+    }
+    // Its own process group: a Ctrl-C in the terminal reaches the worker,
+    // which lets running commands finish within the grace period, and an
+    // interrupted attempt kills the command with everything it started.
+    #[cfg(unix)]
+    cmd.process_group(0);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| JobError::retryable(format!("cannot start sh -c: {e}")))?;
+    let mut guard = KillGroup(child.id());
+
+    let captured = Mutex::new(Captured::default());
+    let input = serde_json::to_vec(payload).unwrap_or_else(|_| b"null".to_vec());
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let io = async {
+        let write = async {
+            if let Some(mut stdin) = stdin {
+                // A command that does not read its stdin closes the pipe early.
+                let _ = stdin.write_all(&input).await;
+                let _ = stdin.shutdown().await;
+            }
+        };
+        let out = async {
+            if let Some(s) = stdout {
+                let _ = pump(s, &captured, true).await;
+            }
+        };
+        let err = async {
+            if let Some(s) = stderr {
+                let _ = pump(s, &captured, false).await;
+            }
+        };
+        tokio::join!(write, out, err);
+    };
+    tokio::pin!(io);
+    let mut io_done = false;
+    let status = tokio::select! {
+        status = child.wait() => status,
+        () = &mut io => {
+            io_done = true;
+            child.wait().await
+        }
+    };
+    if !io_done {
+        let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut io).await;
+    }
+    // Reaped: nothing to kill (and the pid may be reused).
+    guard.0 = None;
+    let status = status.map_err(|e| JobError::retryable(format!("cannot wait for sh: {e}")))?;
+    let captured = std::mem::take(&mut *captured.lock().unwrap_or_else(|p| p.into_inner()));
+    match status.code() {
+        Some(0) => {
+            let text = String::from_utf8_lossy(&captured.stdout);
+            let text = text.trim();
+            Ok(if text.is_empty() || captured.stdout_too_large {
+                Value::Null
+            } else {
+                serde_json::from_str(text).unwrap_or(Value::Null)
+            })
+        }
+        Some(EXIT_RETRY) => Err(JobError::retryable(failure_message(
+            "exit status 75 (retry requested)",
+            &captured.tail,
+        ))),
+        Some(code) => Err(JobError::retryable(failure_message(
+            &format!("exit status {code}"),
+            &captured.tail,
+        ))),
+        None => Err(JobError::retryable(failure_message(
+            &signal_text(&status),
+            &captured.tail,
+        ))),
+    }
+}
+
+#[cfg(unix)]
+fn signal_text(status: &std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status.signal() {
+        Some(s) => format!("killed by signal {s}"),
+        None => "ended without an exit status".into(),
+    }
+}
+
+#[cfg(not(unix))]
+fn signal_text(_status: &std::process::ExitStatus) -> String {
+    "ended without an exit status".into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_message_keeps_the_tail_within_8_kib() {
+        let long = "x".repeat(20_000) + "THE END";
+        let m = failure_message("exit status 3", long.as_bytes());
+        assert!(m.len() <= MAX_ERROR_BYTES, "{}", m.len());
+        assert!(m.starts_with("exit status 3; output tail:\n"));
+        assert!(m.ends_with("THE END"));
+        assert_eq!(
+            failure_message("exit status 3", b""),
+            "exit status 3 (no output)"
+        );
+        let multibyte = "é".repeat(5000);
+        assert!(failure_message("x", multibyte.as_bytes()).len() <= MAX_ERROR_BYTES);
+    }
+
+    #[test]
+    fn captured_tail_and_stdout() {
+        let mut c = Captured::default();
+        c.push(b"out ", true);
+        c.push(b"err ", false);
+        c.push(&vec![b'y'; 3 * MAX_ERROR_BYTES], false);
+        assert_eq!(c.stdout, b"out ");
+        assert!(c.tail.len() <= 2 * MAX_ERROR_BYTES);
+    }
+}

@@ -1,0 +1,125 @@
+//! The token check: with [`ServerOptions::token`](crate::ServerOptions), every
+//! request but `GET /healthz` needs `Authorization: Bearer <token>` or the
+//! dashboard's cookie `idemq_token=<token>`, compared in constant time.
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+
+use super::problem::Problem;
+use crate::AppState;
+
+/// The cookie the dashboard keeps the token in.
+pub(crate) const COOKIE: &str = "idemq_token";
+
+/// The one path that never needs the token (load balancers probe it).
+const OPEN_PATH: &str = "/healthz";
+
+/// Marks a request that already passed the check, so a router protected at
+/// two levels (the API inside the whole server) checks once.
+#[derive(Clone, Copy, Debug)]
+struct Authenticated;
+
+/// Applies the token check to every route of `router` (and its fallback)
+/// except `/healthz`. Without a token configured it lets everything through.
+pub(crate) fn protect(router: Router, state: AppState) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(state, require_token))
+}
+
+/// The middleware behind [`protect`].
+pub(crate) async fn require_token(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let Some(token) = state.options.token.as_deref() else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path();
+    // The dashboard's login form and its assets are reachable before the
+    // operator holds the cookie.
+    if path == OPEN_PATH
+        || crate::dashboard::is_public(path)
+        || req.extensions().get::<Authenticated>().is_some()
+    {
+        return next.run(req).await;
+    }
+    if presented(req.headers()).any(|t| equal(t, token)) {
+        req.extensions_mut().insert(Authenticated);
+        return next.run(req).await;
+    }
+    // A person opening a dashboard page is sent to the login form; API
+    // clients get the problem document.
+    if req.method() == axum::http::Method::GET && wants_html(req.headers()) {
+        return axum::response::Redirect::to("/login").into_response();
+    }
+    Problem::new(
+        "unauthorized",
+        "this server needs a token: send Authorization: Bearer <token>",
+    )
+    .into_response()
+}
+
+/// True for a browser navigation (`Accept: text/html…`).
+fn wants_html(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/html"))
+}
+
+/// Every token the request presents: the bearer token and the cookie.
+fn presented(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    let bearer = headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .filter_map(|v| {
+            let v = v.as_bytes();
+            let scheme = v.get(..7)?;
+            scheme
+                .eq_ignore_ascii_case(b"bearer ")
+                .then(|| v[7..].trim_ascii())
+        });
+    let cookies = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
+        .filter_map(|pair| {
+            let pair = pair.trim_ascii();
+            let (name, value) = pair.split_at(pair.iter().position(|b| *b == b'=')?);
+            (name == COOKIE.as_bytes()).then(|| &value[1..])
+        });
+    bearer.chain(cookies)
+}
+
+/// Constant-time comparison (the length may leak, the content does not).
+fn equal(presented: &[u8], token: &str) -> bool {
+    presented.ct_eq(token.as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn finds_bearer_and_cookie() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer abc"),
+        );
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("theme=dark; idemq_token=xyz"),
+        );
+        let found: Vec<&[u8]> = presented(&h).collect();
+        assert_eq!(found, vec![&b"abc"[..], &b"xyz"[..]]);
+        assert!(equal(b"abc", "abc"));
+        assert!(!equal(b"abd", "abc"));
+        assert!(!equal(b"ab", "abc"));
+    }
+}

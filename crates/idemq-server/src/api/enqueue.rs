@@ -1,0 +1,284 @@
+//! `POST /v1/jobs`, `POST /v1/jobs/batch` and `POST /v1/jobs/explain`.
+
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use idemq::{BatchOptions, EnqueueRequest, EnqueueResult, Outcome};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::ApiState;
+use super::extract::{Json, RawJson, from_value, idempotency_key, parse};
+use super::problem::{ApiResult, Problem};
+use super::schema::{BatchDoc, BatchResultsDoc, EnqueueDoc, EnqueuedDoc, ExplainDoc, ProblemDoc};
+
+/// The body of `POST /v1/jobs/batch`. Items are read one by one so that a
+/// malformed item is that item's error, not the whole batch's.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BatchBody {
+    jobs: Vec<Value>,
+    #[serde(default)]
+    atomic: bool,
+}
+
+/// The request of an enqueue or explain body, with the `Idempotency-Key`
+/// header merged in as `idempotency.key` (scope and ttl still come from the
+/// body's `idempotency` object). A body key that differs is a validation error.
+fn request(headers: &HeaderMap, body: &[u8]) -> ApiResult<EnqueueRequest> {
+    let Some(key) = idempotency_key(headers)? else {
+        return parse(body);
+    };
+    let mut value: Value = parse(body)?;
+    if let Some(obj) = value.as_object_mut() {
+        match obj.get_mut("idempotency") {
+            None | Some(Value::Null) => {
+                obj.insert("idempotency".into(), json!({ "key": key }));
+            }
+            Some(Value::Object(idem)) => match idem.get("key") {
+                None | Some(Value::Null) => {
+                    idem.insert("key".into(), Value::String(key));
+                }
+                Some(Value::String(k)) if *k == key => {}
+                Some(_) => {
+                    return Err(Problem::validation(
+                        "idempotency.key",
+                        "differs from the Idempotency-Key header",
+                    ));
+                }
+            },
+            // Not an object: deserialization names the wrong type.
+            Some(_) => {}
+        }
+    }
+    from_value(value)
+}
+
+/// The wire name of an enqueue error, for the outcome counter.
+fn error_outcome(e: &idemq::Error) -> &'static str {
+    match e {
+        idemq::Error::EnqueueIdempotencyConflict(_) => "conflict",
+        idemq::Error::Validation { .. } | idemq::Error::PayloadTooLarge { .. } => "invalid",
+        _ => "error",
+    }
+}
+
+fn enqueued(result: &EnqueueResult) -> Response {
+    let status = if result.outcome == Outcome::Accepted {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    (status, axum::Json(result)).into_response()
+}
+
+/// Enqueues one job.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs",
+    tag = "enqueue",
+    request_body = EnqueueDoc,
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "The same as `idempotency.key`: a structured-field string (`\"k\"`) or a bare token")),
+    responses(
+        (status = 201, description = "A new job was accepted", body = EnqueuedDoc),
+        (status = 200, description = "replayed, coalesced, replaced or non_replaceable", body = EnqueuedDoc),
+        (status = 400, description = "Malformed body", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 409, description = "Idempotency conflict", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 413, description = "Payload or body too large", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn enqueue(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    RawJson(body): RawJson,
+) -> ApiResult<Response> {
+    let req = request(&headers, &body)?;
+    drop(body);
+    let started = Instant::now();
+    match s.queue().enqueue_with_result(req).await {
+        Ok(result) => {
+            s.metrics
+                .enqueue(result.outcome.as_str(), Some(started.elapsed()));
+            Ok(enqueued(&result))
+        }
+        Err(e) => {
+            s.metrics.enqueue(error_outcome(&e), None);
+            Err(e.into())
+        }
+    }
+}
+
+/// Enqueues up to 1,000 jobs, decided in order.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/batch",
+    tag = "enqueue",
+    request_body = BatchDoc,
+    responses(
+        (status = 200, description = "One result or error per item, in request order", body = BatchResultsDoc),
+        (status = 400, description = "Malformed body (or, atomic, a malformed item: member `index`)", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 409, description = "Atomic: the first failing item's conflict, member `index`", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 413, description = "Over 1,000 items or 16 MiB", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 422, description = "The Idempotency-Key header was sent, or (atomic) the first failing item's validation, member `index`", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn batch(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    Json(body): Json<BatchBody>,
+) -> ApiResult<Response> {
+    if headers.contains_key(super::extract::IDEMPOTENCY_KEY) {
+        return Err(Problem::validation(
+            "Idempotency-Key",
+            "is refused on a batch: put an idempotency key on each item",
+        ));
+    }
+    if body.jobs.len() > idemq::MAX_BATCH_ITEMS {
+        return Err(Problem::new(
+            "payload-too-large",
+            format!("a batch holds at most {} items", idemq::MAX_BATCH_ITEMS),
+        )
+        .with("field", "jobs")
+        .with("limit", idemq::MAX_BATCH_ITEMS));
+    }
+    let parsed: Vec<Result<EnqueueRequest, Problem>> =
+        body.jobs.into_iter().map(from_value).collect();
+    if body.atomic {
+        return atomic(&s, parsed).await;
+    }
+    let mut reqs = Vec::with_capacity(parsed.len());
+    let mut slots = Vec::with_capacity(parsed.len());
+    for item in parsed {
+        match item {
+            Ok(req) => {
+                reqs.push(req);
+                slots.push(None);
+            }
+            Err(p) => slots.push(Some(p)),
+        }
+    }
+    let started = Instant::now();
+    let mut stored = if reqs.is_empty() {
+        Vec::new()
+    } else {
+        s.queue()
+            .enqueue_many(reqs, BatchOptions { atomic: false })
+            .await?
+    }
+    .into_iter();
+    let took = started.elapsed();
+    let results: Vec<Value> = slots
+        .into_iter()
+        .map(|slot| {
+            let item = match slot {
+                Some(p) => Err(p),
+                None => match stored.next() {
+                    Some(Ok(r)) => Ok(r),
+                    Some(Err(e)) => {
+                        s.metrics.enqueue(error_outcome(&e), None);
+                        Err(Problem::from(e))
+                    }
+                    None => Err(Problem::new("internal", "a batch result is missing")),
+                },
+            };
+            match item {
+                Ok(r) => {
+                    s.metrics.enqueue(r.outcome.as_str(), Some(took));
+                    json!(r)
+                }
+                Err(p) => json!({ "error": p.to_json() }),
+            }
+        })
+        .collect();
+    Ok(axum::Json(json!({ "results": results })).into_response())
+}
+
+/// An all-or-nothing batch: any failing item fails the call with that item's
+/// problem and member `index`, and nothing is written.
+async fn atomic(s: &ApiState, parsed: Vec<Result<EnqueueRequest, Problem>>) -> ApiResult<Response> {
+    let first_bad = parsed.iter().position(Result::is_err);
+    let mut reqs: Vec<EnqueueRequest> = parsed.into_iter().map_while(Result::ok).collect();
+    if let Some(index) = first_bad {
+        // An earlier item may still fail (a conflict, a passed deadline, an
+        // effect of the items before it). Let the library decide the items
+        // before the malformed one, with a request that cannot pass
+        // validation in its place: it answers the first failing index and
+        // writes nothing (a refused atomic batch never writes).
+        reqs.push(EnqueueRequest::new(""));
+        let err = match s
+            .queue()
+            .enqueue_many(reqs, BatchOptions { atomic: true })
+            .await
+        {
+            Err(idemq::Error::BatchItem { index: i, error }) if i != index => {
+                idemq::Error::BatchItem { index: i, error }
+            }
+            Err(idemq::Error::BatchItem { .. }) => {
+                return Err(Problem::bad_request(format!(
+                    "item {index} is not a valid enqueue request"
+                ))
+                .with("index", index));
+            }
+            Err(e) => e,
+            Ok(_) => {
+                return Err(Problem::new("internal", "the atomic batch was not refused"));
+            }
+        };
+        return Err(err.into());
+    }
+    let started = Instant::now();
+    match s
+        .queue()
+        .enqueue_many(reqs, BatchOptions { atomic: true })
+        .await
+    {
+        Ok(results) => {
+            let took = started.elapsed();
+            let results: Vec<Value> = results
+                .into_iter()
+                .map(|r| match r {
+                    Ok(r) => {
+                        s.metrics.enqueue(r.outcome.as_str(), Some(took));
+                        json!(r)
+                    }
+                    Err(e) => json!({ "error": Problem::from(e).to_json() }),
+                })
+                .collect();
+            Ok(axum::Json(json!({ "results": results })).into_response())
+        }
+        Err(e) => {
+            if let idemq::Error::BatchItem { error, .. } = &e {
+                s.metrics.enqueue(error_outcome(error), None);
+            }
+            Err(e.into())
+        }
+    }
+}
+
+/// Says what an enqueue would do now, and why. Writes nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/explain",
+    tag = "enqueue",
+    request_body = EnqueueDoc,
+    params(("Idempotency-Key" = Option<String>, Header, description = "As for enqueue")),
+    responses(
+        (status = 200, description = "What an enqueue would do", body = ExplainDoc),
+        (status = 400, description = "Malformed body", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 413, description = "Payload or body too large", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 422, description = "Validation (as enqueue would answer)", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn explain(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    RawJson(body): RawJson,
+) -> ApiResult<Response> {
+    let req = request(&headers, &body)?;
+    let explain = s.queue().explain(req).await?;
+    Ok(axum::Json(explain).into_response())
+}

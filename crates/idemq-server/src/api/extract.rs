@@ -1,0 +1,262 @@
+//! Reading requests: JSON bodies under a size limit, queries, paths and the
+//! `Idempotency-Key` header, with every rejection turned into a problem
+//! document (never axum's plain-text rejections, never a 500).
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::problem::Problem;
+
+/// The `Idempotency-Key` request header.
+pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// Room for everything in a body besides the payload (64 KiB).
+pub(crate) const BODY_OVERHEAD: usize = 64 * 1024;
+
+/// The body limit of `POST /v1/jobs/batch` (16 MiB of payloads plus room for the rest).
+pub(crate) const BATCH_BODY_LIMIT: usize = idemq::MAX_BATCH_BYTES + BODY_OVERHEAD;
+
+/// A JSON object body, deserialized into `T`.
+pub(crate) struct Json<T>(pub(crate) T);
+
+/// A JSON object body that may be empty (then `T::default()`).
+pub(crate) struct OptionalJson<T>(pub(crate) T);
+
+/// A body checked to be a JSON object, not parsed yet (enqueue merges the
+/// `Idempotency-Key` header into it first).
+pub(crate) struct RawJson(pub(crate) Bytes);
+
+/// A query string deserialized into `T`.
+pub(crate) struct Query<T>(pub(crate) T);
+
+/// Path parameters deserialized into `T`.
+pub(crate) struct Path<T>(pub(crate) T);
+
+/// Refuses a declared content type other than JSON (a missing one is accepted).
+fn check_content_type(headers: &HeaderMap) -> Result<(), Problem> {
+    match headers.get(header::CONTENT_TYPE) {
+        None => Ok(()),
+        Some(v) => {
+            let v = v.to_str().unwrap_or("").to_ascii_lowercase();
+            let essence = v.split(';').next().unwrap_or("").trim();
+            if essence == "application/json" || essence.ends_with("+json") {
+                Ok(())
+            } else {
+                Err(Problem::bad_request(
+                    "the body must be JSON (Content-Type: application/json)",
+                ))
+            }
+        }
+    }
+}
+
+async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Problem> {
+    check_content_type(req.headers())?;
+    Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            Problem::new(
+                "payload-too-large",
+                "the request body is over the body limit",
+            )
+            .with("field", "body")
+        } else {
+            Problem::bad_request("the request body could not be read")
+        }
+    })
+}
+
+/// True when the body is only whitespace.
+fn is_blank(bytes: &[u8]) -> bool {
+    bytes.iter().all(u8::is_ascii_whitespace)
+}
+
+/// Checks that the body is a JSON object before any parsing: serde would
+/// read a struct from an array too.
+fn check_object(bytes: &[u8]) -> Result<(), Problem> {
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => Ok(()),
+        _ => Err(Problem::bad_request("the body must be a JSON object")),
+    }
+}
+
+/// Parses a JSON object body into `T` (400 `bad-request` on any failure).
+pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    check_object(bytes)?;
+    serde_json::from_slice(bytes).map_err(Problem::bad_request)
+}
+
+/// Deserializes an already parsed JSON value into `T` (400 on failure).
+pub(crate) fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, Problem> {
+    if !value.is_object() {
+        return Err(Problem::bad_request("the request must be a JSON object"));
+    }
+    serde_json::from_value(value).map_err(Problem::bad_request)
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        let bytes = read_body(req, state).await?;
+        parse(&bytes).map(Json)
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJson<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        let bytes = read_body(req, state).await?;
+        if is_blank(&bytes) {
+            return Ok(OptionalJson(T::default()));
+        }
+        parse(&bytes).map(OptionalJson)
+    }
+}
+
+impl<S: Send + Sync> FromRequest<S> for RawJson {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        let bytes = read_body(req, state).await?;
+        check_object(&bytes)?;
+        Ok(RawJson(bytes))
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Query<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| Query(q.0))
+            .map_err(|e| Problem::bad_request(e.body_text()))
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        axum::extract::Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|p| Path(p.0))
+            .map_err(|e| Problem::bad_request(e.body_text()))
+    }
+}
+
+/// The key of an `Idempotency-Key` header, if one was sent. The value may be
+/// a structured-field string (`"k"`: the content between the quotes, with
+/// `\"` and `\\` escapes) or a bare token (the whole value). The key is
+/// never logged and never echoed in an error.
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Problem> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(Problem::validation(
+            "Idempotency-Key",
+            "must be sent at most once",
+        ));
+    }
+    let text = std::str::from_utf8(value.as_bytes())
+        .map_err(|_| Problem::validation("Idempotency-Key", "must be UTF-8"))?
+        .trim();
+    let key = match text.strip_prefix('"') {
+        Some(rest) => parse_sf_string(rest).ok_or_else(|| {
+            Problem::validation(
+                "Idempotency-Key",
+                "must be a structured-field string (\"…\") or a bare token",
+            )
+        })?,
+        None => text.to_owned(),
+    };
+    Ok(Some(key))
+}
+
+/// The content of a structured-field string whose opening quote is already
+/// consumed (RFC 9651 3.3.3): printable ASCII, `\"` and `\\` escapes, a
+/// closing quote that ends the value.
+fn parse_sf_string(rest: &str) -> Option<String> {
+    let mut out = String::with_capacity(rest.len());
+    let mut chars = rest.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next()? {
+                c @ ('"' | '\\') => out.push(c),
+                _ => return None,
+            },
+            '"' => return chars.as_str().is_empty().then_some(out),
+            ' '..='~' => out.push(c),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// Refuses a body whose declared length is over `limit` before reading it
+/// (a streamed body is cut by the extractors at the same limit).
+pub(crate) async fn limit_declared_length(
+    axum::extract::State(limits): axum::extract::State<(usize, usize)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let (general, batch) = limits;
+    let limit = if req.uri().path() == "/v1/jobs/batch" {
+        batch
+    } else {
+        general
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Problem::new(
+            "payload-too-large",
+            format!("the request body is over the body limit of {limit} bytes"),
+        )
+        .with("field", "body")
+        .with("limit", limit)
+        .into_response();
+    }
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(v: &'static str) -> Result<Option<String>, Problem> {
+        let mut h = HeaderMap::new();
+        h.insert(IDEMPOTENCY_KEY, axum::http::HeaderValue::from_static(v));
+        idempotency_key(&h)
+    }
+
+    #[test]
+    fn header_forms() {
+        assert_eq!(key("\"k-1\"").unwrap().as_deref(), Some("k-1"));
+        assert_eq!(key("\"a\\\"b\\\\c\"").unwrap().as_deref(), Some("a\"b\\c"));
+        assert_eq!(key("bare:token").unwrap().as_deref(), Some("bare:token"));
+        assert!(key("\"open").is_err());
+        assert!(key("\"a\"b").is_err());
+        assert!(key("\"a\\nb\"").is_err());
+        assert_eq!(idempotency_key(&HeaderMap::new()).unwrap(), None);
+    }
+
+    #[test]
+    fn object_check() {
+        assert!(check_object(b"  {}").is_ok());
+        assert!(check_object(b"[1]").is_err());
+        assert!(check_object(b"").is_err());
+    }
+}

@@ -1,0 +1,430 @@
+//! Job queries and operator actions: get (with long-poll), list, events,
+//! runs, checkpoints, cancel, purge, promote, redrive and bulk actions.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use chrono::{DateTime, Utc};
+use idemq::{JobList, JobState, RedriveOptions};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use utoipa::{IntoParams, ToSchema};
+
+use super::ApiState;
+use super::extract::{Json, OptionalJson, Path, Query, idempotency_key};
+use super::problem::{ApiResult, Problem};
+use super::schema::{
+    CancelledDoc, CheckpointsDoc, EnqueuedDoc, EventsDoc, JobDoc, JobPageDoc, ProblemDoc,
+    PromotedDoc, PurgedDoc, RunsDoc,
+};
+
+/// Longest `wait_ms` of a long-poll (60 s).
+pub(crate) const MAX_WAIT_MS: u64 = 60_000;
+/// Page size of a list without `limit`.
+const DEFAULT_LIST_LIMIT: u32 = 100;
+/// Jobs a bulk action touches without `limit`, and at most.
+const BULK_DEFAULT: u32 = 1000;
+const BULK_MAX: u32 = 10_000;
+
+/// `?wait_ms=` of `GET /v1/jobs/{id}`.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct WaitQuery {
+    /// Hold the request up to this many milliseconds (≤ 60,000) until the job is terminal.
+    wait_ms: Option<u64>,
+}
+
+/// The filters of `GET /v1/jobs`.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ListQuery {
+    /// `scheduled`, `ready`, `active`, `completed`, `dead` or `cancelled`.
+    state: Option<String>,
+    /// The queue.
+    queue: Option<String>,
+    /// The job type.
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    /// A tag.
+    tag: Option<String>,
+    /// Page size, 1–1000 (100 when omitted).
+    limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+fn parse_state(field: &str, s: Option<&str>) -> ApiResult<Option<JobState>> {
+    s.map(|s| {
+        JobState::parse(s).ok_or_else(|| {
+            Problem::validation(
+                field,
+                "must be scheduled, ready, active, completed, dead or cancelled",
+            )
+        })
+    })
+    .transpose()
+}
+
+/// One job.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job id"), WaitQuery),
+    responses(
+        (status = 200, description = "The job", body = JobDoc),
+        (status = 404, description = "No such job", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 422, description = "wait_ms over 60,000", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn get_job(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Query(q): Query<WaitQuery>,
+) -> ApiResult<axum::Json<idemq::Job>> {
+    let wait = q.wait_ms.unwrap_or(0);
+    if wait > MAX_WAIT_MS {
+        return Err(Problem::validation("wait_ms", "must be at most 60000"));
+    }
+    let job = if wait > 0 {
+        s.queue().wait(&id, Duration::from_millis(wait)).await?
+    } else {
+        s.queue()
+            .get(&id)
+            .await?
+            .ok_or_else(|| Problem::not_found(format_args!("job {id}")))?
+    };
+    Ok(axum::Json(job))
+}
+
+/// A page of jobs, newest first.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs",
+    tag = "jobs",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of jobs", body = JobPageDoc),
+        (status = 422, description = "Unknown state, limit out of 1–1000, or a foreign cursor", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn list(
+    State(s): State<ApiState>,
+    Query(q): Query<ListQuery>,
+) -> ApiResult<axum::Json<idemq::JobPage>> {
+    let filter = JobList {
+        state: parse_state("state", q.state.as_deref())?,
+        queue: q.queue,
+        job_type: q.job_type,
+        tag: q.tag,
+        limit: q.limit.unwrap_or(DEFAULT_LIST_LIMIT),
+        cursor: q.cursor,
+    };
+    Ok(axum::Json(s.queue().list(filter).await?))
+}
+
+/// 404 unless the job exists (for the sub-resources of a job).
+async fn must_exist(s: &ApiState, id: &str) -> ApiResult<()> {
+    match s.queue().get(id).await? {
+        Some(_) => Ok(()),
+        None => Err(Problem::not_found(format_args!("job {id}"))),
+    }
+}
+
+/// A job's events, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/events",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job id")),
+    responses(
+        (status = 200, description = "The events", body = EventsDoc),
+        (status = 404, description = "No such job", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn events(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<Value>> {
+    let events = s.queue().events(&id).await?;
+    if events.is_empty() {
+        must_exist(&s, &id).await?;
+    }
+    Ok(axum::Json(json!({ "events": events })))
+}
+
+/// A job's run ledger.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/runs",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job id")),
+    responses(
+        (status = 200, description = "The runs", body = RunsDoc),
+        (status = 404, description = "No such job", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn runs(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<Value>> {
+    let runs = s.queue().runs(&id).await?;
+    if runs.is_empty() {
+        must_exist(&s, &id).await?;
+    }
+    Ok(axum::Json(json!({ "runs": runs })))
+}
+
+/// A job's checkpoints.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}/checkpoints",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job id")),
+    responses(
+        (status = 200, description = "The checkpoints by name", body = CheckpointsDoc),
+        (status = 404, description = "No such job", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn checkpoints(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<Value>> {
+    let checkpoints = s.queue().checkpoints(&id).await?;
+    if checkpoints.is_empty() {
+        must_exist(&s, &id).await?;
+    }
+    Ok(axum::Json(json!({ "checkpoints": checkpoints })))
+}
+
+/// Cancels a job (an active one at its next heartbeat).
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/cancel",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job id")),
+    responses(
+        (status = 200, description = "Whether the job was cancelled (or flagged), and its state", body = CancelledDoc),
+        (status = 404, description = "No such job", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn cancel(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<idemq::CancelOutcome>> {
+    Ok(axum::Json(s.queue().cancel(&id).await?))
+}
+
+/// Deletes a job that is not active.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/purge",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job id")),
+    responses((status = 200, description = "`false` for an unknown or active job", body = PurgedDoc))
+)]
+pub(crate) async fn purge(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<Value>> {
+    let purged = s.queue().purge(&id).await?;
+    Ok(axum::Json(json!({ "purged": purged })))
+}
+
+/// Makes a scheduled job due now.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/promote",
+    tag = "jobs",
+    params(("id" = String, Path, description = "The job id")),
+    responses((status = 200, description = "`false` when the job is not scheduled", body = PromotedDoc))
+)]
+pub(crate) async fn promote(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<axum::Json<Value>> {
+    let promoted = s.queue().promote(&id).await?;
+    Ok(axum::Json(json!({ "promoted": promoted })))
+}
+
+/// The optional body of `POST /v1/jobs/{id}/redrive`.
+#[derive(Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RedriveBody {
+    /// A new attempt budget (1–1000); the job keeps its own otherwise.
+    #[serde(default)]
+    max_attempts: Option<i64>,
+    /// A new deadline; a passed one is cleared otherwise.
+    #[serde(default)]
+    deadline: Option<DateTime<Utc>>,
+    /// When to run; now when omitted.
+    #[serde(default)]
+    run_at: Option<DateTime<Utc>>,
+    /// Drop the stored checkpoints.
+    #[serde(default)]
+    reset_checkpoints: bool,
+}
+
+/// Puts a dead job back to ready (same id).
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/redrive",
+    tag = "jobs",
+    params(
+        ("id" = String, Path, description = "The dead job's id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes the redrive idempotent (scope `idemq.redrive`, 24 h)"),
+    ),
+    request_body(content = Option<RedriveBody>, description = "Optional overrides"),
+    responses(
+        (status = 200, description = "accepted, or replayed for a repeated key", body = EnqueuedDoc),
+        (status = 404, description = "No such job", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 409, description = "`not-dead`, or `idempotency-conflict` (the key redrove another job)", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn redrive(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    OptionalJson(body): OptionalJson<RedriveBody>,
+) -> ApiResult<axum::Json<idemq::EnqueueResult>> {
+    let options = RedriveOptions {
+        idempotency_key: idempotency_key(&headers)?,
+        max_attempts: body.max_attempts,
+        deadline: body.deadline,
+        run_at: body.run_at,
+        reset_checkpoints: body.reset_checkpoints,
+    };
+    Ok(axum::Json(s.queue().redrive(&id, options).await?))
+}
+
+/// A bulk action.
+#[derive(Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum BulkAction {
+    /// Cancel each job.
+    Cancel,
+    /// Purge each job.
+    Purge,
+    /// Redrive each (dead) job.
+    Redrive,
+}
+
+/// Which jobs a bulk action touches.
+#[derive(Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BulkFilter {
+    /// The derived state.
+    #[serde(default)]
+    state: Option<String>,
+    /// The queue.
+    #[serde(default)]
+    queue: Option<String>,
+    /// The job type.
+    #[serde(default, rename = "type")]
+    job_type: Option<String>,
+    /// A tag.
+    #[serde(default)]
+    tag: Option<String>,
+    /// Only jobs created strictly before this instant.
+    #[serde(default)]
+    before: Option<DateTime<Utc>>,
+}
+
+/// The body of `POST /v1/jobs/bulk`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BulkBody {
+    /// What to do to each matching job.
+    action: BulkAction,
+    /// Which jobs (every job when omitted).
+    #[serde(default)]
+    filter: BulkFilter,
+    /// At most this many jobs (1–10,000; 1,000 when omitted).
+    #[serde(default)]
+    limit: Option<u32>,
+}
+
+/// The answer of a bulk action.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct BulkDone {
+    /// Jobs that matched the filter (at most `limit`).
+    matched: u64,
+    /// Jobs the action changed.
+    done: u64,
+}
+
+/// Applies an operator action to every job matching a filter, newest first.
+/// Not atomic: each job is one call of its own, as the single-job endpoint
+/// would make it.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/bulk",
+    tag = "jobs",
+    request_body = BulkBody,
+    responses(
+        (status = 200, description = "How many jobs matched and how many were changed", body = BulkDone),
+        (status = 400, description = "Malformed body", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn bulk(
+    State(s): State<ApiState>,
+    Json(body): Json<BulkBody>,
+) -> ApiResult<axum::Json<BulkDone>> {
+    let limit = body.limit.unwrap_or(BULK_DEFAULT);
+    if !(1..=BULK_MAX).contains(&limit) {
+        return Err(Problem::validation("limit", "must be 1–10000"));
+    }
+    let f = body.filter;
+    let mut filter = JobList {
+        state: parse_state("filter.state", f.state.as_deref())?,
+        queue: f.queue,
+        job_type: f.job_type,
+        tag: f.tag,
+        limit: 1000,
+        cursor: None,
+    };
+    // Collect first, act after: acting while paging would move jobs between
+    // the pages of a state filter.
+    let mut ids = Vec::new();
+    'pages: loop {
+        let page = s.queue().list(filter.clone()).await?;
+        for job in page.jobs {
+            if f.before.is_none_or(|before| job.created_at < before) {
+                ids.push(job.id);
+                if ids.len() >= limit as usize {
+                    break 'pages;
+                }
+            }
+        }
+        match page.next_cursor {
+            Some(c) => filter.cursor = Some(c),
+            None => break,
+        }
+    }
+    let mut done = 0u64;
+    for id in &ids {
+        let changed = match body.action {
+            BulkAction::Cancel => s.queue().cancel(id).await.map(|o| o.cancelled),
+            BulkAction::Purge => s.queue().purge(id).await,
+            BulkAction::Redrive => s
+                .queue()
+                .redrive(id, RedriveOptions::default())
+                .await
+                .map(|r| r.outcome == idemq::Outcome::Accepted),
+        };
+        match changed {
+            Ok(true) => done += 1,
+            Ok(false) => {}
+            // The job changed state or vanished since it was listed.
+            Err(idemq::Error::NotDead { .. } | idemq::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(axum::Json(BulkDone {
+        matched: ids.len() as u64,
+        done,
+    }))
+}

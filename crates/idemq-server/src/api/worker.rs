@@ -1,0 +1,357 @@
+//! The worker protocol: claim (with long-poll), heartbeat, complete, fail,
+//! release and checkpoints, so workers in any language can run jobs.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use idemq::{ClaimOptions, FailOptions};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::{Notify, OnceCell};
+use utoipa::ToSchema;
+
+use super::ApiState;
+use super::extract::{Json, Path};
+use super::jobs::MAX_WAIT_MS;
+use super::problem::{ApiResult, Problem};
+use super::schema::{ClaimedDoc, FailDoc, HeartbeatDoc, ProblemDoc, StateDoc};
+
+/// How often a long-polling claim looks again without a wake-up: wake-ups
+/// can be lost, and a scheduled job turning due sends none.
+const POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// One wake-up source for every long-polling claim of the server: the
+/// embedded store's own signal, or one `LISTEN` connection on PostgreSQL
+/// (not one per waiting request), opened on first use.
+#[derive(Default)]
+pub(crate) struct WakeHub {
+    notify: OnceCell<Arc<Notify>>,
+}
+
+impl WakeHub {
+    /// The signal new work raises, or `None` when the backend cannot give
+    /// one now (the claim then only polls).
+    async fn get(&self, queue: &idemq::Queue) -> Option<Arc<Notify>> {
+        self.notify
+            .get_or_try_init(|| async {
+                match queue.store().wakeups().await? {
+                    idemq::store::Wakeups::Local(notify) => Ok::<_, idemq::Error>(notify),
+                    mut wakeups => {
+                        let notify = Arc::new(Notify::new());
+                        let weak = Arc::downgrade(&notify);
+                        // Forwards until the server (and with it the hub) is gone.
+                        tokio::spawn(async move {
+                            loop {
+                                let woke = wakeups.wait(Duration::from_secs(1)).await;
+                                let Some(notify) = weak.upgrade() else { break };
+                                if woke {
+                                    notify.notify_waiters();
+                                }
+                            }
+                        });
+                        Ok(notify)
+                    }
+                }
+            })
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "no wake-ups for long-polling claims"))
+            .ok()
+            .cloned()
+    }
+}
+
+fn default_limit() -> u32 {
+    1
+}
+fn default_lease_ms() -> u64 {
+    30_000
+}
+
+/// The body of `POST /v1/claim`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ClaimBody {
+    /// Queues to claim from (every queue when empty, `null` or omitted).
+    #[serde(default, deserialize_with = "null_as_empty")]
+    queues: Vec<String>,
+    /// The worker's name (1–128 bytes), kept in the run ledger.
+    worker: String,
+    /// At most this many jobs (1–1000; 1 when omitted).
+    #[serde(default = "default_limit")]
+    limit: u32,
+    /// The lease in milliseconds (100 – 3,600,000; 30,000 when omitted).
+    #[serde(default = "default_lease_ms")]
+    lease_ms: u64,
+    /// Job types to claim (`null`: any type).
+    #[serde(default)]
+    types: Option<Vec<String>>,
+    /// Hold the request up to this many milliseconds (≤ 60,000) until work arrives.
+    #[serde(default)]
+    wait_ms: u64,
+}
+
+/// `null` reads as an empty list.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    Ok(<Option<Vec<String>> as serde::Deserialize>::deserialize(d)?.unwrap_or_default())
+}
+
+/// Claims up to `limit` due jobs under a lease, waiting up to `wait_ms` for
+/// work to arrive.
+#[utoipa::path(
+    post,
+    path = "/v1/claim",
+    tag = "worker",
+    request_body = ClaimBody,
+    responses(
+        (status = 200, description = "The claimed jobs (maybe none)", body = ClaimedDoc),
+        (status = 400, description = "Malformed body", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn claim(
+    State(s): State<ApiState>,
+    Json(body): Json<ClaimBody>,
+) -> ApiResult<axum::Json<Value>> {
+    if body.wait_ms > MAX_WAIT_MS {
+        return Err(Problem::validation("wait_ms", "must be at most 60000"));
+    }
+    let options = ClaimOptions {
+        queues: body.queues,
+        types: body.types,
+        worker: body.worker,
+        limit: body.limit,
+        lease: Duration::from_millis(body.lease_ms),
+    };
+    let until = Instant::now() + Duration::from_millis(body.wait_ms);
+    let notify = if body.wait_ms > 0 {
+        s.wakeups.get(s.queue()).await
+    } else {
+        None
+    };
+    loop {
+        // Listen before looking, so work committed between the claim and
+        // the wait still wakes this request.
+        let mut notified = std::pin::pin!(notify.as_deref().map(Notify::notified));
+        if let Some(n) = notified.as_mut().as_pin_mut() {
+            n.enable();
+        }
+        let started = Instant::now();
+        let jobs = s.queue().claim(options.clone()).await?;
+        s.metrics.claim(jobs.len(), started.elapsed());
+        let now = Instant::now();
+        if !jobs.is_empty() || now >= until {
+            return Ok(axum::Json(serde_json::json!({ "jobs": jobs })));
+        }
+        let nap = (until - now).min(POLL_INTERVAL);
+        match notified.as_mut().as_pin_mut() {
+            Some(n) => {
+                let _ = tokio::time::timeout(nap, n).await;
+            }
+            None => tokio::time::sleep(nap).await,
+        }
+    }
+}
+
+/// A lease presented by a worker.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LeaseBody {
+    /// The token the claim minted.
+    lease_token: String,
+}
+
+/// The body of `complete`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CompleteBody {
+    /// The token the claim minted.
+    lease_token: String,
+    /// Any JSON result (≤ the payload limit), stored with the job.
+    #[serde(default)]
+    result: Option<Value>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// The body of `fail`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FailBody {
+    /// The token the claim minted.
+    lease_token: String,
+    /// What went wrong (kept truncated to 8 KiB).
+    #[serde(default)]
+    error: String,
+    /// `false`: a permanent failure, the job goes dead at once.
+    #[serde(default = "default_true")]
+    retryable: bool,
+    /// Overrides the backoff for this retry.
+    #[serde(default)]
+    retry_after_ms: Option<u64>,
+    /// Reschedules after this delay without consuming the attempt.
+    #[serde(default)]
+    snooze_ms: Option<u64>,
+}
+
+/// The body of `PUT /v1/jobs/{id}/checkpoints/{name}`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CheckpointBody {
+    /// The token the claim minted.
+    lease_token: String,
+    /// Any JSON value (≤ the payload limit).
+    value: Value,
+}
+
+/// The answer of a checkpoint write.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Stored {
+    /// `false`: a value was already stored under that name; it is kept.
+    stored: bool,
+}
+
+/// Counts a refused lease before passing the error on.
+fn lease<T>(s: &ApiState, r: idemq::Result<T>) -> ApiResult<T> {
+    if let Err(idemq::Error::LeaseLost { .. }) = &r {
+        s.metrics.lease_expiry();
+    }
+    r.map_err(Problem::from)
+}
+
+const LEASE_LOST: &str = "A stale or unknown lease token (`lease-lost`)";
+
+/// Renews a lease; says whether the job was cancelled meanwhile.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/heartbeat",
+    tag = "worker",
+    params(("id" = String, Path, description = "The job id")),
+    request_body = LeaseBody,
+    responses(
+        (status = 200, description = "The renewed lease", body = HeartbeatDoc),
+        (status = 409, description = LEASE_LOST, body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn heartbeat(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Json(body): Json<LeaseBody>,
+) -> ApiResult<axum::Json<idemq::Heartbeat>> {
+    let r = s.queue().heartbeat(&id, &body.lease_token).await;
+    lease(&s, r).map(axum::Json)
+}
+
+/// Completes an attempt.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/complete",
+    tag = "worker",
+    params(("id" = String, Path, description = "The job id")),
+    request_body = CompleteBody,
+    responses(
+        (status = 200, description = "The job is completed", body = StateDoc),
+        (status = 409, description = LEASE_LOST, body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 413, description = "The result is over the payload limit", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn complete(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Json(body): Json<CompleteBody>,
+) -> ApiResult<axum::Json<Value>> {
+    let r = s
+        .queue()
+        .complete(&id, &body.lease_token, body.result)
+        .await;
+    lease(&s, r)?;
+    s.metrics.completion();
+    Ok(axum::Json(serde_json::json!({ "state": "completed" })))
+}
+
+/// Fails an attempt: a retry, a snooze, or the dead letters.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/fail",
+    tag = "worker",
+    params(("id" = String, Path, description = "The job id")),
+    request_body = FailBody,
+    responses(
+        (status = 200, description = "scheduled (with next_run_at), dead or cancelled", body = FailDoc),
+        (status = 409, description = LEASE_LOST, body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn fail(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Json(body): Json<FailBody>,
+) -> ApiResult<axum::Json<idemq::FailOutcome>> {
+    let options = FailOptions {
+        error: body.error,
+        permanent: !body.retryable,
+        retry_after: body.retry_after_ms.map(Duration::from_millis),
+        snooze: body.snooze_ms.map(Duration::from_millis),
+    };
+    let outcome = lease(&s, s.queue().fail(&id, &body.lease_token, options).await)?;
+    s.metrics.failure(outcome.state);
+    Ok(axum::Json(outcome))
+}
+
+/// Gives a lease back: the job is ready at once, the attempt not counted.
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/{id}/release",
+    tag = "worker",
+    params(("id" = String, Path, description = "The job id")),
+    request_body = LeaseBody,
+    responses(
+        (status = 200, description = "The job's state: ready (cancelled when a cancel was requested)", body = StateDoc),
+        (status = 409, description = LEASE_LOST, body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn release(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Json(body): Json<LeaseBody>,
+) -> ApiResult<axum::Json<Value>> {
+    let r = s.queue().release(&id, &body.lease_token).await;
+    lease(&s, r)?;
+    // A job whose cancel was requested turns cancelled, not ready: say so.
+    let state = match s.queue().get(&id).await? {
+        Some(job) if job.state == idemq::JobState::Cancelled => "cancelled",
+        _ => "ready",
+    };
+    Ok(axum::Json(serde_json::json!({ "state": state })))
+}
+
+/// Stores a step result under the job; the first stored value wins.
+#[utoipa::path(
+    put,
+    path = "/v1/jobs/{id}/checkpoints/{name}",
+    tag = "worker",
+    params(
+        ("id" = String, Path, description = "The job id"),
+        ("name" = String, Path, description = "The step name (1–255 bytes)"),
+    ),
+    request_body = CheckpointBody,
+    responses(
+        (status = 200, description = "Whether this value was stored", body = Stored),
+        (status = 409, description = LEASE_LOST, body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 413, description = "The value is over the payload limit", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn checkpoint(
+    State(s): State<ApiState>,
+    Path((id, name)): Path<(String, String)>,
+    Json(body): Json<CheckpointBody>,
+) -> ApiResult<axum::Json<Stored>> {
+    let r = s
+        .queue()
+        .checkpoint_put(&id, &body.lease_token, &name, &body.value)
+        .await;
+    let stored = lease(&s, r)?;
+    Ok(axum::Json(Stored { stored }))
+}

@@ -1,0 +1,272 @@
+//! `/`: queues with counts by state, pause/resume, the throughput chart, and
+//! the job types whose ready jobs no worker is taking; `/dashboard/stats.json`
+//! feeds the chart.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::IntoResponse;
+use chrono::{DateTime, Utc};
+use idemq::{JobList, JobState, StateCounts};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::html::{Nav, action_button, ago, esc, pct, query, respond, time};
+use super::{PageError, PageResult};
+use crate::AppState;
+
+/// How long the oldest ready job of a type may wait, with no job of that
+/// type active, before the overview says no worker seems to take it.
+const STALE_AFTER_SECS: i64 = 60;
+/// How many ready jobs the "ready by type" table looks at (pages of 1,000).
+const READY_SCAN_PAGES: usize = 5;
+
+/// The flash code after an action.
+#[derive(Deserialize)]
+pub(crate) struct Flash {
+    flash: Option<String>,
+}
+
+fn total(queues: &[idemq::QueueInfo]) -> StateCounts {
+    let mut t = StateCounts::default();
+    for q in queues {
+        let c = &q.counts;
+        for (s, n) in [
+            (JobState::Scheduled, c.scheduled),
+            (JobState::Ready, c.ready),
+            (JobState::Active, c.active),
+            (JobState::Completed, c.completed),
+            (JobState::Dead, c.dead),
+            (JobState::Cancelled, c.cancelled),
+        ] {
+            t.add(s, n);
+        }
+    }
+    t
+}
+
+fn count(c: &StateCounts, s: JobState) -> u64 {
+    match s {
+        JobState::Scheduled => c.scheduled,
+        JobState::Ready => c.ready,
+        JobState::Active => c.active,
+        JobState::Completed => c.completed,
+        JobState::Dead => c.dead,
+        JobState::Cancelled => c.cancelled,
+    }
+}
+
+/// Ready jobs of one type.
+struct ReadyType {
+    count: u64,
+    oldest: DateTime<Utc>,
+    queues: Vec<String>,
+    active: bool,
+}
+
+/// Ready jobs grouped by type, with the oldest `run_at`, and whether any job
+/// of the type is active (a worker is on it). `bool`: the scan was cut short.
+async fn ready_by_type(
+    state: &AppState,
+) -> Result<(BTreeMap<String, ReadyType>, bool), idemq::Error> {
+    let mut by_type: BTreeMap<String, ReadyType> = BTreeMap::new();
+    let mut cursor = None;
+    let mut truncated = false;
+    for i in 0..READY_SCAN_PAGES {
+        let page = state
+            .queue
+            .list(JobList {
+                state: Some(JobState::Ready),
+                limit: 1000,
+                cursor,
+                ..Default::default()
+            })
+            .await?;
+        for job in page.jobs {
+            let e = by_type.entry(job.job_type).or_insert_with(|| ReadyType {
+                count: 0,
+                oldest: job.run_at,
+                queues: Vec::new(),
+                active: false,
+            });
+            e.count += 1;
+            e.oldest = e.oldest.min(job.run_at);
+            if !e.queues.contains(&job.queue) {
+                e.queues.push(job.queue);
+            }
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            break;
+        }
+        truncated = i + 1 == READY_SCAN_PAGES;
+    }
+    if !by_type.is_empty() {
+        let active = state
+            .queue
+            .list(JobList {
+                state: Some(JobState::Active),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await?;
+        for job in active.jobs {
+            if let Some(e) = by_type.get_mut(&job.job_type) {
+                e.active = true;
+            }
+        }
+    }
+    Ok((by_type, truncated))
+}
+
+/// `GET /`.
+pub(crate) async fn page(State(state): State<AppState>, Query(f): Query<Flash>) -> PageResult {
+    let queues = state.queue.queues().await?;
+    let now = state.queue.store().now().await?;
+    let t = total(&queues);
+    let mut body = String::new();
+
+    body.push_str(r#"<section class="cards">"#);
+    for s in JobState::ALL {
+        body.push_str(&format!(
+            r#"<a class="card s-{0}" href="/jobs?state={0}"><span class="n" data-total="{0}">{1}</span><span class="l">{0}</span></a>"#,
+            s.as_str(),
+            count(&t, s)
+        ));
+    }
+    body.push_str("</section>");
+
+    body.push_str(
+        r#"<section class="panel"><h2>Throughput <small>jobs per second, sampled every 2 s</small></h2>
+<div class="chart-wrap"><canvas id="throughput" width="1100" height="180" aria-label="throughput chart"></canvas></div>
+<p class="legend"><span class="key k-enq"></span>enqueued <span class="key k-done"></span>completed <span class="key k-dead"></span>dead <span id="rate-now" class="muted"></span></p></section>"#,
+    );
+
+    body.push_str(r#"<section class="panel"><h2>Queues</h2>"#);
+    if queues.is_empty() {
+        body.push_str(r#"<p class="muted">No queues yet: enqueue a job to create one.</p>"#);
+    } else {
+        body.push_str(r#"<table class="grid"><thead><tr><th>queue</th>"#);
+        for s in JobState::ALL {
+            body.push_str(&format!(r#"<th class="num">{}</th>"#, s.as_str()));
+        }
+        body.push_str("<th>status</th><th></th></tr></thead><tbody>");
+        for q in &queues {
+            let name = esc(&q.name);
+            body.push_str(&format!(
+                r#"<tr data-queue="{name}"><td><a href="/jobs{}">{name}</a></td>"#,
+                query(&[("queue", Some(&q.name))])
+            ));
+            for s in JobState::ALL {
+                let n = count(&q.counts, s);
+                let cell = if n == 0 {
+                    r#"<span class="muted">0</span>"#.to_string()
+                } else {
+                    format!(
+                        r#"<a href="/jobs{}">{n}</a>"#,
+                        query(&[("queue", Some(&q.name)), ("state", Some(s.as_str()))])
+                    )
+                };
+                body.push_str(&format!(r#"<td class="num">{cell}</td>"#));
+            }
+            let (status, button) = if q.paused {
+                (
+                    r#"<span class="badge paused">paused</span>"#,
+                    action_button(
+                        &format!("/dashboard/actions/queues/{}/resume", pct(&q.name)),
+                        "Resume",
+                        "/",
+                        "primary",
+                        None,
+                    ),
+                )
+            } else {
+                (
+                    r#"<span class="badge running">running</span>"#,
+                    action_button(
+                        &format!("/dashboard/actions/queues/{}/pause", pct(&q.name)),
+                        "Pause",
+                        "/",
+                        "",
+                        None,
+                    ),
+                )
+            };
+            body.push_str(&format!(
+                "<td>{status}</td><td class=\"actions\">{button}</td></tr>"
+            ));
+        }
+        body.push_str("</tbody></table>");
+    }
+    body.push_str("</section>");
+
+    let (ready, truncated) = ready_by_type(&state).await?;
+    body.push_str(
+        r#"<section class="panel"><h2>Ready jobs by type <small>a type whose oldest ready job has waited long, with none of its jobs active, has no worker taking it</small></h2>"#,
+    );
+    if ready.is_empty() {
+        body.push_str(r#"<p class="muted">No ready jobs.</p>"#);
+    } else {
+        body.push_str(
+            r#"<table class="grid" id="ready-types"><thead><tr><th>type</th><th>queues</th><th class="num">ready</th><th>oldest ready since</th><th>worker</th></tr></thead><tbody>"#,
+        );
+        for (ty, r) in &ready {
+            let waited = (now - r.oldest).num_seconds();
+            let worker = if r.active {
+                r#"<span class="badge running">active jobs</span>"#
+            } else if waited > STALE_AFTER_SECS {
+                r#"<span class="badge s-dead">none seen lately</span>"#
+            } else {
+                r#"<span class="muted">—</span>"#
+            };
+            let queues: Vec<String> = r.queues.iter().map(|q| esc(q)).collect();
+            body.push_str(&format!(
+                r#"<tr><td><a href="/jobs{}">{}</a></td><td>{}</td><td class="num">{}</td><td>{} <span class="muted">({})</span></td><td>{worker}</td></tr>"#,
+                query(&[("state", Some("ready")), ("type", Some(ty))]),
+                esc(ty),
+                queues.join(", "),
+                r.count,
+                time(&r.oldest),
+                ago(&r.oldest, &now),
+            ));
+        }
+        body.push_str("</tbody></table>");
+        if truncated {
+            body.push_str(&format!(
+                r#"<p class="muted">Counted over the newest {} ready jobs.</p>"#,
+                READY_SCAN_PAGES * 1000
+            ));
+        }
+    }
+    body.push_str("</section>");
+
+    Ok(respond(
+        StatusCode::OK,
+        super::html::page("Overview", Nav::Overview, f.flash.as_deref(), &body),
+    ))
+}
+
+/// `GET /dashboard/stats.json`: totals per state now, for the chart (which
+/// turns successive samples into rates) and the live counters.
+pub(crate) async fn stats(
+    State(state): State<AppState>,
+) -> Result<axum::response::Response, PageError> {
+    let queues = state.queue.queues().await?;
+    let now = state.queue.store().now().await?;
+    let t = total(&queues);
+    let all = t.scheduled + t.ready + t.active + t.completed + t.dead + t.cancelled;
+    let mut res = Json(json!({
+        "at": now.to_rfc3339(),
+        "totals": t,
+        // Every job ever accepted and still on record: its growth is the
+        // enqueue rate (purges and retention only make it dip).
+        "jobs": all,
+        "queues": queues,
+    }))
+    .into_response();
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(res)
+}

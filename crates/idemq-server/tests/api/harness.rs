@@ -1,0 +1,255 @@
+//! A server on a fresh database, and a small HTTP client for it.
+
+use std::time::Duration;
+
+use idemq::Queue;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+
+/// Which backend a case runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// An answer: status, headers and the body (JSON when it parses, else a string).
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub text: String,
+    pub body: Value,
+}
+
+impl Answer {
+    /// Asserts a problem document of `name` with `status`.
+    #[track_caller]
+    pub fn problem(&self, status: u16, name: &str) -> &Value {
+        assert_eq!(self.status.as_u16(), status, "{}", self.text);
+        assert_eq!(
+            self.headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("application/problem+json"),
+            "{}",
+            self.text
+        );
+        assert_eq!(
+            self.body["type"],
+            format!("/problems/{name}"),
+            "{}",
+            self.text
+        );
+        assert_eq!(self.body["status"], status);
+        assert!(self.body["title"].is_string());
+        assert!(self.body["detail"].is_string());
+        &self.body
+    }
+
+    /// Asserts `status` and returns the body.
+    #[track_caller]
+    pub fn ok(&self, status: u16) -> &Value {
+        assert_eq!(self.status.as_u16(), status, "{}", self.text);
+        &self.body
+    }
+}
+
+/// A running server.
+pub struct Server {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub queue: Queue,
+    token: Option<String>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    pub pg_db: Option<String>,
+    pub db_file: Option<std::path::PathBuf>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Server {
+    /// A server without a token.
+    pub async fn start(backend: Backend) -> Self {
+        Self::start_with(backend, None).await
+    }
+
+    /// A server, with a token if given.
+    pub async fn start_with(backend: Backend, token: Option<&str>) -> Self {
+        let (queue, pg_db, dir, db_file) = match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let path = dir.path().join("idemq.db");
+                let queue = Queue::connect(&format!("sqlite://{}", path.display()))
+                    .await
+                    .expect("open sqlite");
+                (queue, None, Some(dir), Some(path))
+            }
+            Backend::Postgres => {
+                let (url, db) = crate::support::pg_database();
+                let queue = Queue::connect(&url).await.expect("connect postgres");
+                (queue, Some(db), None, None)
+            }
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let options = idemq_server::ServerOptions {
+            token: token.map(str::to_owned),
+        };
+        let task = tokio::spawn(idemq_server::serve(
+            listener,
+            queue.clone(),
+            options,
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        Self {
+            base: format!("http://{addr}"),
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(90))
+                .build()
+                .expect("client"),
+            queue,
+
+            token: token.map(str::to_owned),
+            shutdown: Some(tx),
+            task: Some(task),
+            pg_db,
+            db_file,
+            _dir: dir,
+        }
+    }
+
+    /// Sends a request with optional JSON body and extra headers (the
+    /// server's token is added when it has one, unless a header overrides it).
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, &str)],
+    ) -> Answer {
+        let mut req = self.client.request(method, format!("{}{path}", self.base));
+        let mut map = HeaderMap::new();
+        if let Some(token) = &self.token {
+            map.insert(
+                "authorization",
+                HeaderValue::from_str(&format!("Bearer {token}")).expect("header"),
+            );
+        }
+        for (k, v) in headers {
+            let name = HeaderName::from_bytes(k.as_bytes()).expect("name");
+            if v.is_empty() {
+                map.remove(&name);
+            } else {
+                map.insert(name, HeaderValue::from_str(v).expect("value"));
+            }
+        }
+        if let Some(body) = body {
+            map.entry("content-type")
+                .or_insert(HeaderValue::from_static("application/json"));
+            req = req.body(body);
+        }
+        let resp = req.headers(map).send().await.expect("request");
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.expect("body");
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text.clone()));
+        Answer {
+            status,
+            headers,
+            text,
+            body,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Answer {
+        self.send(Method::GET, path, None, &[]).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> Answer {
+        self.send(Method::POST, path, Some(body.to_string().into_bytes()), &[])
+            .await
+    }
+
+    pub async fn post_with(&self, path: &str, body: Value, headers: &[(&str, &str)]) -> Answer {
+        self.send(
+            Method::POST,
+            path,
+            Some(body.to_string().into_bytes()),
+            headers,
+        )
+        .await
+    }
+
+    pub async fn post_raw(&self, path: &str, body: impl Into<Vec<u8>>) -> Answer {
+        self.send(Method::POST, path, Some(body.into()), &[]).await
+    }
+
+    pub async fn put(&self, path: &str, body: Value) -> Answer {
+        self.send(Method::PUT, path, Some(body.to_string().into_bytes()), &[])
+            .await
+    }
+
+    pub async fn delete(&self, path: &str) -> Answer {
+        self.send(Method::DELETE, path, None, &[]).await
+    }
+
+    /// Enqueues `body` and returns the job id (201 or 200).
+    pub async fn enqueue(&self, body: Value) -> String {
+        let a = self.post("/v1/jobs", body).await;
+        assert!(a.status.is_success(), "{}", a.text);
+        a.body["job_id"].as_str().expect("job_id").to_owned()
+    }
+
+    /// Claims one job of every queue and returns (id, lease_token).
+    pub async fn claim_one(&self) -> (String, String) {
+        let a = self
+            .post("/v1/claim", serde_json::json!({"worker": "w-1"}))
+            .await;
+        let job = &a.ok(200)["jobs"][0];
+        (
+            job["id"].as_str().expect("a claimed job").to_owned(),
+            job["lease_token"].as_str().expect("token").to_owned(),
+        )
+    }
+
+    /// How many jobs the database holds.
+    pub async fn job_count(&self) -> usize {
+        self.queue
+            .list(idemq::JobList {
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .expect("list")
+            .jobs
+            .len()
+    }
+
+    /// Stops the server and waits for it.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(db) = self.pg_db.take() {
+            crate::support::drop_pg_database(&db);
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! Job queries and operator actions.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::harness::{Backend, Server};
+
+instantiate!(
+    get_and_list,
+    job_history,
+    wait_for_terminal,
+    cancel_purge_promote,
+    redrive_dead_jobs,
+    bulk_actions,
+);
+
+async fn get_and_list(b: Backend) {
+    let s = Server::start(b).await;
+    let a = s
+        .enqueue(
+            json!({"type": "a", "queue": "q1", "tags": ["red"], "payload": {"n": 1},
+            "idempotency": {"key": "get-key-1"}, "dedupe": "dk"}),
+        )
+        .await;
+    let bb = s.enqueue(json!({"type": "b", "queue": "q2"})).await;
+    let c = s
+        .enqueue(json!({"type": "a", "queue": "q1", "delay_ms": 600000}))
+        .await;
+
+    let job = s.get(&format!("/v1/jobs/{a}")).await.ok(200).clone();
+    for field in [
+        "id",
+        "type",
+        "queue",
+        "state",
+        "payload",
+        "result",
+        "priority",
+        "attempt",
+        "attempts_used",
+        "max_attempts",
+        "run_at",
+        "created_at",
+        "updated_at",
+        "finished_at",
+        "timeout_ms",
+        "deadline",
+        "concurrency_key",
+        "tags",
+        "last_error",
+        "cancel_requested",
+        "idempotency",
+        "dedupe",
+    ] {
+        assert!(job.get(field).is_some(), "missing {field}: {job}");
+    }
+    assert_eq!(job["state"], "ready");
+    assert_eq!(job["payload"], json!({"n": 1}));
+    assert_eq!(job["idempotency"]["scope"], "default");
+    assert!(!job.to_string().contains("get-key-1"));
+    assert_eq!(job["dedupe"]["key"], "dk");
+    assert_eq!(job["dedupe"]["mode"], "pending");
+    assert_eq!(job["dedupe"]["holds_binding"], true);
+    s.get("/v1/jobs/nope").await.problem(404, "not-found");
+
+    let all = s.get("/v1/jobs").await.ok(200).clone();
+    assert_eq!(all["jobs"].as_array().unwrap().len(), 3);
+    let by_queue = s.get("/v1/jobs?queue=q1&type=a").await.ok(200).clone();
+    assert_eq!(by_queue["jobs"].as_array().unwrap().len(), 2);
+    let sched = s.get("/v1/jobs?state=scheduled").await.ok(200).clone();
+    assert_eq!(sched["jobs"][0]["id"], c.as_str());
+    let red = s.get("/v1/jobs?tag=red").await.ok(200).clone();
+    assert_eq!(red["jobs"][0]["id"], a.as_str());
+    // Paging with the cursor, newest first.
+    let p1 = s.get("/v1/jobs?limit=2").await.ok(200).clone();
+    assert_eq!(p1["jobs"].as_array().unwrap().len(), 2);
+    assert_eq!(p1["jobs"][0]["id"], c.as_str());
+    let cursor = p1["next_cursor"].as_str().expect("a next page");
+    let p2 = s
+        .get(&format!("/v1/jobs?limit=2&cursor={cursor}"))
+        .await
+        .ok(200)
+        .clone();
+    assert_eq!(p2["jobs"][0]["id"], a.as_str());
+    assert!(p2["next_cursor"].is_null());
+    let _ = bb;
+    s.get("/v1/jobs?state=nonsense")
+        .await
+        .problem(422, "validation");
+    s.get("/v1/jobs?limit=5000")
+        .await
+        .problem(422, "validation");
+    s.get("/v1/jobs?limit=abc")
+        .await
+        .problem(400, "bad-request");
+    s.stop().await;
+}
+
+async fn job_history(b: Backend) {
+    let s = Server::start(b).await;
+    let id = s.enqueue(json!({"type": "t"})).await;
+    let (cid, token) = s.claim_one().await;
+    assert_eq!(cid, id);
+    let a = s
+        .put(
+            &format!("/v1/jobs/{id}/checkpoints/step-1"),
+            json!({"lease_token": token, "value": {"charged": true}}),
+        )
+        .await;
+    assert_eq!(a.ok(200)["stored"], true);
+    s.post(
+        &format!("/v1/jobs/{id}/complete"),
+        json!({"lease_token": token, "result": {"ok": 1}}),
+    )
+    .await
+    .ok(200);
+    let events = s
+        .get(&format!("/v1/jobs/{id}/events"))
+        .await
+        .ok(200)
+        .clone();
+    let kinds: Vec<_> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(kinds.first().map(String::as_str), Some("accepted"));
+    assert_eq!(kinds.last().map(String::as_str), Some("completed"));
+    for e in events["events"].as_array().unwrap() {
+        assert!(e["seq"].is_number() && e["at"].is_string() && e.get("data").is_some());
+    }
+    let runs = s.get(&format!("/v1/jobs/{id}/runs")).await.ok(200).clone();
+    let run = &runs["runs"][0];
+    assert_eq!(run["attempt"], 1);
+    assert_eq!(run["worker"], "w-1");
+    assert_eq!(run["outcome"], "completed");
+    assert!(run["started_at"].is_string() && run["finished_at"].is_string());
+    assert!(run.get("error").is_some());
+    let cps = s
+        .get(&format!("/v1/jobs/{id}/checkpoints"))
+        .await
+        .ok(200)
+        .clone();
+    assert_eq!(cps["checkpoints"], json!({"step-1": {"charged": true}}));
+    let job = s.get(&format!("/v1/jobs/{id}")).await.ok(200).clone();
+    assert_eq!(job["result"], json!({"ok": 1}));
+    for sub in ["events", "runs", "checkpoints"] {
+        s.get(&format!("/v1/jobs/missing/{sub}"))
+            .await
+            .problem(404, "not-found");
+    }
+    s.stop().await;
+}
+
+async fn wait_for_terminal(b: Backend) {
+    let s = Server::start(b).await;
+    let id = s.enqueue(json!({"type": "t"})).await;
+    let (_, token) = s.claim_one().await;
+    let waiter = {
+        let client = s.client.clone();
+        let url = format!("{}/v1/jobs/{id}?wait_ms=30000", s.base);
+        tokio::spawn(async move {
+            let r = client.get(url).send().await.expect("wait");
+            (
+                r.status(),
+                r.json::<serde_json::Value>().await.expect("json"),
+            )
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    s.post(
+        &format!("/v1/jobs/{id}/complete"),
+        json!({"lease_token": token}),
+    )
+    .await
+    .ok(200);
+    let (status, job) = waiter.await.expect("waiter");
+    assert_eq!(status, 200);
+    assert_eq!(job["state"], "completed");
+    s.get(&format!("/v1/jobs/{id}?wait_ms=60001"))
+        .await
+        .problem(422, "validation");
+    s.get("/v1/jobs/unknown?wait_ms=100")
+        .await
+        .problem(404, "not-found");
+    s.stop().await;
+}
+
+async fn cancel_purge_promote(b: Backend) {
+    let s = Server::start(b).await;
+    let waiting = s.enqueue(json!({"type": "t", "delay_ms": 600000})).await;
+    let a = s
+        .post(&format!("/v1/jobs/{waiting}/promote"), json!({}))
+        .await;
+    assert_eq!(a.ok(200)["promoted"], true);
+    let a = s
+        .post(&format!("/v1/jobs/{waiting}/promote"), json!({}))
+        .await;
+    assert_eq!(a.ok(200)["promoted"], false);
+    let a = s
+        .post(&format!("/v1/jobs/{waiting}/cancel"), json!({}))
+        .await;
+    assert_eq!(
+        a.ok(200).clone(),
+        json!({"cancelled": true, "state": "cancelled"})
+    );
+    let a = s
+        .post(&format!("/v1/jobs/{waiting}/cancel"), json!({}))
+        .await;
+    assert_eq!(
+        a.ok(200).clone(),
+        json!({"cancelled": false, "state": "cancelled"})
+    );
+    let active = s.enqueue(json!({"type": "t"})).await;
+    let (_, token) = s.claim_one().await;
+    let a = s
+        .post(&format!("/v1/jobs/{active}/cancel"), json!({}))
+        .await;
+    assert_eq!(
+        a.ok(200).clone(),
+        json!({"cancelled": true, "state": "active"})
+    );
+    let hb = s
+        .post(
+            &format!("/v1/jobs/{active}/heartbeat"),
+            json!({"lease_token": token}),
+        )
+        .await;
+    assert_eq!(hb.ok(200)["cancel_requested"], true);
+    let a = s.post(&format!("/v1/jobs/{active}/purge"), json!({})).await;
+    assert_eq!(a.ok(200)["purged"], false);
+    let a = s
+        .post(&format!("/v1/jobs/{waiting}/purge"), json!({}))
+        .await;
+    assert_eq!(a.ok(200)["purged"], true);
+    let a = s.post("/v1/jobs/unknown/purge", json!({})).await;
+    assert_eq!(a.ok(200)["purged"], false);
+    s.get(&format!("/v1/jobs/{waiting}"))
+        .await
+        .problem(404, "not-found");
+    s.stop().await;
+}
+
+/// Enqueues a job and kills it with a permanent failure.
+async fn dead_job(s: &Server, ty: &str) -> String {
+    let id = s.enqueue(json!({"type": ty})).await;
+    let a = s
+        .post("/v1/claim", json!({"worker": "w", "types": [ty]}))
+        .await;
+    let token = a.ok(200)["jobs"][0]["lease_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let a = s
+        .post(
+            &format!("/v1/jobs/{id}/fail"),
+            json!({"lease_token": token, "error": "boom", "retryable": false}),
+        )
+        .await;
+    assert_eq!(a.ok(200)["state"], "dead");
+    id
+}
+
+async fn redrive_dead_jobs(b: Backend) {
+    let s = Server::start(b).await;
+    let id = dead_job(&s, "t").await;
+    let a = s
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/jobs/{id}/redrive"),
+            None,
+            &[("idempotency-key", "redrive-1")],
+        )
+        .await;
+    assert_eq!(
+        a.ok(200).clone(),
+        json!({"job_id": id, "outcome": "accepted"})
+    );
+    let job = s.get(&format!("/v1/jobs/{id}")).await.ok(200).clone();
+    assert_eq!(job["state"], "ready");
+    // The same key again: a replay, not a second redrive.
+    let a = s
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/jobs/{id}/redrive"),
+            None,
+            &[("idempotency-key", "redrive-1")],
+        )
+        .await;
+    assert_eq!(a.ok(200)["outcome"], "replayed");
+    // Without a key on a job that is not dead.
+    let a = s.post(&format!("/v1/jobs/{id}/redrive"), json!({})).await;
+    let p = a.problem(409, "not-dead");
+    assert_eq!(p["job_id"], id.as_str());
+    // The same key for another job.
+    let other = dead_job(&s, "u").await;
+    let a = s
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/jobs/{other}/redrive"),
+            None,
+            &[("idempotency-key", "redrive-1")],
+        )
+        .await;
+    let p = a.problem(409, "idempotency-conflict");
+    assert_eq!(p["fields"], json!(["job_id"]));
+    assert!(!a.text.contains("redrive-1"));
+    // With overrides in the body.
+    let a = s
+        .post(
+            &format!("/v1/jobs/{other}/redrive"),
+            json!({"max_attempts": 3, "reset_checkpoints": true}),
+        )
+        .await;
+    assert_eq!(a.ok(200)["outcome"], "accepted");
+    let job = s.get(&format!("/v1/jobs/{other}")).await.ok(200).clone();
+    assert_eq!(job["max_attempts"], 3);
+    s.post(
+        &format!("/v1/jobs/{other}/redrive"),
+        json!({"max_attempts": 0}),
+    )
+    .await
+    .problem(422, "validation");
+    s.post(&format!("/v1/jobs/{other}/redrive"), json!({"bogus": 1}))
+        .await
+        .problem(400, "bad-request");
+    s.stop().await;
+}
+
+async fn bulk_actions(b: Backend) {
+    let s = Server::start(b).await;
+    for _ in 0..3 {
+        s.enqueue(json!({"type": "old", "queue": "bulk"})).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let cut = s.queue.store().now().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    for _ in 0..2 {
+        s.enqueue(json!({"type": "new", "queue": "bulk"})).await;
+    }
+    let a = s
+        .post(
+            "/v1/jobs/bulk",
+            json!({"action": "cancel", "filter": {"queue": "bulk", "before": cut}, "limit": 2}),
+        )
+        .await;
+    assert_eq!(a.ok(200).clone(), json!({"matched": 2, "done": 2}));
+    let a = s
+        .post(
+            "/v1/jobs/bulk",
+            json!({"action": "cancel", "filter": {"queue": "bulk", "state": "ready"}}),
+        )
+        .await;
+    assert_eq!(a.ok(200).clone(), json!({"matched": 3, "done": 3}));
+    let a = s
+        .post(
+            "/v1/jobs/bulk",
+            json!({"action": "purge", "filter": {"type": "new"}}),
+        )
+        .await;
+    assert_eq!(a.ok(200).clone(), json!({"matched": 2, "done": 2}));
+    let d = dead_job(&s, "d").await;
+    let a = s
+        .post(
+            "/v1/jobs/bulk",
+            json!({"action": "redrive", "filter": {"state": "dead"}}),
+        )
+        .await;
+    assert_eq!(a.ok(200).clone(), json!({"matched": 1, "done": 1}));
+    assert_eq!(
+        s.get(&format!("/v1/jobs/{d}")).await.ok(200)["state"],
+        "ready"
+    );
+    s.post("/v1/jobs/bulk", json!({"action": "cancel", "limit": 10001}))
+        .await
+        .problem(422, "validation");
+    s.post("/v1/jobs/bulk", json!({"action": "explode"}))
+        .await
+        .problem(400, "bad-request");
+    s.stop().await;
+}

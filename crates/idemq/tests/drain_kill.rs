@@ -1,0 +1,321 @@
+//! Fault test: a worker process draining 5,000 jobs is killed with SIGKILL
+//! three times (each time after another thousand jobs completed); a worker
+//! in this process finishes the rest. Every job ends completed exactly once
+//! in state, and the run ledger records the attempts the kills cut short as
+//! `lease_expired`. On SQLite and on PostgreSQL; real time, 1 s leases.
+//!
+//! Run: `cargo test -p idemq --test drain_kill -- --nocapture`.
+
+#[allow(dead_code)]
+#[path = "conformance/support.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use idemq::worker::{HandlerContext, JobError, Worker};
+use idemq::{BatchOptions, EnqueueRequest, JobList, JobState, Queue};
+use serde_json::{Value, json};
+
+const CHILD_ENV: &str = "IDEMQ_DRAIN_CHILD_DATABASE";
+const NAME_ENV: &str = "IDEMQ_DRAIN_CHILD_NAME";
+const JOBS: usize = 5_000;
+const KILLS: usize = 3;
+/// A kill happens once this many more jobs completed.
+const KILL_EVERY: u64 = 1_000;
+const LEASE: Duration = Duration::from_secs(1);
+const CONCURRENCY: usize = 32;
+
+async fn work(_ctx: HandlerContext, _p: Value) -> Result<(), JobError> {
+    // Long enough that jobs are always in flight when the kill lands.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    Ok(())
+}
+
+/// Not a test of its own: the entry point of the worker process the tests
+/// below start (this test binary, run again with `CHILD_ENV` set) and kill.
+/// Without `CHILD_ENV` it has nothing to do.
+#[test]
+fn drain_child_worker_process() {
+    let Ok(url) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let name = std::env::var(NAME_ENV).expect("worker name");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async move {
+        let queue = Queue::connect(&url).await.expect("child connects");
+        Worker::new(queue)
+            .name(name)
+            .lease(LEASE)
+            .poll_interval(Duration::from_millis(100))
+            .concurrency(CONCURRENCY)
+            .maintenance(false)
+            .handle("drain.work", work)
+            .run(std::future::pending::<()>())
+            .await
+            .expect("child worker");
+    });
+}
+
+fn spawn_child(url: &str, name: &str) -> Child {
+    Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "drain_child_worker_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, url)
+        .env(NAME_ENV, name)
+        .spawn()
+        .expect("start the worker process")
+}
+
+/// (completed, active) jobs.
+async fn counts(queue: &Queue) -> (u64, u64) {
+    queue
+        .queues()
+        .await
+        .expect("queues")
+        .iter()
+        .fold((0, 0), |(c, a), q| {
+            (c + q.counts.completed, a + q.counts.active)
+        })
+}
+
+async fn completed(queue: &Queue) -> u64 {
+    counts(queue).await.0
+}
+
+async fn wait_completed(queue: &Queue, at_least: u64, within: Duration) {
+    let start = Instant::now();
+    loop {
+        let done = completed(queue).await;
+        if done >= at_least {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "only {done} of {at_least} jobs completed after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn all_jobs(queue: &Queue) -> Vec<idemq::Job> {
+    let mut jobs = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = queue
+            .list(JobList {
+                limit: 1000,
+                cursor: cursor.take(),
+                ..JobList::default()
+            })
+            .await
+            .expect("list");
+        jobs.extend(page.jobs);
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return jobs,
+        }
+    }
+}
+
+/// What one job's ledger says.
+#[derive(Default)]
+struct Ledger {
+    completed_events: usize,
+    lease_expired_events: usize,
+    completed_runs: usize,
+    unfinished_runs: usize,
+    /// Worker names of the `lease_expired` runs.
+    expired_by: Vec<String>,
+    runs: usize,
+}
+
+async fn drain_with_kills(url: &str, backend: &str) {
+    let queue = Queue::connect(url).await.expect("connect");
+    let started = Instant::now();
+    for batch in 0..JOBS / 1000 {
+        let reqs = (0..1000)
+            .map(|i| {
+                EnqueueRequest::new("drain.work")
+                    .payload(json!({ "n": batch * 1000 + i }))
+                    .max_attempts(10)
+            })
+            .collect();
+        for r in queue
+            .enqueue_many(reqs, BatchOptions::default())
+            .await
+            .expect("enqueue batch")
+        {
+            r.expect("enqueue item");
+        }
+    }
+
+    let mut killed = Vec::new();
+    for k in 1..=KILLS {
+        let name = format!("doomed-{backend}-{k}");
+        let mut child = spawn_child(url, &name);
+        wait_completed(&queue, KILL_EVERY * k as u64, Duration::from_secs(40)).await;
+        // Kill while it holds jobs (not between two claims), so the kill
+        // cuts attempts short.
+        let start = Instant::now();
+        while counts(&queue).await.1 < CONCURRENCY as u64 / 2 {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "no jobs in flight"
+            );
+        }
+        child.kill().expect("SIGKILL the worker");
+        child.wait().expect("reap the worker");
+        killed.push(name);
+    }
+
+    // A worker in this process finishes the rest, the dead ones' jobs included.
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let survivor = Worker::new(queue.clone())
+        .name(format!("survivor-{backend}"))
+        .lease(LEASE)
+        .poll_interval(Duration::from_millis(100))
+        .concurrency(CONCURRENCY)
+        .handle("drain.work", work);
+    let handle = tokio::spawn(survivor.run(async move {
+        let _ = rx.await;
+    }));
+    wait_completed(&queue, JOBS as u64, Duration::from_secs(40)).await;
+    let _ = tx.send(());
+    let report = handle.await.expect("join").expect("survivor");
+    let drained_in = started.elapsed();
+
+    // Every job's state, events and runs.
+    let jobs = all_jobs(&queue).await;
+    assert_eq!(jobs.len(), JOBS, "jobs stored");
+    let not_completed: Vec<(String, JobState)> = jobs
+        .iter()
+        .filter(|j| j.state != JobState::Completed)
+        .map(|j| (j.id.clone(), j.state))
+        .collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    let chunk = jobs.len().div_ceil(8);
+    for part in jobs.chunks(chunk) {
+        let (queue, part) = (queue.clone(), part.to_vec());
+        tasks.spawn(async move {
+            let mut out = Vec::new();
+            for job in part {
+                let mut l = Ledger::default();
+                for e in queue.events(&job.id).await.expect("events") {
+                    match e.kind.as_str() {
+                        "completed" => l.completed_events += 1,
+                        "lease_expired" => l.lease_expired_events += 1,
+                        _ => {}
+                    }
+                }
+                let runs = queue.runs(&job.id).await.expect("runs");
+                l.runs = runs.len();
+                for r in runs {
+                    match r.outcome.as_deref() {
+                        Some("completed") => l.completed_runs += 1,
+                        Some("lease_expired") => l.expired_by.push(r.worker),
+                        Some(_) => {}
+                        None => l.unfinished_runs += 1,
+                    }
+                }
+                out.push((job, l));
+            }
+            out
+        });
+    }
+    let mut ledgers = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        ledgers.extend(r.expect("ledger task"));
+    }
+
+    let mut bad = Vec::new();
+    let mut expired_per_worker: HashMap<String, usize> = HashMap::new();
+    let mut lease_expired_runs = 0;
+    let mut rerun_jobs = 0;
+    for (job, l) in &ledgers {
+        if l.completed_events != 1 || l.completed_runs != 1 || l.unfinished_runs != 0 {
+            bad.push(format!(
+                "{}: {} completed events, {} completed runs, {} unfinished runs",
+                job.id, l.completed_events, l.completed_runs, l.unfinished_runs
+            ));
+        }
+        if l.lease_expired_events != l.expired_by.len() {
+            bad.push(format!(
+                "{}: {} lease_expired runs but {} lease_expired events",
+                job.id,
+                l.expired_by.len(),
+                l.lease_expired_events
+            ));
+        }
+        if usize::try_from(job.attempt).ok() != Some(l.runs) {
+            bad.push(format!(
+                "{}: attempt {} but {} runs",
+                job.id, job.attempt, l.runs
+            ));
+        }
+        lease_expired_runs += l.expired_by.len();
+        rerun_jobs += usize::from(!l.expired_by.is_empty());
+        for w in &l.expired_by {
+            *expired_per_worker.entry(w.clone()).or_default() += 1;
+        }
+    }
+
+    println!(
+        "drain_kill[{backend}]: jobs {JOBS}, faults injected (SIGKILL) {}, lost attempts \
+         recorded lease_expired {lease_expired_runs} on {rerun_jobs} jobs {expired_per_worker:?}, \
+         completed {} (survivor completed {}), completed twice {}, \
+         not completed {}, took {drained_in:?}",
+        killed.len(),
+        jobs.len() - not_completed.len(),
+        report.completed,
+        ledgers
+            .iter()
+            .filter(|(_, l)| l.completed_events > 1)
+            .count(),
+        not_completed.len(),
+    );
+    assert!(
+        not_completed.is_empty(),
+        "jobs not completed: {not_completed:?}"
+    );
+    assert!(bad.is_empty(), "ledger inconsistencies: {bad:?}");
+    for name in &killed {
+        assert!(
+            expired_per_worker.get(name).copied().unwrap_or(0) >= 1,
+            "the attempts {name} held when killed are not recorded as lease_expired: \
+             {expired_per_worker:?}"
+        );
+    }
+    assert!(
+        expired_per_worker.keys().all(|w| killed.contains(w)),
+        "a live worker lost a lease: {expired_per_worker:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_drain_survives_repeated_worker_kills() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("drain.db").display());
+    drain_with_kills(&url, "sqlite").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_drain_survives_repeated_worker_kills() {
+    let (url, db) = support::pg_database();
+    let _drop = DropDb(db);
+    drain_with_kills(&url, "postgres").await;
+}
+
+/// Drops the test database, also when the test fails.
+struct DropDb(String);
+
+impl Drop for DropDb {
+    fn drop(&mut self) {
+        support::drop_pg_database(&self.0);
+    }
+}
