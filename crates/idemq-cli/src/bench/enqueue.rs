@@ -11,7 +11,7 @@ use super::report::{Row, peak_memory_kib, reset_peak_memory};
 use super::target::Backend;
 use indicatif::ProgressBar;
 
-use super::{Limit, bar, drive, paired, rate};
+use super::{Limit, ROUNDS, bar, drive, paired, rate};
 
 /// The job type of every bench job (a no-op).
 pub(crate) const NOOP: &str = "bench.noop";
@@ -117,7 +117,7 @@ pub(crate) async fn single(backend: &Backend, producers: usize, ops: usize) -> R
             let limit = Limit::InsertCommit { producers };
             let queue = Queue::connect(db.url()).await?;
             let name = format!("W1 x{producers}");
-            let (raw, ops_per_sec) = paired(db, limit, ops, &name, async |range, bar| {
+            let (raw, ops_per_sec) = paired(db, limit, ops, ROUNDS, &name, async |range, bar| {
                 enqueue_each(&queue, producers, range, bar, plain).await
             })
             .await?;
@@ -142,20 +142,27 @@ pub(crate) async fn batch(backend: &Backend, ops: usize) -> Result<Row> {
         .with_fresh(async |db| {
             let limit = Limit::MultiRow;
             let queue = Queue::connect(db.url()).await?;
-            let (raw, ops_per_sec) = paired(db, limit, ops, "W2 batches", async |range, bar| {
-                let start = Instant::now();
-                let mut done = range.start;
-                while done < range.end {
-                    let n = (range.end - done).min(1000);
-                    let reqs = (done..done + n).map(plain).collect();
-                    for r in queue.enqueue_many(reqs, BatchOptions::default()).await? {
-                        r?;
+            let (raw, ops_per_sec) = paired(
+                db,
+                limit,
+                ops,
+                (ops / 1000).clamp(1, 10),
+                "W2 batches",
+                async |range, bar| {
+                    let start = Instant::now();
+                    let mut done = range.start;
+                    while done < range.end {
+                        let n = (range.end - done).min(1000);
+                        let reqs = (done..done + n).map(plain).collect();
+                        for r in queue.enqueue_many(reqs, BatchOptions::default()).await? {
+                            r?;
+                        }
+                        done += n;
+                        bar.inc(n as u64);
                     }
-                    done += n;
-                    bar.inc(n as u64);
-                }
-                Ok(start.elapsed())
-            })
+                    Ok(start.elapsed())
+                },
+            )
             .await?;
             let check = expect("jobs", total_jobs(&queue).await?, ops);
             Ok(row(
@@ -186,7 +193,7 @@ pub(crate) async fn duplicates(
             let limit = Limit::OnConflict { producers, keys };
             let queue = Queue::connect(db.url()).await?;
             let name = format!("W4 x{producers}");
-            let (raw, ops_per_sec) = paired(db, limit, calls, &name, async |range, bar| {
+            let (raw, ops_per_sec) = paired(db, limit, calls, ROUNDS, &name, async |range, bar| {
                 let q = queue.clone();
                 drive(producers, range, bar, move |i| {
                     let q = q.clone();
@@ -287,7 +294,7 @@ pub(crate) async fn storm(
             let limit = Limit::Upsert { producers, keys };
             let queue = Queue::connect(db.url()).await?;
             let name = format!("W5 x{producers}");
-            let (raw, ops_per_sec) = paired(db, limit, calls, &name, async |range, bar| {
+            let (raw, ops_per_sec) = paired(db, limit, calls, ROUNDS, &name, async |range, bar| {
                 let q = queue.clone();
                 drive(producers, range, bar, move |i| {
                     let q = q.clone();

@@ -214,14 +214,15 @@ where
     Ok(start.elapsed())
 }
 
-/// Rounds a paired measurement alternates over: the raw limit and idemq
-/// take turns on slices of the work, so load from elsewhere on the machine
-/// hits both alike.
-const ROUNDS: usize = 4;
+/// Rounds a paired measurement of single calls alternates over: the raw
+/// limit and idemq take turns on slices of the work, so load from elsewhere
+/// on the machine (fsync latency on a shared disk varies many-fold from one
+/// second to the next) hits both alike.
+pub(crate) const ROUNDS: usize = 20;
 
-/// The slices of `0..ops` of the paired rounds.
-fn slices(ops: usize) -> Vec<Range<usize>> {
-    let rounds = ROUNDS.min(ops.max(1));
+/// The slices of `0..ops` of `rounds` paired rounds.
+fn slices(ops: usize, rounds: usize) -> Vec<Range<usize>> {
+    let rounds = rounds.clamp(1, ops.max(1));
     (0..rounds)
         .map(|r| r * ops / rounds..(r + 1) * ops / rounds)
         .collect()
@@ -233,6 +234,7 @@ pub(crate) async fn paired<F>(
     db: &Fresh,
     limit: Limit,
     ops: usize,
+    rounds: usize,
     name: &str,
     mut run: F,
 ) -> Result<(Measured, f64)>
@@ -244,7 +246,7 @@ where
     let raw = Raw::open(db, limit).await?;
     let (mut raw_time, mut idemq_time) = (Duration::ZERO, Duration::ZERO);
     let mut out = Ok(());
-    for slice in slices(ops) {
+    for slice in slices(ops, rounds) {
         match raw.run(slice.clone(), &raw_bar).await {
             Ok(t) => raw_time += t,
             Err(e) => {

@@ -61,7 +61,7 @@ pub(crate) async fn drain(backend: &Backend, n: usize) -> Result<Row> {
             let queue = Queue::connect(db.url()).await?;
             let runs: Arc<Vec<AtomicU32>> = Arc::new((0..n).map(|_| AtomicU32::new(0)).collect());
             let mut reported = 0;
-            let (raw, ops_per_sec) = paired(db, limit, n, "W3 drain", async |range, bar| {
+            let (raw, ops_per_sec) = paired(db, limit, n, 4, "W3 drain", async |range, bar| {
                 for chunk in range.clone().collect::<Vec<_>>().chunks(1000) {
                     let reqs = chunk
                         .iter()
