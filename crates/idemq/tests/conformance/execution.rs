@@ -616,7 +616,11 @@ async fn token_is_dead_after_the_attempt_ends(h: Harness) {
 /// `complete_many` records each item as `complete` would, in one call; an
 /// item with a dead token fails alone and changes nothing.
 async fn complete_many_records_each_and_refuses_stale_items(h: Harness) {
-    let (a, b, c) = (h.put(job("t")).await, h.put(job("t")).await, h.put(job("t")).await);
+    let (a, b, c) = (
+        h.put(job("t")).await,
+        h.put(job("t")).await,
+        h.put(job("t")).await,
+    );
     let claimed = claim_as(&h, "w", 30_000, 3).await;
     let token = |id: &str| {
         claimed
@@ -636,7 +640,11 @@ async fn complete_many_records_each_and_refuses_stale_items(h: Harness) {
     };
     let results = h
         .queue
-        .complete_many(vec![item(&b, Some(json!({"n": 2}))), item(&a, None), item(&c, None)])
+        .complete_many(vec![
+            item(&b, Some(json!({"n": 2}))),
+            item(&a, None),
+            item(&c, None),
+        ])
         .await
         .unwrap();
     assert_eq!(results.len(), 3);
@@ -646,7 +654,14 @@ async fn complete_many_records_each_and_refuses_stale_items(h: Harness) {
         let j = h.job(id).await;
         assert_eq!(j.state, JobState::Completed);
         assert_eq!(j.attempts_used, 1);
-        let kinds: Vec<String> = h.queue.events(id).await.unwrap().into_iter().map(|e| e.kind).collect();
+        let kinds: Vec<String> = h
+            .queue
+            .events(id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
         assert_eq!(kinds.last().map(String::as_str), Some("completed"));
     }
     assert_eq!(h.job(&b).await.result, Some(json!({"n": 2})));
