@@ -300,7 +300,7 @@ async fn body_payload_and_key_limits() {
         )
         .await;
     a.ok(201);
-    let cases: Vec<(&str, Value, Vec<(&str, &str)>, &str)> = vec![
+    let cases: Vec<KeyCase> = vec![
         (
             "/v1/jobs",
             json!({"type": "x", "idempotency": {"key": k256}}),
@@ -414,6 +414,9 @@ async fn declared_post(base: &str, path: &str, n: usize) -> u16 {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no status line: {text:?}"))
 }
+
+/// A limit case: path, body, extra headers, the field named in the 422.
+type KeyCase<'a> = (&'a str, Value, Vec<(&'a str, &'a str)>, &'a str);
 
 /// Posts a chunked body of `n` bytes (a JSON object) and returns the status.
 async fn chunked_post(base: &str, path: &str, n: usize) -> u16 {
