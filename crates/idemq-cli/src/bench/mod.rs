@@ -12,6 +12,7 @@ mod enqueue;
 mod raw_pg;
 mod raw_sqlite;
 mod report;
+mod soak;
 mod target;
 mod worker;
 
@@ -36,6 +37,11 @@ pub(crate) struct BenchArgs {
     /// Run only these workloads (comma-separated: W1,W2,W3,W4,W4r,W5,W6).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Instead of the workloads, a mixed load for this long (e.g. 10m),
+    /// sampling memory, descriptors, connections, job rows and bindings;
+    /// fails on unbounded growth.
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with_all = ["quick", "only"])]
+    soak: Option<Duration>,
 }
 
 /// Operation counts of one run.
@@ -93,6 +99,9 @@ pub(crate) async fn run(args: BenchArgs, database: &str, json: bool) -> Result<(
 
 async fn bench(args: BenchArgs, database: &str, json: bool) -> Result<()> {
     let backend = Backend::parse(database)?;
+    if let Some(duration) = args.soak {
+        return soak::run(&backend, duration, json).await;
+    }
     let sizes = Sizes::new(args.quick);
     let wanted =
         |name: &str| args.only.is_empty() || args.only.iter().any(|o| o.eq_ignore_ascii_case(name));

@@ -23,6 +23,21 @@ pub struct PassReport {
     pub jobs_deleted: u64,
 }
 
+impl PassReport {
+    /// True when some step reached the row bound of the pass.
+    pub fn is_full(&self, batch: u32) -> bool {
+        let batch = u64::from(batch);
+        [
+            self.leases_reaped,
+            self.ticks_fired,
+            self.bindings_removed,
+            self.jobs_deleted,
+        ]
+        .iter()
+        .any(|&n| n >= batch)
+    }
+}
+
 /// The maintenance loop of one process.
 #[derive(Clone, Debug)]
 pub struct Maintenance {
@@ -71,7 +86,15 @@ impl Maintenance {
             if *stop.borrow() {
                 return;
             }
-            let _ = self.pass().await;
+            // A step that filled its batch has more to do: the next pass runs
+            // at once, so sweeping keeps up with any rate of work while each
+            // pass stays bounded in rows.
+            if let Ok(r) = self.pass().await
+                && r.is_full(self.batch)
+            {
+                tokio::task::yield_now().await;
+                continue;
+            }
             tokio::select! {
                 _ = stop.changed() => {}
                 () = tokio::time::sleep(self.every) => {}

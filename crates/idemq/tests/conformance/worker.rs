@@ -35,6 +35,7 @@ instantiate!(
     worker_without_handlers_is_refused,
     drain_500_jobs_each_completed_once,
     concurrent_maintenance_passes_reap_each_lease_once,
+    maintenance_loop_catches_up_beyond_one_batch,
 );
 
 #[derive(Deserialize)]
@@ -578,4 +579,36 @@ async fn concurrent_maintenance_passes_reap_each_lease_once(h: Harness) {
         assert_eq!(kinds.iter().filter(|k| *k == "lease_expired").count(), 1);
         assert_eq!((j.state, j.attempts_used), (JobState::Ready, 1));
     }
+}
+
+/// A pass is bounded in rows, but the loop runs the next pass at once while
+/// passes come back full, so a backlog larger than a batch is cleared long
+/// before the next tick (here a minute away).
+async fn maintenance_loop_catches_up_beyond_one_batch(h: Harness) {
+    let reqs: Vec<_> = (0..60)
+        .map(|_| EnqueueRequest::new("t").keep(Duration::ZERO))
+        .collect();
+    h.queue
+        .enqueue_many(reqs, idemq::BatchOptions::default())
+        .await
+        .unwrap();
+    for c in h.claim(60).await {
+        h.queue.complete(&c.id, &c.lease_token, None).await.unwrap();
+    }
+    assert_eq!(h.jobs().await.len(), 60);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let m = Maintenance::new(h.queue.clone())
+        .batch(7)
+        .every(Duration::from_secs(60));
+    let task = tokio::spawn(m.run_until(stopped));
+    let start = tokio::time::Instant::now();
+    while !h.jobs().await.is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the loop waited for its next tick"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    task.await.unwrap();
 }
