@@ -203,7 +203,7 @@ fn verdict(samples: &[Sample]) -> Result<String> {
     }
     let third = samples.len() / 3;
     let (middle, last) = (&samples[third..2 * third], &samples[2 * third..]);
-    let measures: [(&str, fn(&Sample) -> f64, f64); 5] = [
+    let measures: [Measure; 5] = [
         ("rss", |s| s.rss_kib as f64, 8192.0),
         ("fds", |s| s.fds as f64, 8.0),
         ("connections", |s| s.connections as f64, 4.0),
@@ -227,6 +227,9 @@ fn verdict(samples: &[Sample]) -> Result<String> {
         bail!("soak: unbounded growth in {}", growing.join(", "))
     }
 }
+
+/// A name, how to read it from a sample, and the absolute slack allowed.
+type Measure = (&'static str, fn(&Sample) -> f64, f64);
 
 fn median(samples: &[Sample], get: fn(&Sample) -> f64) -> f64 {
     let mut v: Vec<f64> = samples.iter().map(get).collect();
