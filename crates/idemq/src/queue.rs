@@ -146,6 +146,12 @@ impl std::fmt::Debug for Queue {
     }
 }
 
+/// True for text no record can hold: U+0000 is refused wherever text is
+/// stored, so an id or a name holding it matches nothing, on every backend.
+fn nul(s: &str) -> bool {
+    s.contains('\0')
+}
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -376,6 +382,9 @@ impl Queue {
 
     /// One job, or `None`.
     pub async fn get(&self, job_id: &str) -> Result<Option<Job>> {
+        if nul(job_id) {
+            return Ok(None);
+        }
         self.store
             .job_get(JobRef {
                 job_id: job_id.into(),
@@ -416,11 +425,23 @@ impl Queue {
                 "is not a cursor returned by a previous page",
             ));
         }
+        for (field, v) in [
+            ("queue", &filter.queue),
+            ("type", &filter.job_type),
+            ("tag", &filter.tag),
+        ] {
+            if v.as_deref().is_some_and(nul) {
+                return Err(Error::validation(field, "must not contain U+0000"));
+            }
+        }
         self.store.job_list(filter).await
     }
 
     /// A job's events, oldest first.
     pub async fn events(&self, job_id: &str) -> Result<Vec<Event>> {
+        if nul(job_id) {
+            return Ok(Vec::new());
+        }
         self.store
             .job_events(JobRef {
                 job_id: job_id.into(),
@@ -430,6 +451,9 @@ impl Queue {
 
     /// A job's run ledger.
     pub async fn runs(&self, job_id: &str) -> Result<Vec<Run>> {
+        if nul(job_id) {
+            return Ok(Vec::new());
+        }
         self.store
             .job_runs(JobRef {
                 job_id: job_id.into(),
@@ -439,6 +463,9 @@ impl Queue {
 
     /// A job's checkpoints.
     pub async fn checkpoints(&self, job_id: &str) -> Result<BTreeMap<String, Value>> {
+        if nul(job_id) {
+            return Ok(BTreeMap::new());
+        }
         self.store
             .checkpoint_list(JobRef {
                 job_id: job_id.into(),
@@ -448,6 +475,9 @@ impl Queue {
 
     /// Cancels a job: waiting jobs at once, active ones at their next heartbeat.
     pub async fn cancel(&self, job_id: &str) -> Result<CancelOutcome> {
+        if nul(job_id) {
+            return Err(Error::job_not_found(job_id));
+        }
         self.store
             .job_cancel(JobRef {
                 job_id: job_id.into(),
@@ -458,6 +488,9 @@ impl Queue {
     /// Cancels every pending job of `job_type` with dedupe key `key` and
     /// releases the binding; `false` when there was none.
     pub async fn cancel_by_key(&self, job_type: &str, key: &str) -> Result<bool> {
+        if nul(job_type) || nul(key) {
+            return Ok(false);
+        }
         self.store
             .job_cancel_by_key(JobCancelByKey {
                 job_type: job_type.into(),
@@ -468,6 +501,9 @@ impl Queue {
 
     /// Deletes a job that is not active; `false` for an unknown or active job.
     pub async fn purge(&self, job_id: &str) -> Result<bool> {
+        if nul(job_id) {
+            return Ok(false);
+        }
         self.store
             .job_purge(JobRef {
                 job_id: job_id.into(),
@@ -477,6 +513,9 @@ impl Queue {
 
     /// Makes a scheduled job due now; `false` when it is not scheduled.
     pub async fn promote(&self, job_id: &str) -> Result<bool> {
+        if nul(job_id) {
+            return Err(Error::job_not_found(job_id));
+        }
         self.store
             .job_promote(JobRef {
                 job_id: job_id.into(),
@@ -512,6 +551,9 @@ impl Queue {
 
     /// Puts a dead job back to ready (same id, `max_attempts` more attempts).
     pub async fn redrive(&self, job_id: &str, options: RedriveOptions) -> Result<EnqueueResult> {
+        if nul(job_id) {
+            return Err(Error::job_not_found(job_id));
+        }
         if let Some(n) = options.max_attempts
             && !(1..=1000).contains(&n)
         {
@@ -612,6 +654,13 @@ impl Queue {
         {
             return Err(Error::validation("worker", "must be 1–128 bytes"));
         }
+        let names = options.queues.iter().chain(options.types.iter().flatten());
+        if names.into_iter().any(|n| nul(n)) {
+            return Err(Error::validation(
+                "queues",
+                "queue and type names must not contain U+0000",
+            ));
+        }
         self.store
             .job_claim(JobClaim {
                 queues: options.queues,
@@ -623,6 +672,16 @@ impl Queue {
             .await
     }
 
+    /// A lease no claim could have minted is a lost one.
+    fn lease_text(job_id: &str, token: &str) -> Result<()> {
+        if nul(job_id) || nul(token) {
+            return Err(Error::LeaseLost {
+                job_id: job_id.replace('\0', "\u{fffd}"),
+            });
+        }
+        Ok(())
+    }
+
     fn lease(job_id: &str, token: &str) -> LeaseRef {
         LeaseRef {
             job_id: job_id.into(),
@@ -632,6 +691,7 @@ impl Queue {
 
     /// Renews a lease and reports whether the job was cancelled meanwhile.
     pub async fn heartbeat(&self, job_id: &str, lease_token: &str) -> Result<Heartbeat> {
+        Self::lease_text(job_id, lease_token)?;
         self.store
             .lease_heartbeat(Self::lease(job_id, lease_token))
             .await
@@ -644,6 +704,7 @@ impl Queue {
         lease_token: &str,
         result: Option<Value>,
     ) -> Result<()> {
+        Self::lease_text(job_id, lease_token)?;
         let result = result
             .map(|v| encode_json("result", &v, self.payload_limit))
             .transpose()?;
@@ -666,6 +727,7 @@ impl Queue {
         let items = items
             .into_iter()
             .map(|c| {
+                Self::lease_text(&c.job_id, &c.lease_token)?;
                 Ok(JobComplete {
                     lease: Self::lease(&c.job_id, &c.lease_token),
                     result: c
@@ -698,10 +760,13 @@ impl Queue {
                 return Err(Error::validation(field, "must be at most 100 years"));
             }
         }
+        Self::lease_text(job_id, lease_token)?;
         self.store
             .job_fail(JobFail {
                 lease: Self::lease(job_id, lease_token),
-                error: options.error,
+                // A worker's error text is kept, never refused: U+0000 (which
+                // no backend stores alike) becomes U+FFFD.
+                error: options.error.replace('\0', "\u{fffd}"),
                 retryable: !options.permanent,
                 retry_after_ms,
                 snooze_ms,
@@ -711,6 +776,7 @@ impl Queue {
 
     /// Gives a lease back: the job is ready at once and the attempt is not counted.
     pub async fn release(&self, job_id: &str, lease_token: &str) -> Result<()> {
+        Self::lease_text(job_id, lease_token)?;
         self.store
             .job_release(Self::lease(job_id, lease_token))
             .await
@@ -728,6 +794,7 @@ impl Queue {
             return Err(Error::validation("name", "must be 1–255 bytes"));
         }
         let value = encode_json("value", value, self.payload_limit)?;
+        Self::lease_text(job_id, lease_token)?;
         self.store
             .checkpoint_put(CheckpointPut {
                 lease: Self::lease(job_id, lease_token),
@@ -739,6 +806,9 @@ impl Queue {
 
     /// A stored step result.
     pub async fn checkpoint_get(&self, job_id: &str, name: &str) -> Result<Option<Value>> {
+        if nul(job_id) || nul(name) {
+            return Ok(None);
+        }
         self.store
             .checkpoint_get(CheckpointGet {
                 job_id: job_id.into(),

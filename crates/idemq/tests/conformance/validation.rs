@@ -51,6 +51,7 @@ instantiate!(
     dedupe_max_wait_only_for_debounce_and_replace,
     dedupe_max_wait_not_below_ttl,
     refused_request_binds_neither_key,
+    nul_in_ids_and_names_matches_nothing,
 );
 
 const PROBE_KEY: &str = "validation-probe";
@@ -812,4 +813,70 @@ async fn refused_request_binds_neither_key(h: Harness) {
     let d = h.queue.dedupe_lookup("t", "dk").await.unwrap().unwrap();
     assert_eq!(d.job_id, r.job_id);
     assert_eq!(h.totals().await, (1, 1));
+}
+
+/// U+0000 can be stored by no backend alike, so an id or a name holding it
+/// matches nothing: lookups find nothing, actions are refused as on an
+/// unknown job, filters are invalid, and a worker's error text keeps the
+/// rest of its message.
+async fn nul_in_ids_and_names_matches_nothing(h: Harness) {
+    let q = &h.queue;
+    let bad = "job\0id";
+    assert!(q.get(bad).await.unwrap().is_none());
+    assert!(q.events(bad).await.unwrap().is_empty());
+    assert!(q.runs(bad).await.unwrap().is_empty());
+    assert!(q.checkpoints(bad).await.unwrap().is_empty());
+    assert!(q.checkpoint_get(bad, "step").await.unwrap().is_none());
+    assert!(matches!(q.cancel(bad).await, Err(Error::NotFound { .. })));
+    assert!(matches!(q.promote(bad).await, Err(Error::NotFound { .. })));
+    assert!(matches!(
+        q.redrive(bad, idemq::RedriveOptions::default()).await,
+        Err(Error::NotFound { .. })
+    ));
+    assert!(!q.purge(bad).await.unwrap());
+    assert!(!q.cancel_by_key("t", "k\0").await.unwrap());
+    for lost in [
+        q.heartbeat(bad, "token").await.map(|_| ()),
+        q.complete(bad, "token", None).await,
+        q.release("id", "tok\0en").await,
+        q.checkpoint_put(bad, "token", "step", &serde_json::json!(1))
+            .await
+            .map(|_| ()),
+    ] {
+        assert!(matches!(lost, Err(Error::LeaseLost { .. })), "{lost:?}");
+    }
+    let filter = idemq::JobList {
+        limit: 10,
+        queue: Some("q\0".into()),
+        ..idemq::JobList::default()
+    };
+    assert!(matches!(
+        q.list(filter).await,
+        Err(Error::Validation { .. })
+    ));
+    let claim = idemq::ClaimOptions {
+        queues: vec!["q\0".into()],
+        ..idemq::ClaimOptions::default()
+    };
+    assert!(matches!(
+        q.claim(claim).await,
+        Err(Error::Validation { .. })
+    ));
+    // A worker's error text with U+0000 is kept, the character replaced.
+    let id = h.put(t()).await;
+    let c = h.claim_one().await;
+    q.fail(
+        &id,
+        &c.lease_token,
+        idemq::FailOptions {
+            error: "bad\0byte".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        h.job(&id).await.last_error.as_deref(),
+        Some("bad\u{fffd}byte")
+    );
 }
