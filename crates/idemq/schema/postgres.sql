@@ -528,18 +528,11 @@ DECLARE
 BEGIN
     -- 1. A live idempotency binding decides: replay or conflict.
     IF v_idem IS NOT NULL THEN
-        SELECT i.job_id, i.fingerprint INTO b FROM idemq.idempotency i
-        WHERE i.scope = v_idem ->> 'scope' AND i.key_hash = decode(v_idem ->> 'hash', 'hex')
-          AND i.expires_at > v_now;
+        SELECT k.job_id, k.conflict INTO b FROM idemq.key_decision(v_idem, v_fp, v_now) k;
         IF FOUND THEN
-            v_fields := idemq.fp_diff(v_fp, b.fingerprint, false);
-            IF cardinality(v_fields) = 0 THEN
-                RETURN QUERY SELECT b.job_id, 'replayed'::text, NULL::text, NULL::jsonb;
-            ELSE
-                RETURN QUERY SELECT NULL::text, NULL::text, NULL::text,
-                    jsonb_build_object('kind', 'conflict', 'job_id', b.job_id,
-                                       'source', 'idempotency_key', 'fields', to_jsonb(v_fields));
-            END IF;
+            RETURN QUERY SELECT CASE WHEN b.conflict IS NULL THEN b.job_id END,
+                                CASE WHEN b.conflict IS NULL THEN 'replayed' END,
+                                NULL::text, b.conflict;
             RETURN;
         END IF;
     END IF;
@@ -754,6 +747,18 @@ CREATE FUNCTION idemq.keep_until(p_keep_ms bigint, p_state text, p_now timestamp
         CASE WHEN p_state = 'dead' THEN 14 * 86400000 ELSE 86400000 END))
 $$;
 
+CREATE FUNCTION idemq.key_decision(p_key jsonb, p_fp jsonb, p_now timestamp with time zone) RETURNS TABLE(job_id text, conflict jsonb)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT i.job_id,
+           CASE WHEN cardinality(d.fields) > 0 THEN jsonb_build_object('kind', 'conflict',
+               'job_id', i.job_id, 'source', 'idempotency_key', 'fields', to_jsonb(d.fields)) END
+    FROM idemq.idempotency i
+    CROSS JOIN LATERAL (SELECT idemq.fp_diff(p_fp, i.fingerprint, false) AS fields) d
+    WHERE i.scope = p_key ->> 'scope' AND i.key_hash = decode(p_key ->> 'hash', 'hex')
+      AND i.expires_at > p_now
+$$;
+
 CREATE TABLE idemq.jobs (
     seq bigint NOT NULL,
     id text NOT NULL,
@@ -885,7 +890,6 @@ DECLARE
     v_id     text := p ->> 'job_id';
     v_key    jsonb := p -> 'key';
     b        record;
-    v_fields text[];
     j        idemq.jobs%ROWTYPE;
     v_run_at timestamptz;
     v_deadline timestamptz := idemq.us((p ->> 'deadline')::bigint);
@@ -893,17 +897,11 @@ BEGIN
     IF v_key IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(hashtextextended(
             'idemq.key:' || (v_key ->> 'scope') || ':' || (v_key ->> 'hash'), 0));
-        SELECT i.job_id, i.fingerprint INTO b FROM idemq.idempotency i
-        WHERE i.scope = v_key ->> 'scope' AND i.key_hash = decode(v_key ->> 'hash', 'hex')
-          AND i.expires_at > v_now;
+        SELECT k.job_id, k.conflict INTO b
+        FROM idemq.key_decision(v_key, p -> 'fingerprint', v_now) k;
         IF FOUND THEN
-            v_fields := idemq.fp_diff(p -> 'fingerprint', b.fingerprint, false);
-            IF cardinality(v_fields) = 0 THEN
-                RETURN QUERY SELECT 'replayed'::text, b.job_id, NULL::jsonb;
-            ELSE
-                RETURN QUERY SELECT NULL::text, b.job_id, jsonb_build_object('kind', 'conflict',
-                    'job_id', b.job_id, 'source', 'idempotency_key', 'fields', to_jsonb(v_fields));
-            END IF;
+            RETURN QUERY SELECT CASE WHEN b.conflict IS NULL THEN 'replayed' END, b.job_id,
+                                b.conflict;
             RETURN;
         END IF;
     END IF;

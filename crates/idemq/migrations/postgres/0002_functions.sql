@@ -76,6 +76,21 @@ RETURNS void LANGUAGE sql AS $$
             expires_at = excluded.expires_at
 $$;
 
+-- A live idempotency binding of a key met by a request of fingerprint p_fp:
+-- one row (the bound job, and NULL for a replay or the conflict to report),
+-- none when the key is free.
+CREATE FUNCTION idemq.key_decision(p_key jsonb, p_fp jsonb, p_now timestamptz)
+RETURNS TABLE (job_id text, conflict jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT i.job_id,
+           CASE WHEN cardinality(d.fields) > 0 THEN jsonb_build_object('kind', 'conflict',
+               'job_id', i.job_id, 'source', 'idempotency_key', 'fields', to_jsonb(d.fields)) END
+    FROM idemq.idempotency i
+    CROSS JOIN LATERAL (SELECT idemq.fp_diff(p_fp, i.fingerprint, false) AS fields) d
+    WHERE i.scope = p_key ->> 'scope' AND i.key_hash = decode(p_key ->> 'hash', 'hex')
+      AND i.expires_at > p_now
+$$;
+
 -- The due time of a new or replacing job, capped at first acceptance +
 -- max_wait (the request's for a new job, the binding's own for a replace: a
 -- binding keeps the max_wait it was created with).
@@ -143,18 +158,11 @@ DECLARE
 BEGIN
     -- 1. A live idempotency binding decides: replay or conflict.
     IF v_idem IS NOT NULL THEN
-        SELECT i.job_id, i.fingerprint INTO b FROM idemq.idempotency i
-        WHERE i.scope = v_idem ->> 'scope' AND i.key_hash = decode(v_idem ->> 'hash', 'hex')
-          AND i.expires_at > v_now;
+        SELECT k.job_id, k.conflict INTO b FROM idemq.key_decision(v_idem, v_fp, v_now) k;
         IF FOUND THEN
-            v_fields := idemq.fp_diff(v_fp, b.fingerprint, false);
-            IF cardinality(v_fields) = 0 THEN
-                RETURN QUERY SELECT b.job_id, 'replayed'::text, NULL::text, NULL::jsonb;
-            ELSE
-                RETURN QUERY SELECT NULL::text, NULL::text, NULL::text,
-                    jsonb_build_object('kind', 'conflict', 'job_id', b.job_id,
-                                       'source', 'idempotency_key', 'fields', to_jsonb(v_fields));
-            END IF;
+            RETURN QUERY SELECT CASE WHEN b.conflict IS NULL THEN b.job_id END,
+                                CASE WHEN b.conflict IS NULL THEN 'replayed' END,
+                                NULL::text, b.conflict;
             RETURN;
         END IF;
     END IF;
@@ -297,9 +305,13 @@ BEGIN
 END
 $$;
 
--- Enqueue a batch (or one request). Every key of the batch is locked first,
--- in a canonical order, so two batches cannot deadlock; items are then
--- decided in request order, each seeing the effects of the earlier ones.
+-- Enqueue a batch (or one request). A batch whose items carry no
+-- idempotency key, explicit job id or dedupe key is decided by the clock
+-- alone, so it is inserted set-based: one statement for the jobs, one for
+-- their events. Any other batch locks every key first, in a canonical order
+-- (two batches cannot deadlock), then decides its items in request order,
+-- each seeing the effects of the earlier ones. Acceptance order is request
+-- order either way.
 CREATE FUNCTION idemq.enqueue(p_items jsonb)
 RETURNS TABLE (idx integer, job_id text, outcome text, reason text, error jsonb)
 LANGUAGE plpgsql AS $$
@@ -309,7 +321,52 @@ DECLARE
     v_lock bigint;
     v_item jsonb;
     v_idx  bigint;
+    v_queue text;
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) it
+                   WHERE it ? 'idem' OR it ? 'job_id' OR it ? 'dedupe') THEN
+        RETURN QUERY
+        WITH items AS (
+            SELECT (e.ordinality - 1)::integer AS i, e.value AS it,
+                   idemq.resolve_run_at(e.value, v_now, v_now, NULL) AS run_at
+            FROM jsonb_array_elements(p_items) WITH ORDINALITY AS e
+        ), checked AS (
+            SELECT i, it, run_at, idemq.check_clock(it, run_at, v_now) AS err FROM items
+        ), inserted AS (
+            INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at,
+                max_attempts, retry, timeout_ms, deadline, concurrency_key, tags, keep_ms,
+                fingerprint, created_at, updated_at)
+            SELECT c.it ->> 'new_id', c.it ->> 'type', c.it ->> 'queue', 'waiting',
+                c.it -> 'payload', (c.it ->> 'priority')::smallint, c.run_at,
+                (c.it ->> 'max_attempts')::int, c.it -> 'retry', (c.it ->> 'timeout_ms')::bigint,
+                idemq.us((c.it ->> 'deadline')::bigint), c.it ->> 'concurrency_key',
+                ARRAY(SELECT jsonb_array_elements_text(c.it -> 'tags')),
+                (c.it ->> 'keep_ms')::bigint, c.it -> 'fingerprint', v_now, v_now
+            FROM checked c WHERE c.err IS NULL ORDER BY c.i
+            RETURNING id, queue, run_at
+        ), events AS (
+            INSERT INTO idemq.events (job_id, kind, at, data)
+            SELECT n.id, 'accepted', v_now, jsonb_build_object('queue', n.queue, 'run_at', n.run_at)
+            FROM inserted n
+        )
+        SELECT c.i,
+               CASE WHEN c.err IS NULL THEN c.it ->> 'new_id' END,
+               CASE WHEN c.err IS NULL THEN 'accepted' END,
+               NULL::text,
+               c.err
+        FROM checked c ORDER BY c.i;
+        FOR v_queue IN
+            SELECT DISTINCT it ->> 'queue' FROM jsonb_array_elements(p_items) it
+            WHERE idemq.check_clock(it, idemq.resolve_run_at(it, v_now, v_now, NULL), v_now) IS NULL
+        LOOP
+            PERFORM idemq.wake(v_queue);
+        END LOOP;
+        RETURN;
+    END IF;
+
+    -- Every key of the batch is locked first, in a canonical order, so two
+    -- batches cannot deadlock; items are then decided in request order, each
+    -- seeing the effects of the earlier ones.
     FOR v_lock IN
         SELECT DISTINCT l FROM (
             SELECT hashtextextended('idemq.key:' || (it -> 'idem' ->> 'scope') || ':'
@@ -790,7 +847,6 @@ DECLARE
     v_id     text := p ->> 'job_id';
     v_key    jsonb := p -> 'key';
     b        record;
-    v_fields text[];
     j        idemq.jobs%ROWTYPE;
     v_run_at timestamptz;
     v_deadline timestamptz := idemq.us((p ->> 'deadline')::bigint);
@@ -798,17 +854,11 @@ BEGIN
     IF v_key IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(hashtextextended(
             'idemq.key:' || (v_key ->> 'scope') || ':' || (v_key ->> 'hash'), 0));
-        SELECT i.job_id, i.fingerprint INTO b FROM idemq.idempotency i
-        WHERE i.scope = v_key ->> 'scope' AND i.key_hash = decode(v_key ->> 'hash', 'hex')
-          AND i.expires_at > v_now;
+        SELECT k.job_id, k.conflict INTO b
+        FROM idemq.key_decision(v_key, p -> 'fingerprint', v_now) k;
         IF FOUND THEN
-            v_fields := idemq.fp_diff(p -> 'fingerprint', b.fingerprint, false);
-            IF cardinality(v_fields) = 0 THEN
-                RETURN QUERY SELECT 'replayed'::text, b.job_id, NULL::jsonb;
-            ELSE
-                RETURN QUERY SELECT NULL::text, b.job_id, jsonb_build_object('kind', 'conflict',
-                    'job_id', b.job_id, 'source', 'idempotency_key', 'fields', to_jsonb(v_fields));
-            END IF;
+            RETURN QUERY SELECT CASE WHEN b.conflict IS NULL THEN 'replayed' END, b.job_id,
+                                b.conflict;
             RETURN;
         END IF;
     END IF;

@@ -29,11 +29,6 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "complete_many",
         include_str!("../../../migrations/postgres/0004_complete_many.sql"),
     ),
-    (
-        5,
-        "enqueue_set_based",
-        include_str!("../../../migrations/postgres/0005_enqueue_set_based.sql"),
-    ),
 ];
 
 /// The lock every migrating process takes (an arbitrary constant: "idemq" in ASCII).

@@ -4,11 +4,10 @@
 use rusqlite::{OptionalExtension, params};
 use serde_json::json;
 
-use super::enqueue::{bind_key, keyed_job, load_binding};
+use super::enqueue::{bind_key, conflict, idem_live, keyed_job, load_binding};
 use super::exec::finish;
 use super::{Cx, ts};
-use crate::error::{ConflictSource, Error, IdempotencyConflict, Result};
-use crate::fingerprint::Fingerprint;
+use crate::error::{Error, Result};
 use crate::job::{CancelOutcome, EnqueueResult, JobState, Outcome};
 use crate::store::{BindingRef, JobCancelByKey, JobRedrive, QueuePause};
 
@@ -177,36 +176,19 @@ pub(super) fn promote(cx: &Cx, id: &str) -> Result<Result<bool>> {
 }
 
 pub(super) fn redrive(cx: &Cx, p: &JobRedrive) -> Result<Result<EnqueueResult>> {
-    if let Some(k) = &p.key {
-        let live: Option<(String, String)> = cx
-            .db
-            .prepare_cached(
-                "SELECT job_id, fingerprint FROM idemq_idempotency
-                 WHERE scope = ?1 AND key_hash = ?2 AND expires_at > ?3",
-            )?
-            .query_row(params![k.scope, &k.hash[..], cx.now], |r| {
-                Ok((r.get(0)?, r.get(1)?))
+    // A live redrive key decides, as an idempotency key does for enqueue.
+    if let Some(k) = &p.key
+        && let Some(b) = idem_live(cx, k)?
+    {
+        let fields = p.fingerprint.diff(&b.fingerprint, false);
+        return Ok(if fields.is_empty() {
+            Ok(EnqueueResult {
+                job_id: b.job_id,
+                outcome: Outcome::Replayed,
             })
-            .optional()?;
-        if let Some((job_id, fp)) = live {
-            let fields = p.fingerprint.diff(&Fingerprint::from_json(&fp), false);
-            if fields.is_empty() {
-                return Ok(Ok(EnqueueResult {
-                    job_id,
-                    outcome: Outcome::Replayed,
-                }));
-            }
-            return Ok(Err(Error::EnqueueIdempotencyConflict(Box::new(
-                IdempotencyConflict {
-                    job_id,
-                    source: ConflictSource::IdempotencyKey,
-                    scope: Some(k.scope.clone()),
-                    key_preview: Some(k.preview.clone()),
-                    key_digest: Some(k.digest()),
-                    fields,
-                },
-            ))));
-        }
+        } else {
+            Err(conflict(b.job_id, Some(k), fields))
+        });
     }
     let Some((_, state, _, _)) = state_of(cx, &p.job_id)? else {
         return Ok(Err(Error::job_not_found(&p.job_id)));

@@ -14,13 +14,13 @@ use crate::request::{DedupeMode, PreparedEnqueue, PreparedKey, defaults};
 use crate::store::{Explain, ExplainConflict, ExplainDedupe, ExplainIdempotency};
 
 /// A live idempotency binding.
-struct IdemBinding {
-    job_id: String,
-    fingerprint: Fingerprint,
+pub(super) struct IdemBinding {
+    pub(super) job_id: String,
+    pub(super) fingerprint: Fingerprint,
     expires_at: i64,
 }
 
-fn idem_live(cx: &Cx, k: &PreparedKey) -> Result<Option<IdemBinding>> {
+pub(super) fn idem_live(cx: &Cx, k: &PreparedKey) -> Result<Option<IdemBinding>> {
     Ok(cx
         .db
         .prepare_cached(
@@ -58,7 +58,7 @@ pub(super) fn bind_key(cx: &Cx, k: &PreparedKey, job_id: &str, fp: &Fingerprint)
     Ok(())
 }
 
-fn conflict(job_id: String, key: Option<&PreparedKey>, fields: Vec<String>) -> Error {
+pub(super) fn conflict(job_id: String, key: Option<&PreparedKey>, fields: Vec<String>) -> Error {
     Error::EnqueueIdempotencyConflict(Box::new(IdempotencyConflict {
         job_id,
         source: if key.is_some() {
