@@ -191,6 +191,35 @@ impl Server {
         self.send(Method::POST, path, Some(body.into()), &[]).await
     }
 
+    /// Posts `body` whole with its Content-Length, ignoring a connection the
+    /// server closes early, and returns the status and the raw response.
+    pub async fn post_whole(&self, path: &str, body: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = self.base.strip_prefix("http://").expect("http");
+        let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        if sock.write_all(head.as_bytes()).await.is_ok() {
+            let _ = sock.write_all(body.as_bytes()).await;
+        }
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            sock.read_to_end(&mut out),
+        )
+        .await;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status line: {text:?}"));
+        (status, text)
+    }
+
     pub async fn put(&self, path: &str, body: Value) -> Answer {
         self.send(Method::PUT, path, Some(body.to_string().into_bytes()), &[])
             .await
