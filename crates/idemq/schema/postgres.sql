@@ -180,25 +180,48 @@ $$;
 
 CREATE FUNCTION idemq.claim(p_queues text[], p_types text[], p_worker text, p_limit integer, p_lease_ms bigint) RETURNS TABLE(id text, type text, queue text, payload jsonb, attempt integer, max_attempts integer, lease_token text, lease_expires_at timestamp with time zone, timeout_ms bigint, deadline timestamp with time zone, tags text[])
     LANGUAGE plpgsql
+    SET enable_sort TO 'off'
+    SET jit TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
     v_now   timestamptz := idemq.now();
+    v_paused text[] := ARRAY(SELECT q.name FROM idemq.queues q WHERE q.paused);
     v_ids   text[] := '{}';
     v_keys  text[] := '{}';
     c       record;
     v_round integer := 0;
     v_found boolean;
+    v_slow  boolean;
 BEGIN
     PERFORM idemq.reap(1000, v_now);
+    -- The common case in one statement: the first p_limit due jobs in claim
+    -- order, locked. When none of them has a concurrency key or a passed
+    -- deadline, they are the claim; otherwise the loop below decides, row by
+    -- row, and sees the rows locked here as its own.
+    SELECT coalesce(array_agg(f.id), '{}'),
+           coalesce(bool_or(f.concurrency_key IS NOT NULL OR f.deadline <= v_now), false)
+    INTO v_ids, v_slow
+    FROM (SELECT j.id, j.concurrency_key, j.deadline FROM idemq.jobs j
+          WHERE j.state = 'waiting' AND j.run_at <= v_now
+            AND (p_queues IS NULL OR j.queue = ANY (p_queues))
+            AND (p_types IS NULL OR j.type = ANY (p_types))
+            AND NOT (j.queue = ANY (v_paused))
+          ORDER BY j.priority DESC, j.run_at, j.seq
+          LIMIT p_limit
+          FOR UPDATE OF j SKIP LOCKED) f;
+    IF v_slow THEN
+        v_ids := '{}';
+    END IF;
     LOOP
+        EXIT WHEN NOT v_slow;
         v_found := false;
         FOR c IN
             SELECT j.id, j.concurrency_key, j.deadline FROM idemq.jobs j
             WHERE j.state = 'waiting' AND j.run_at <= v_now
               AND (p_queues IS NULL OR j.queue = ANY (p_queues))
               AND (p_types IS NULL OR j.type = ANY (p_types))
-              AND NOT EXISTS (SELECT 1 FROM idemq.queues q WHERE q.name = j.queue AND q.paused)
+              AND NOT (j.queue = ANY (v_paused))
               AND (j.concurrency_key IS NULL OR NOT EXISTS (
                     SELECT 1 FROM idemq.jobs a
                     WHERE a.state = 'active' AND a.concurrency_key = j.concurrency_key))
@@ -265,19 +288,30 @@ CREATE FUNCTION idemq.complete_many(p_ids text[], p_tokens text[], p_results jso
 #variable_conflict use_column
 DECLARE
     v_now timestamptz := idemq.now();
-    j     idemq.jobs%ROWTYPE;
-    i     integer;
 BEGIN
-    FOR i IN 1 .. coalesce(cardinality(p_ids), 0) LOOP
-        j := idemq.lease_job(p_ids[i], p_tokens[i]);
-        IF j.id IS NULL THEN
-            RETURN QUERY SELECT i - 1, false;
-        ELSE
-            PERFORM idemq.end_attempt(p_ids[i], 'completed', NULL, true, NULL, NULL,
-                                      p_results[i], v_now);
-            RETURN QUERY SELECT i - 1, true;
-        END IF;
-    END LOOP;
+    RETURN QUERY
+    WITH input AS (
+        SELECT (t.i - 1)::integer AS i, t.id, t.token, t.result
+        FROM unnest(p_ids, p_tokens, p_results) WITH ORDINALITY AS t(id, token, result, i)
+    ), firsts AS (
+        SELECT DISTINCT ON (n.id) n.i, n.id, n.token, n.result FROM input n ORDER BY n.id, n.i
+    ), done AS (
+        UPDATE idemq.jobs j SET state = 'completed', result = f.result, finished_at = v_now,
+            purge_after = idemq.keep_until(j.keep_ms, 'completed', v_now),
+            attempts_used = j.attempts_used + 1, lease_token = NULL, lease_expires_at = NULL,
+            lease_ms = NULL, worker = NULL, started_at = NULL, updated_at = v_now
+        FROM firsts f
+        WHERE j.id = f.id AND j.state = 'active' AND j.lease_token = f.token
+        RETURNING f.i, j.id, j.attempt
+    ), runs AS (
+        UPDATE idemq.runs r SET finished_at = v_now, outcome = 'completed', error = NULL
+        FROM done d WHERE r.job_id = d.id AND r.attempt = d.attempt
+    ), events AS (
+        INSERT INTO idemq.events (job_id, kind, at, data)
+        SELECT d.id, 'completed', v_now, jsonb_build_object('attempt', d.attempt)
+        FROM done d ORDER BY d.i
+    )
+    SELECT n.i, d.i IS NOT NULL FROM input n LEFT JOIN done d ON d.i = n.i ORDER BY n.i;
 END
 $$;
 

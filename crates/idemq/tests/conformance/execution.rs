@@ -31,6 +31,7 @@ instantiate!(
     stale_token_is_refused_and_changes_nothing,
     token_is_dead_after_the_attempt_ends,
     complete_many_records_each_and_refuses_stale_items,
+    complete_many_completes_a_job_named_twice_once,
     reclaimed_job_fences_the_old_holder,
     expired_lease_is_claimable_by_the_next_claim,
     expired_lease_without_budget_is_dead,
@@ -670,6 +671,35 @@ async fn complete_many_records_each_and_refuses_stale_items(h: Harness) {
     assert_eq!(h.queue.events(&a).await.unwrap(), a_events);
     assert_fenced(&h, &b, &token(&b)).await;
     assert!(h.queue.complete_many(Vec::new()).await.unwrap().is_empty());
+}
+
+/// A job named twice in one batch is completed once, by its first item;
+/// the second item finds the lease gone.
+async fn complete_many_completes_a_job_named_twice_once(h: Harness) {
+    let id = h.put(job("t")).await;
+    let claimed = claim_as(&h, "w", 30_000, 1).await.remove(0);
+    let item = |n: i64| idemq::Completion {
+        job_id: id.clone(),
+        lease_token: claimed.lease_token.clone(),
+        result: Some(json!({"n": n})),
+    };
+    let mut results = h.queue.complete_many(vec![item(1), item(2)]).await.unwrap();
+    assert_eq!(results.len(), 2);
+    assert_lost(results.pop().unwrap(), &id);
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    let j = h.job(&id).await;
+    assert_eq!(j.state, JobState::Completed);
+    assert_eq!(j.attempts_used, 1);
+    assert_eq!(j.result, Some(json!({"n": 1})));
+    let completed = h
+        .queue
+        .events(&id)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "completed")
+        .count();
+    assert_eq!(completed, 1);
 }
 
 async fn reclaimed_job_fences_the_old_holder(h: Harness) {
