@@ -468,7 +468,38 @@ DECLARE
     v_item jsonb;
     v_idx  bigint;
     v_queue text;
+    v_run_at timestamptz;
+    v_err  jsonb;
 BEGIN
+    -- The most common call, one request without keys, straight through: no
+    -- set-based machinery, no locks, two single-row inserts.
+    IF jsonb_array_length(p_items) = 1
+       AND NOT ((p_items -> 0) ?| ARRAY['idem', 'job_id', 'dedupe']) THEN
+        v_item := p_items -> 0;
+        v_run_at := idemq.resolve_run_at(v_item, v_now, v_now, NULL);
+        v_err := idemq.check_clock(v_item, v_run_at, v_now);
+        IF v_err IS NOT NULL THEN
+            RETURN QUERY SELECT 0, NULL::text, NULL::text, NULL::text, v_err;
+            RETURN;
+        END IF;
+        INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at,
+            max_attempts, retry, timeout_ms, deadline, concurrency_key, tags, keep_ms,
+            fingerprint, created_at, updated_at)
+        VALUES (v_item ->> 'new_id', v_item ->> 'type', v_item ->> 'queue', 'waiting',
+            v_item -> 'payload', (v_item ->> 'priority')::smallint, v_run_at,
+            (v_item ->> 'max_attempts')::int, v_item -> 'retry',
+            (v_item ->> 'timeout_ms')::bigint, idemq.us((v_item ->> 'deadline')::bigint),
+            v_item ->> 'concurrency_key',
+            CASE WHEN jsonb_array_length(v_item -> 'tags') = 0 THEN '{}'::text[]
+                 ELSE ARRAY(SELECT jsonb_array_elements_text(v_item -> 'tags')) END,
+            (v_item ->> 'keep_ms')::bigint, v_item -> 'fingerprint', v_now, v_now);
+        INSERT INTO idemq.events (job_id, kind, at, data)
+        VALUES (v_item ->> 'new_id', 'accepted', v_now,
+                jsonb_build_object('queue', v_item ->> 'queue', 'run_at', v_run_at));
+        PERFORM idemq.wake(v_item ->> 'queue');
+        RETURN QUERY SELECT 0, v_item ->> 'new_id', 'accepted'::text, NULL::text, NULL::jsonb;
+        RETURN;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) it
                    WHERE it ? 'idem' OR it ? 'job_id' OR it ? 'dedupe') THEN
         RETURN QUERY
@@ -507,6 +538,23 @@ BEGIN
         LOOP
             PERFORM idemq.wake(v_queue);
         END LOOP;
+        RETURN;
+    END IF;
+
+    -- One keyed request: its keys locked in the same canonical order as a
+    -- batch's, in one statement, then decided.
+    IF jsonb_array_length(p_items) = 1 THEN
+        v_item := p_items -> 0;
+        PERFORM pg_advisory_xact_lock(l) FROM (SELECT DISTINCT l FROM (VALUES
+            (CASE WHEN v_item ? 'idem' THEN hashtextextended('idemq.key:'
+                || (v_item -> 'idem' ->> 'scope') || ':' || (v_item -> 'idem' ->> 'hash'), 0) END),
+            (CASE WHEN v_item ? 'job_id' THEN
+                hashtextextended('idemq.job:' || (v_item ->> 'job_id'), 0) END),
+            (CASE WHEN v_item ? 'dedupe' THEN hashtextextended('idemq.dedupe:'
+                || (v_item ->> 'type') || ':' || (v_item -> 'dedupe' ->> 'key'), 0) END)) v(l)
+            WHERE l IS NOT NULL ORDER BY l) k;
+        RETURN QUERY SELECT 0, r.job_id, r.outcome, r.reason, r.error
+                     FROM idemq.enqueue_one(v_item, v_now) r;
         RETURN;
     END IF;
 
@@ -788,7 +836,8 @@ CREATE FUNCTION idemq.key_decision(p_key jsonb, p_fp jsonb, p_now timestamp with
            CASE WHEN cardinality(d.fields) > 0 THEN jsonb_build_object('kind', 'conflict',
                'job_id', i.job_id, 'source', 'idempotency_key', 'fields', to_jsonb(d.fields)) END
     FROM idemq.idempotency i
-    CROSS JOIN LATERAL (SELECT idemq.fp_diff(p_fp, i.fingerprint, false) AS fields) d
+    CROSS JOIN LATERAL (SELECT CASE WHEN i.fingerprint = p_fp THEN '{}'::text[]
+                                    ELSE idemq.fp_diff(p_fp, i.fingerprint, false) END AS fields) d
     WHERE i.scope = p_key ->> 'scope' AND i.key_hash = decode(p_key ->> 'hash', 'hex')
       AND i.expires_at > p_now
 $$;

@@ -19,6 +19,10 @@ use crate::job::ClaimedJob;
 use crate::queue::{ClaimOptions, FailOptions, Queue};
 use crate::store::Wakeups;
 
+/// How long free slots wait for more to free up before a claim, while a
+/// backlog is being worked off.
+const CLAIM_WINDOW: Duration = Duration::from_millis(5);
+
 /// Why a supervisor must stop its handler early.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stop {
@@ -87,13 +91,36 @@ pub(super) async fn run(
         Ended::Lost => report.lost += 1,
     };
     tokio::pin!(shutdown);
+    // Whether the last claim took all it asked for: more work is waiting.
+    let mut backlog = false;
+    // Since when fewer slots than a batch have been free.
+    let mut free_since: Option<tokio::time::Instant> = None;
     loop {
         while let Some(done) = tasks.try_join_next() {
             count(&mut report, done.unwrap_or(Ended::Failed));
         }
         let free = w.concurrency.saturating_sub(tasks.len());
+        // With a backlog, claim in batches of at least half the concurrency:
+        // a claim costs about as much for one job as for a dozen, so claiming
+        // each freed slot on its own would spend the database on claims.
+        // Without one, any free slot claims at once (a new job starts
+        // without delay).
+        // Slots that stay free for CLAIM_WINDOW are claimed however few
+        // they are, so long-running handlers never hold the rest back.
+        let wanted = if backlog {
+            (w.concurrency / 2).max(1)
+        } else {
+            1
+        };
+        if free == 0 {
+            free_since = None;
+        } else if free < wanted && free_since.is_none() {
+            free_since = Some(tokio::time::Instant::now());
+        }
+        let window_over = free_since.is_some_and(|t| t.elapsed() >= CLAIM_WINDOW);
         let mut full = false;
-        if free > 0 {
+        if free > 0 && (free >= wanted || window_over) {
+            free_since = None;
             let options = ClaimOptions {
                 queues: w.queues.clone(),
                 types: claim_types.clone(),
@@ -104,6 +131,7 @@ pub(super) async fn run(
             match w.queue.claim(options).await {
                 Ok(jobs) => {
                     full = jobs.len() == free;
+                    backlog = full;
                     for job in jobs {
                         let Some(handler) = w.registry.get(&job.job_type) else {
                             continue;
@@ -132,7 +160,10 @@ pub(super) async fn run(
                     }
                 }
                 // The backend is down or busy: wait a poll interval and retry.
-                Err(_) => full = false,
+                Err(_) => {
+                    full = false;
+                    backlog = false;
+                }
             }
         }
         if full {
@@ -144,6 +175,12 @@ pub(super) async fn run(
                 count(&mut report, done.unwrap_or(Ended::Failed));
             }
             _ = wait(&mut wakeups, w.poll_interval) => {}
+            () = async {
+                match free_since {
+                    Some(t) => tokio::time::sleep_until(t + CLAIM_WINDOW).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
         }
     }
 
