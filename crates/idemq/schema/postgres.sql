@@ -502,23 +502,32 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) it
                    WHERE it ? 'idem' OR it ? 'job_id' OR it ? 'dedupe') THEN
+        -- Each item parsed once into typed columns (but the payload, which
+        -- may be JSON null: a column would read it as SQL NULL); the clock
+        -- checks only for items with a deadline.
         RETURN QUERY
         WITH items AS (
-            SELECT (e.ordinality - 1)::integer AS i, e.value AS it,
-                   idemq.resolve_run_at(e.value, v_now, v_now, NULL) AS run_at
+            SELECT (e.ordinality - 1)::integer AS i, e.value AS it, r.*,
+                   CASE WHEN r.run_at IS NOT NULL THEN idemq.us(r.run_at)
+                        ELSE v_now + idemq.ms(coalesce(r.delay_ms, 0)) END AS due
             FROM jsonb_array_elements(p_items) WITH ORDINALITY AS e
+            CROSS JOIN LATERAL jsonb_to_record(e.value) AS r(new_id text, type text,
+                queue text, priority smallint, run_at bigint, delay_ms bigint,
+                max_attempts integer, retry jsonb, timeout_ms bigint, deadline bigint,
+                concurrency_key text, tags jsonb, keep_ms bigint, fingerprint jsonb)
         ), checked AS (
-            SELECT i, it, run_at, idemq.check_clock(it, run_at, v_now) AS err FROM items
+            SELECT x.*, CASE WHEN x.deadline IS NOT NULL
+                             THEN idemq.check_clock(x.it, x.due, v_now) END AS err
+            FROM items x
         ), inserted AS (
             INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at,
                 max_attempts, retry, timeout_ms, deadline, concurrency_key, tags, keep_ms,
                 fingerprint, created_at, updated_at)
-            SELECT c.it ->> 'new_id', c.it ->> 'type', c.it ->> 'queue', 'waiting',
-                c.it -> 'payload', (c.it ->> 'priority')::smallint, c.run_at,
-                (c.it ->> 'max_attempts')::int, c.it -> 'retry', (c.it ->> 'timeout_ms')::bigint,
-                idemq.us((c.it ->> 'deadline')::bigint), c.it ->> 'concurrency_key',
-                ARRAY(SELECT jsonb_array_elements_text(c.it -> 'tags')),
-                (c.it ->> 'keep_ms')::bigint, c.it -> 'fingerprint', v_now, v_now
+            SELECT c.new_id, c.type, c.queue, 'waiting', c.it -> 'payload', c.priority, c.due,
+                c.max_attempts, c.retry, c.timeout_ms, idemq.us(c.deadline), c.concurrency_key,
+                CASE WHEN jsonb_array_length(c.tags) = 0 THEN '{}'::text[]
+                     ELSE ARRAY(SELECT jsonb_array_elements_text(c.tags)) END,
+                c.keep_ms, c.fingerprint, v_now, v_now
             FROM checked c WHERE c.err IS NULL ORDER BY c.i
             RETURNING id, queue, run_at
         ), events AS (
@@ -527,17 +536,15 @@ BEGIN
             FROM inserted n
         )
         SELECT c.i,
-               CASE WHEN c.err IS NULL THEN c.it ->> 'new_id' END,
+               CASE WHEN c.err IS NULL THEN c.new_id END,
                CASE WHEN c.err IS NULL THEN 'accepted' END,
                NULL::text,
                c.err
         FROM checked c ORDER BY c.i;
-        FOR v_queue IN
-            SELECT DISTINCT it ->> 'queue' FROM jsonb_array_elements(p_items) it
-            WHERE idemq.check_clock(it, idemq.resolve_run_at(it, v_now, v_now, NULL), v_now) IS NULL
-        LOOP
-            PERFORM idemq.wake(v_queue);
-        END LOOP;
+        -- Every queue named (one whose items were all refused gets a
+        -- harmless extra wake-up).
+        PERFORM idemq.wake(q.name)
+        FROM (SELECT DISTINCT e ->> 'queue' AS name FROM jsonb_array_elements(p_items) e) q;
         RETURN;
     END IF;
 

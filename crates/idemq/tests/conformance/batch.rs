@@ -37,6 +37,7 @@ instantiate!(
     batch_over_16_mib_is_refused,
     one_accepted_event_per_new_job,
     coalesced_item_binds_its_idempotency_key,
+    keyless_batch_stores_each_request_as_a_single_enqueue_does,
 );
 
 fn batch(atomic: bool) -> BatchOptions {
@@ -627,4 +628,62 @@ async fn oversized_item_fails_only_that_item(h: Harness) {
     assert_eq!(h.job(&ok(&rs[0]).job_id).await.payload, json!({"n": 0}));
     assert_eq!(h.job(&ok(&rs[2]).job_id).await.payload, json!({"n": 2}));
     assert_eq!(h.totals().await, (2, 2));
+}
+
+/// A batch without keys takes a set-based path and a single request a
+/// straight one on some backends: every field lands the same either way,
+/// a JSON null payload included, and so does the `accepted` event.
+async fn keyless_batch_stores_each_request_as_a_single_enqueue_does(h: Harness) {
+    let now = h.now().await;
+    let requests = || {
+        vec![
+            EnqueueRequest::new("t").payload(serde_json::Value::Null),
+            EnqueueRequest::new("t")
+                .payload(json!({"a": [1, 2], "b": "x"}))
+                .queue("q2")
+                .priority(5)
+                .delay(Duration::from_secs(10))
+                .deadline(now + chrono::Duration::hours(1))
+                .max_attempts(3)
+                .timeout(Duration::from_secs(7))
+                .concurrency_key("ck")
+                .keep(Duration::from_secs(60))
+                .tag("b")
+                .tag("a"),
+            EnqueueRequest::new("t").run_at(now + chrono::Duration::seconds(30)),
+        ]
+    };
+    let batched = h
+        .queue
+        .enqueue_many(requests(), batch(false))
+        .await
+        .unwrap();
+    let mut singles = Vec::new();
+    for r in requests() {
+        singles.push(h.queue.enqueue_with_result(r).await.unwrap());
+    }
+    for (b, s) in batched.iter().zip(&singles) {
+        let (b, s) = (ok(b), s);
+        assert_eq!(b.outcome, Outcome::Accepted);
+        let (jb, js) = (h.job(&b.job_id).await, h.job(&s.job_id).await);
+        let strip = |mut j: idemq::Job| {
+            j.id = String::new();
+            j
+        };
+        assert_eq!(strip(jb), strip(js));
+        let (eb, es) = (
+            h.queue.events(&b.job_id).await.unwrap(),
+            h.queue.events(&s.job_id).await.unwrap(),
+        );
+        assert_eq!((eb.len(), es.len()), (1, 1));
+        assert_eq!(
+            (&eb[0].kind, eb[0].at, &eb[0].data),
+            (&es[0].kind, es[0].at, &es[0].data)
+        );
+    }
+    let first = h.job(&ok(&batched[0]).job_id).await;
+    assert_eq!(first.payload, serde_json::Value::Null);
+    let second = h.job(&ok(&batched[1]).job_id).await;
+    assert_eq!(second.tags, vec!["a".to_owned(), "b".to_owned()]);
+    assert_eq!(second.run_at, now + chrono::Duration::seconds(10));
 }
