@@ -23,7 +23,7 @@ mod schedule;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -84,6 +84,39 @@ struct Inner {
     next_reader: AtomicUsize,
     clock: Arc<dyn Clock>,
     wakeup: Arc<Notify>,
+    /// Writes (and every operation of an in-memory database) run on one
+    /// long-lived thread, reads on READERS others: a fixed set of threads,
+    /// so memory the allocator keeps per thread stays bounded, and reads
+    /// never queue behind writes.
+    write_lane: mpsc::Sender<Task>,
+    read_lane: mpsc::Sender<Task>,
+}
+
+/// One operation for a store thread.
+type Task = Box<dyn FnOnce() + Send>;
+
+/// Starts `threads` threads taking tasks from one queue; they end when the
+/// queue's sender is dropped (with the store). A panicking task is caught:
+/// its caller sees an error, and the thread goes on.
+fn lane(name: &str, threads: usize) -> Result<mpsc::Sender<Task>> {
+    let (tx, rx) = mpsc::channel::<Task>();
+    let rx = Arc::new(Mutex::new(rx));
+    for i in 0..threads {
+        let rx = rx.clone();
+        std::thread::Builder::new()
+            .name(format!("idemq-sqlite-{name}-{i}"))
+            .spawn(move || {
+                loop {
+                    let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                    let Ok(task) = next else { return };
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task));
+                }
+            })
+            .map_err(|e| Error::Backend {
+                message: format!("cannot start a sqlite thread: {e}"),
+            })?;
+    }
+    Ok(tx)
 }
 
 /// The SQLite store. Cheap to clone.
@@ -175,6 +208,7 @@ impl SqliteStore {
                 .collect::<Result<_>>()?,
             None => Vec::new(),
         };
+        let reader_threads = readers.len().max(1);
         Ok(Self {
             inner: Arc::new(Inner {
                 writer: Mutex::new(writer),
@@ -182,6 +216,8 @@ impl SqliteStore {
                 next_reader: AtomicUsize::new(0),
                 clock,
                 wakeup: Arc::new(Notify::new()),
+                write_lane: lane("write", 1)?,
+                read_lane: lane("read", reader_threads)?,
             }),
             path: path.map(Path::to_path_buf),
         })
@@ -213,30 +249,42 @@ impl SqliteStore {
         F: FnOnce(&Cx<'_>) -> Result<T> + Send + 'static,
     {
         let inner = self.inner.clone();
-        let task = tokio::task::spawn_blocking(move || {
-            let conn_lock = match mode {
-                Mode::Read if !inner.readers.is_empty() => {
-                    let i = inner.next_reader.fetch_add(1, Ordering::Relaxed) % inner.readers.len();
-                    &inner.readers[i]
+        let reads_apart = matches!(mode, Mode::Read) && !self.inner.readers.is_empty();
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let task: Task = Box::new(move || {
+            let conn_lock = if reads_apart {
+                let i = inner.next_reader.fetch_add(1, Ordering::Relaxed) % inner.readers.len();
+                &inner.readers[i]
+            } else {
+                &inner.writer
+            };
+            let out = (|| {
+                let mut conn = lock(conn_lock);
+                let behavior = match mode {
+                    Mode::Read => TransactionBehavior::Deferred,
+                    Mode::Write | Mode::DryRun => TransactionBehavior::Immediate,
+                };
+                let tx = conn.transaction_with_behavior(behavior)?;
+                let now = inner.clock.now().timestamp_micros();
+                let out = f(&Cx { db: &tx, now })?;
+                match mode {
+                    Mode::DryRun => tx.rollback()?,
+                    Mode::Read | Mode::Write => tx.commit()?,
                 }
-                _ => &inner.writer,
-            };
-            let mut conn = lock(conn_lock);
-            let behavior = match mode {
-                Mode::Read => TransactionBehavior::Deferred,
-                Mode::Write | Mode::DryRun => TransactionBehavior::Immediate,
-            };
-            let tx = conn.transaction_with_behavior(behavior)?;
-            let now = inner.clock.now().timestamp_micros();
-            let out = f(&Cx { db: &tx, now })?;
-            match mode {
-                Mode::DryRun => tx.rollback()?,
-                Mode::Read | Mode::Write => tx.commit()?,
-            }
-            Ok(out)
+                Ok(out)
+            })();
+            let _ = reply.send(out);
         });
-        task.await.map_err(|e| Error::Backend {
-            message: format!("sqlite task failed: {e}"),
+        let lane = if reads_apart {
+            &self.inner.read_lane
+        } else {
+            &self.inner.write_lane
+        };
+        lane.send(task).map_err(|_| Error::Backend {
+            message: "the sqlite threads have stopped".into(),
+        })?;
+        answer.await.map_err(|_| Error::Backend {
+            message: "sqlite operation panicked".into(),
         })?
     }
 
