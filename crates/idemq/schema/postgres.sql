@@ -464,40 +464,15 @@ CREATE FUNCTION idemq.enqueue(p_items jsonb) RETURNS TABLE(idx integer, job_id t
 #variable_conflict use_column
 DECLARE
     v_now  timestamptz := idemq.now();
-    v_lock bigint;
     v_item jsonb;
     v_idx  bigint;
-    v_queue text;
-    v_run_at timestamptz;
-    v_err  jsonb;
 BEGIN
-    -- The most common call, one request without keys, straight through: no
-    -- set-based machinery, no locks, two single-row inserts.
+    -- The most common call, one request without keys: decided on its own,
+    -- without the set-based machinery and without locks.
     IF jsonb_array_length(p_items) = 1
        AND NOT ((p_items -> 0) ?| ARRAY['idem', 'job_id', 'dedupe']) THEN
-        v_item := p_items -> 0;
-        v_run_at := idemq.resolve_run_at(v_item, v_now, v_now, NULL);
-        v_err := idemq.check_clock(v_item, v_run_at, v_now);
-        IF v_err IS NOT NULL THEN
-            RETURN QUERY SELECT 0, NULL::text, NULL::text, NULL::text, v_err;
-            RETURN;
-        END IF;
-        INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at,
-            max_attempts, retry, timeout_ms, deadline, concurrency_key, tags, keep_ms,
-            fingerprint, created_at, updated_at)
-        VALUES (v_item ->> 'new_id', v_item ->> 'type', v_item ->> 'queue', 'waiting',
-            v_item -> 'payload', (v_item ->> 'priority')::smallint, v_run_at,
-            (v_item ->> 'max_attempts')::int, v_item -> 'retry',
-            (v_item ->> 'timeout_ms')::bigint, idemq.us((v_item ->> 'deadline')::bigint),
-            v_item ->> 'concurrency_key',
-            CASE WHEN jsonb_array_length(v_item -> 'tags') = 0 THEN '{}'::text[]
-                 ELSE ARRAY(SELECT jsonb_array_elements_text(v_item -> 'tags')) END,
-            (v_item ->> 'keep_ms')::bigint, v_item -> 'fingerprint', v_now, v_now);
-        INSERT INTO idemq.events (job_id, kind, at, data)
-        VALUES (v_item ->> 'new_id', 'accepted', v_now,
-                jsonb_build_object('queue', v_item ->> 'queue', 'run_at', v_run_at));
-        PERFORM idemq.wake(v_item ->> 'queue');
-        RETURN QUERY SELECT 0, v_item ->> 'new_id', 'accepted'::text, NULL::text, NULL::jsonb;
+        RETURN QUERY SELECT 0, r.job_id, r.outcome, r.reason, r.error
+                     FROM idemq.enqueue_one(p_items -> 0, v_now) r;
         RETURN;
     END IF;
     IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) it
@@ -548,42 +523,19 @@ BEGIN
         RETURN;
     END IF;
 
-    -- One keyed request: its keys locked in the same canonical order as a
-    -- batch's, in one statement, then decided.
-    IF jsonb_array_length(p_items) = 1 THEN
-        v_item := p_items -> 0;
-        PERFORM pg_advisory_xact_lock(l) FROM (SELECT DISTINCT l FROM (VALUES
-            (CASE WHEN v_item ? 'idem' THEN hashtextextended('idemq.key:'
-                || (v_item -> 'idem' ->> 'scope') || ':' || (v_item -> 'idem' ->> 'hash'), 0) END),
-            (CASE WHEN v_item ? 'job_id' THEN
-                hashtextextended('idemq.job:' || (v_item ->> 'job_id'), 0) END),
-            (CASE WHEN v_item ? 'dedupe' THEN hashtextextended('idemq.dedupe:'
-                || (v_item ->> 'type') || ':' || (v_item -> 'dedupe' ->> 'key'), 0) END)) v(l)
-            WHERE l IS NOT NULL ORDER BY l) k;
-        RETURN QUERY SELECT 0, r.job_id, r.outcome, r.reason, r.error
-                     FROM idemq.enqueue_one(v_item, v_now) r;
-        RETURN;
-    END IF;
-
-    -- Every key of the batch is locked first, in a canonical order, so two
-    -- batches cannot deadlock; items are then decided in request order, each
+    -- Every key of the call is locked first, in a canonical order, so two
+    -- calls cannot deadlock; items are then decided in request order, each
     -- seeing the effects of the earlier ones.
-    FOR v_lock IN
-        SELECT DISTINCT l FROM (
-            SELECT hashtextextended('idemq.key:' || (it -> 'idem' ->> 'scope') || ':'
-                                    || (it -> 'idem' ->> 'hash'), 0) AS l
-            FROM jsonb_array_elements(p_items) it WHERE it ? 'idem'
-            UNION ALL
-            SELECT hashtextextended('idemq.job:' || (it ->> 'job_id'), 0)
-            FROM jsonb_array_elements(p_items) it WHERE it ? 'job_id'
-            UNION ALL
-            SELECT hashtextextended('idemq.dedupe:' || (it ->> 'type') || ':'
-                                    || (it -> 'dedupe' ->> 'key'), 0)
-            FROM jsonb_array_elements(p_items) it WHERE it ? 'dedupe') s
-        ORDER BY l
-    LOOP
-        PERFORM pg_advisory_xact_lock(v_lock);
-    END LOOP;
+    PERFORM pg_advisory_xact_lock(k.l) FROM (
+        SELECT DISTINCT v.l FROM jsonb_array_elements(p_items) it
+        CROSS JOIN LATERAL (VALUES
+            (CASE WHEN it ? 'idem' THEN hashtextextended('idemq.key:'
+                || (it -> 'idem' ->> 'scope') || ':' || (it -> 'idem' ->> 'hash'), 0) END),
+            (CASE WHEN it ? 'job_id' THEN
+                hashtextextended('idemq.job:' || (it ->> 'job_id'), 0) END),
+            (CASE WHEN it ? 'dedupe' THEN hashtextextended('idemq.dedupe:'
+                || (it ->> 'type') || ':' || (it -> 'dedupe' ->> 'key'), 0) END)) v(l)
+        WHERE v.l IS NOT NULL ORDER BY v.l) k;
     FOR v_item, v_idx IN SELECT e.value, e.ordinality FROM jsonb_array_elements(p_items)
                          WITH ORDINALITY AS e
     LOOP
@@ -733,7 +685,9 @@ BEGIN
     VALUES (v_id, v_type, it ->> 'queue', 'waiting', it -> 'payload',
         (it ->> 'priority')::smallint, v_run_at, (it ->> 'max_attempts')::int, it -> 'retry',
         (it ->> 'timeout_ms')::bigint, idemq.us((it ->> 'deadline')::bigint),
-        it ->> 'concurrency_key', ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')),
+        it ->> 'concurrency_key',
+        CASE WHEN jsonb_array_length(it -> 'tags') = 0 THEN '{}'::text[]
+             ELSE ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')) END,
         (it ->> 'keep_ms')::bigint, v_fp, v_idem ->> 'scope', decode(v_idem ->> 'hash', 'hex'),
         v_idem ->> 'preview', v_dd ->> 'key', v_dd ->> 'mode', v_now, v_now);
     PERFORM idemq.event(v_id, 'accepted', v_now, jsonb_strip_nulls(jsonb_build_object(
@@ -743,7 +697,9 @@ BEGIN
             'key_digest', left(v_idem ->> 'hash', 16)) END,
         'dedupe', CASE WHEN v_dd IS NULL THEN NULL ELSE jsonb_build_object(
             'key', v_dd ->> 'key', 'mode', v_dd ->> 'mode') END)));
-    PERFORM idemq.bind_key(v_idem, v_id, v_fp, v_now);
+    IF v_idem IS NOT NULL THEN
+        PERFORM idemq.bind_key(v_idem, v_id, v_fp, v_now);
+    END IF;
     IF v_dd IS NOT NULL THEN
         INSERT INTO idemq.dedupe AS x (type, key, job_id, mode, ttl_ms, max_wait_ms, accepted_at,
                                        window_until)
