@@ -40,10 +40,19 @@ struct Cli {
     command: Command,
 }
 
+/// Flags of `idemq migrate`.
+#[derive(clap::Args, Debug)]
+struct MigrateArgs {
+    /// Change nothing: report the migrations that would be applied and whether
+    /// the database's functions are this binary's; exit 1 if anything is out of date.
+    #[arg(long)]
+    check: bool,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Create or upgrade the database schema.
-    Migrate,
+    /// Create or upgrade the database schema (with --check: only say what it would do).
+    Migrate(MigrateArgs),
     /// Enqueue a job (or, with --explain, say what an enqueue would do).
     Enqueue(Box<enqueue::EnqueueArgs>),
     /// Inspect jobs.
@@ -110,7 +119,50 @@ async fn connect(url: &str) -> idemq::Result<Queue> {
 }
 
 async fn run(cli: Cli) -> Result<(), CliError> {
-    if let Command::Migrate = cli.command {
+    if let Command::Migrate(MigrateArgs { check: true }) = cli.command {
+        let status = Queue::migration_status(&cli.database).await?;
+        if status.current > status.latest {
+            return Err(CliError::Lib(idemq::Error::Backend {
+                message: format!(
+                    "the schema is version {}, newer than this idemq ({}): upgrade idemq",
+                    status.current, status.latest
+                ),
+            }));
+        }
+        let value = serde_json::json!({
+            "current": status.current, "latest": status.latest, "pending": status.pending,
+            "functions_current": status.functions_current, "up_to_date": status.is_current(),
+            "database": redact(&cli.database),
+        });
+        output::line(cli.json, &value, || {
+            if status.is_current() {
+                format!(
+                    "schema is up to date: version {} ({})",
+                    status.current,
+                    redact(&cli.database)
+                )
+            } else {
+                let functions = if status.functions_current {
+                    String::new()
+                } else {
+                    "; the functions differ from this idemq's".to_owned()
+                };
+                format!(
+                    "schema is version {}, this idemq expects {}: pending migrations {:?}{functions} \
+                     ({}); run `idemq migrate` to apply them",
+                    status.current,
+                    status.latest,
+                    status.pending,
+                    redact(&cli.database)
+                )
+            }
+        });
+        if !status.is_current() {
+            return Err(CliError::Failed);
+        }
+        return Ok(());
+    }
+    if let Command::Migrate(_) = cli.command {
         let applied = Queue::migrate(&cli.database).await?;
         let value = serde_json::json!({"applied": applied, "database": redact(&cli.database)});
         output::line(cli.json, &value, || match applied.as_slice() {
@@ -131,7 +183,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     }
     let queue = connect(&cli.database).await?;
     match cli.command {
-        Command::Migrate | Command::Bench(_) => Ok(()),
+        Command::Migrate(_) | Command::Bench(_) => Ok(()),
         Command::Enqueue(args) => enqueue::run(&queue, *args, cli.json).await,
         Command::Jobs(cmd) => jobs::run(&queue, cmd, cli.json).await,
         Command::Serve(_) => Ok(()),
@@ -167,6 +219,8 @@ fn redact(url: &str) -> String {
 pub(crate) enum CliError {
     Lib(idemq::Error),
     Usage(String),
+    /// Already reported on stdout; exit 1.
+    Failed,
 }
 
 impl From<idemq::Error> for CliError {
@@ -189,5 +243,6 @@ async fn main() -> ExitCode {
             output::error(json, &e);
             ExitCode::from(exit_code(&e))
         }
+        Err(CliError::Failed) => ExitCode::from(exit::FAILURE),
     }
 }

@@ -195,6 +195,9 @@ DECLARE
     v_slow  boolean;
 BEGIN
     PERFORM idemq.reap(1000, v_now);
+    -- The claim writes the job rows only: the attempt's run and its
+    -- `claimed` event are derived from them until the attempt ends other
+    -- than completed (end_attempt).
     -- The common case in one statement: the first p_limit due jobs in claim
     -- order, locked. When none of them has a concurrency key or a passed
     -- deadline, they are the claim; otherwise the loop below decides, row by
@@ -262,18 +265,10 @@ BEGIN
         UPDATE idemq.jobs j SET state = 'active', attempt = j.attempt + 1,
             lease_token = replace(gen_random_uuid()::text, '-', ''),
             lease_expires_at = v_now + idemq.ms(p_lease_ms), lease_ms = p_lease_ms,
-            worker = p_worker, started_at = v_now, updated_at = v_now
+            worker = p_worker, started_at = v_now, updated_at = v_now,
+            claim_seq = nextval('idemq.history')
         WHERE j.id = ANY (v_ids)
         RETURNING j.*
-    ), runs AS (
-        INSERT INTO idemq.runs (job_id, attempt, worker, started_at)
-        SELECT c2.id, c2.attempt, p_worker, v_now FROM claimed c2
-        ON CONFLICT (job_id, attempt) DO UPDATE SET worker = excluded.worker,
-            started_at = excluded.started_at, finished_at = NULL, outcome = NULL, error = NULL
-    ), ev AS (
-        INSERT INTO idemq.events (job_id, kind, at, data)
-        SELECT c3.id, 'claimed', v_now, jsonb_build_object('attempt', c3.attempt, 'worker', p_worker)
-        FROM claimed c3
     )
     SELECT c4.id, c4.type, c4.queue, c4.payload, c4.attempt, c4.max_attempts, c4.lease_token,
            c4.lease_expires_at, c4.timeout_ms, c4.deadline, c4.tags
@@ -299,17 +294,10 @@ BEGIN
         UPDATE idemq.jobs j SET state = 'completed', result = f.result, finished_at = v_now,
             purge_after = idemq.keep_until(j.keep_ms, 'completed', v_now),
             attempts_used = j.attempts_used + 1, lease_token = NULL, lease_expires_at = NULL,
-            lease_ms = NULL, worker = NULL, started_at = NULL, updated_at = v_now
+            lease_ms = NULL, done_seq = nextval('idemq.history'), updated_at = v_now
         FROM firsts f
         WHERE j.id = f.id AND j.state = 'active' AND j.lease_token = f.token
-        RETURNING f.i, j.id, j.attempt
-    ), runs AS (
-        UPDATE idemq.runs r SET finished_at = v_now, outcome = 'completed', error = NULL
-        FROM done d WHERE r.job_id = d.id AND r.attempt = d.attempt
-    ), events AS (
-        INSERT INTO idemq.events (job_id, kind, at, data)
-        SELECT d.id, 'completed', v_now, jsonb_build_object('attempt', d.attempt)
-        FROM done d ORDER BY d.i
+        RETURNING f.i
     )
     SELECT n.i, d.i IS NOT NULL FROM input n LEFT JOIN done d ON d.i = n.i ORDER BY n.i;
 END
@@ -364,8 +352,20 @@ BEGIN
     IF j.cancel_requested AND p_kind <> 'completed' THEN
         v_outcome := 'cancelled';
     END IF;
-    UPDATE idemq.runs SET finished_at = p_now, outcome = v_outcome, error = v_error
-    WHERE runs.job_id = p_id AND attempt = j.attempt;
+    -- A completed attempt stays derived from the job row (job_runs,
+    -- job_events); an attempt that ends otherwise is written out now, its
+    -- `claimed` event under the sequence number the claim drew.
+    IF p_kind <> 'completed' THEN
+        INSERT INTO idemq.runs AS r (job_id, attempt, worker, started_at, finished_at, outcome,
+                                     error)
+        VALUES (p_id, j.attempt, j.worker, j.started_at, p_now, v_outcome, v_error)
+        ON CONFLICT (job_id, attempt) DO UPDATE SET worker = excluded.worker,
+            started_at = excluded.started_at, finished_at = excluded.finished_at,
+            outcome = excluded.outcome, error = excluded.error;
+        INSERT INTO idemq.events (seq, job_id, kind, at, data)
+        VALUES (j.claim_seq, p_id, 'claimed', j.started_at,
+                jsonb_build_object('attempt', j.attempt, 'worker', j.worker));
+    END IF;
     IF p_kind = 'lease_expired' THEN
         PERFORM idemq.event(p_id, 'lease_expired', p_now, jsonb_build_object('attempt', j.attempt));
     END IF;
@@ -416,18 +416,18 @@ BEGIN
     END IF;
 
     IF v_next = 'completed' THEN
+        -- worker and started_at stay: they are the derived run.
         UPDATE idemq.jobs SET state = 'completed', result = p_result, finished_at = p_now,
             purge_after = idemq.keep_until(j.keep_ms, 'completed', p_now), attempts_used = v_used,
-            lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL, worker = NULL,
-            started_at = NULL, updated_at = p_now
+            lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL,
+            done_seq = nextval('idemq.history'), updated_at = p_now
         WHERE id = p_id;
-        PERFORM idemq.event(p_id, 'completed', p_now, jsonb_build_object('attempt', j.attempt));
         RETURN QUERY SELECT 'completed'::text, NULL::timestamptz;
     ELSIF v_next = 'waiting' THEN
         UPDATE idemq.jobs SET state = 'waiting', run_at = v_at, attempts_used = v_used,
             last_error = coalesce(v_error, last_error), lease_token = NULL,
             lease_expires_at = NULL, lease_ms = NULL, worker = NULL, started_at = NULL,
-            updated_at = p_now
+            claim_seq = NULL, updated_at = p_now
         WHERE id = p_id;
         IF p_kind = 'released' THEN
             PERFORM idemq.event(p_id, 'released', p_now,
@@ -444,7 +444,7 @@ BEGIN
             purge_after = idemq.keep_until(j.keep_ms, v_next, p_now), attempts_used = v_used,
             last_error = coalesce(v_error, CASE WHEN v_next = 'dead' THEN v_dead END, last_error),
             lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL, worker = NULL,
-            started_at = NULL, updated_at = p_now
+            started_at = NULL, claim_seq = NULL, updated_at = p_now
         WHERE id = p_id;
         IF v_next = 'dead' THEN
             PERFORM idemq.event(p_id, 'dead', p_now,
@@ -479,7 +479,8 @@ BEGIN
                    WHERE it ? 'idem' OR it ? 'job_id' OR it ? 'dedupe') THEN
         -- Each item parsed once into typed columns (but the payload, which
         -- may be JSON null: a column would read it as SQL NULL); the clock
-        -- checks only for items with a deadline.
+        -- checks only for items with a deadline. The jobs are the only rows
+        -- written: their `accepted` events are derived from them.
         RETURN QUERY
         WITH items AS (
             SELECT (e.ordinality - 1)::integer AS i, e.value AS it, r.*,
@@ -497,18 +498,13 @@ BEGIN
         ), inserted AS (
             INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at,
                 max_attempts, retry, timeout_ms, deadline, concurrency_key, tags, keep_ms,
-                fingerprint, created_at, updated_at)
+                fingerprint, created_at, updated_at, first_run_at)
             SELECT c.new_id, c.type, c.queue, 'waiting', c.it -> 'payload', c.priority, c.due,
                 c.max_attempts, c.retry, c.timeout_ms, idemq.us(c.deadline), c.concurrency_key,
                 CASE WHEN jsonb_array_length(c.tags) = 0 THEN '{}'::text[]
                      ELSE ARRAY(SELECT jsonb_array_elements_text(c.tags)) END,
-                c.keep_ms, c.fingerprint, v_now, v_now
+                c.keep_ms, c.fingerprint, v_now, v_now, nullif(c.due, v_now)
             FROM checked c WHERE c.err IS NULL ORDER BY c.i
-            RETURNING id, queue, run_at
-        ), events AS (
-            INSERT INTO idemq.events (job_id, kind, at, data)
-            SELECT n.id, 'accepted', v_now, jsonb_build_object('queue', n.queue, 'run_at', n.run_at)
-            FROM inserted n
         )
         SELECT c.i,
                CASE WHEN c.err IS NULL THEN c.new_id END,
@@ -681,7 +677,8 @@ BEGIN
     v_id := coalesce(it ->> 'job_id', it ->> 'new_id');
     INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at, max_attempts, retry,
         timeout_ms, deadline, concurrency_key, tags, keep_ms, fingerprint, idem_scope,
-        idem_key_hash, idem_key_preview, dedupe_key, dedupe_mode, created_at, updated_at)
+        idem_key_hash, idem_key_preview, dedupe_key, dedupe_mode, created_at, updated_at,
+        first_run_at)
     VALUES (v_id, v_type, it ->> 'queue', 'waiting', it -> 'payload',
         (it ->> 'priority')::smallint, v_run_at, (it ->> 'max_attempts')::int, it -> 'retry',
         (it ->> 'timeout_ms')::bigint, idemq.us((it ->> 'deadline')::bigint),
@@ -689,14 +686,8 @@ BEGIN
         CASE WHEN jsonb_array_length(it -> 'tags') = 0 THEN '{}'::text[]
              ELSE ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')) END,
         (it ->> 'keep_ms')::bigint, v_fp, v_idem ->> 'scope', decode(v_idem ->> 'hash', 'hex'),
-        v_idem ->> 'preview', v_dd ->> 'key', v_dd ->> 'mode', v_now, v_now);
-    PERFORM idemq.event(v_id, 'accepted', v_now, jsonb_strip_nulls(jsonb_build_object(
-        'queue', it ->> 'queue', 'run_at', v_run_at,
-        'idempotency', CASE WHEN v_idem IS NULL THEN NULL ELSE jsonb_build_object(
-            'scope', v_idem ->> 'scope', 'key_preview', v_idem ->> 'preview',
-            'key_digest', left(v_idem ->> 'hash', 16)) END,
-        'dedupe', CASE WHEN v_dd IS NULL THEN NULL ELSE jsonb_build_object(
-            'key', v_dd ->> 'key', 'mode', v_dd ->> 'mode') END)));
+        v_idem ->> 'preview', v_dd ->> 'key', v_dd ->> 'mode', v_now, v_now,
+        nullif(v_run_at, v_now));
     IF v_idem IS NOT NULL THEN
         PERFORM idemq.bind_key(v_idem, v_id, v_fp, v_now);
     END IF;
@@ -785,6 +776,42 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION idemq.job_events(p_id text) RETURNS TABLE(seq bigint, kind text, at timestamp with time zone, data jsonb)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT e.seq, e.kind, e.at, e.data FROM idemq.events e WHERE e.job_id = p_id
+    UNION ALL
+    SELECT v.seq, v.kind, v.at, v.data
+    FROM idemq.jobs j
+    CROSS JOIN LATERAL (VALUES
+        (j.seq, 'accepted', j.created_at, jsonb_strip_nulls(jsonb_build_object(
+            'queue', j.queue, 'run_at', coalesce(j.first_run_at, j.created_at),
+            'idempotency', CASE WHEN j.idem_scope IS NOT NULL THEN jsonb_build_object(
+                'scope', j.idem_scope, 'key_preview', j.idem_key_preview,
+                'key_digest', left(encode(j.idem_key_hash, 'hex'), 16)) END,
+            'dedupe', CASE WHEN j.dedupe_key IS NOT NULL THEN jsonb_build_object(
+                'key', j.dedupe_key, 'mode', j.dedupe_mode) END))),
+        (j.claim_seq, 'claimed', j.started_at,
+            jsonb_build_object('attempt', j.attempt, 'worker', j.worker)),
+        (j.done_seq, 'completed', j.finished_at, jsonb_build_object('attempt', j.attempt))
+    ) AS v(seq, kind, at, data)
+    WHERE j.id = p_id AND v.seq IS NOT NULL
+    ORDER BY 1
+$$;
+
+CREATE FUNCTION idemq.job_runs(p_id text) RETURNS TABLE(attempt integer, worker text, started_at timestamp with time zone, finished_at timestamp with time zone, outcome text, error text)
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT r.attempt, r.worker, r.started_at, r.finished_at, r.outcome, r.error
+    FROM idemq.runs r WHERE r.job_id = p_id
+    UNION ALL
+    SELECT j.attempt, j.worker, j.started_at,
+           CASE WHEN j.state = 'completed' THEN j.finished_at END,
+           CASE WHEN j.state = 'completed' THEN 'completed' END, NULL::text
+    FROM idemq.jobs j WHERE j.id = p_id AND j.claim_seq IS NOT NULL
+    ORDER BY 1
+$$;
+
 CREATE FUNCTION idemq.keep_until(p_keep_ms bigint, p_state text, p_now timestamp with time zone) RETURNS timestamp with time zone
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -805,8 +832,15 @@ CREATE FUNCTION idemq.key_decision(p_key jsonb, p_fp jsonb, p_now timestamp with
       AND i.expires_at > p_now
 $$;
 
+CREATE SEQUENCE idemq.history
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
 CREATE TABLE idemq.jobs (
-    seq bigint NOT NULL,
+    seq bigint DEFAULT nextval('idemq.history'::regclass) NOT NULL,
     id text NOT NULL,
     type text NOT NULL,
     queue text NOT NULL,
@@ -841,6 +875,9 @@ CREATE TABLE idemq.jobs (
     lease_ms bigint,
     worker text,
     started_at timestamp with time zone,
+    first_run_at timestamp with time zone,
+    claim_seq bigint,
+    done_seq bigint,
     CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'active'::text, 'completed'::text, 'dead'::text, 'cancelled'::text])))
 );
 
@@ -1115,20 +1152,11 @@ CREATE TABLE idemq.dedupe (
 );
 
 CREATE TABLE idemq.events (
-    seq bigint NOT NULL,
+    seq bigint DEFAULT nextval('idemq.history'::regclass) NOT NULL,
     job_id text NOT NULL,
     kind text NOT NULL,
     at timestamp with time zone NOT NULL,
     data jsonb DEFAULT '{}'::jsonb NOT NULL
-);
-
-ALTER TABLE idemq.events ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME idemq.events_seq_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
 );
 
 CREATE TABLE idemq.idempotency (
@@ -1139,15 +1167,6 @@ CREATE TABLE idemq.idempotency (
     fingerprint jsonb NOT NULL,
     created_at timestamp with time zone NOT NULL,
     expires_at timestamp with time zone NOT NULL
-);
-
-ALTER TABLE idemq.jobs ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
-    SEQUENCE NAME idemq.jobs_seq_seq
-    START WITH 1
-    INCREMENT BY 1
-    NO MINVALUE
-    NO MAXVALUE
-    CACHE 1
 );
 
 CREATE TABLE idemq.queues (
@@ -1178,6 +1197,13 @@ CREATE TABLE idemq.schedules (
     last_fired_at timestamp with time zone,
     next_fire_at timestamp with time zone,
     CONSTRAINT schedules_check CHECK (((cron IS NULL) <> (every_ms IS NULL)))
+);
+
+CREATE TABLE idemq.schema_functions (
+    one boolean DEFAULT true NOT NULL,
+    digest text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schema_functions_one_check CHECK (one)
 );
 
 CREATE TABLE idemq.schema_migrations (
@@ -1218,6 +1244,9 @@ ALTER TABLE ONLY idemq.runs
 
 ALTER TABLE ONLY idemq.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
+
+ALTER TABLE ONLY idemq.schema_functions
+    ADD CONSTRAINT schema_functions_pkey PRIMARY KEY (one);
 
 ALTER TABLE ONLY idemq.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);

@@ -64,7 +64,7 @@ pub use queue::{
 };
 pub use request::{DedupeMode, DedupeOptions, EnqueueRequest, IdempotencyOptions, RetryPolicy};
 pub use schedule::{Schedule, ScheduleDefinition, ScheduleSpec};
-pub use store::{BindingInfo, Explain, JobList, JobPage};
+pub use store::{BindingInfo, Explain, JobList, JobPage, MigrationStatus};
 pub use worker::{HandlerContext, JobError, Worker};
 
 /// The PostgreSQL driver idemq uses, for [`Queue::enqueue_in`] on your own transactions.

@@ -184,6 +184,40 @@ impl Queue {
         Ok(Vec::new())
     }
 
+    /// How the schema of the database the URL names stands against this
+    /// binary's: what `idemq migrate` would apply. Changes nothing.
+    pub async fn migration_status(url: &str) -> Result<crate::store::MigrationStatus> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(url)
+                .await
+                .map_err(|e| Error::Unavailable {
+                    message: format!("cannot connect to PostgreSQL: {e}"),
+                })?;
+            let status = crate::store::postgres::migration_status(&pool).await;
+            pool.close().await;
+            return status;
+        }
+        match url.strip_prefix("sqlite:") {
+            Some(rest) if url != "sqlite::memory:" => {
+                let path = rest.strip_prefix("//").unwrap_or(rest);
+                let path = std::path::Path::new(path).to_owned();
+                tokio::task::spawn_blocking(move || {
+                    crate::store::sqlite::migration_status(&path)
+                })
+                .await
+                .map_err(|e| Error::Backend {
+                    message: e.to_string(),
+                })?
+            }
+            _ => Err(Error::validation(
+                "database",
+                "name a database file (sqlite://path/to/file.db) or postgres://…",
+            )),
+        }
+    }
+
     /// [`connect`](Self::connect) with options.
     pub async fn connect_with(url: &str, options: QueueOptions) -> Result<Self> {
         let store: Arc<dyn Store> = if url == "sqlite::memory:" {

@@ -27,6 +27,28 @@ use crate::schedule::Schedule;
 pub mod postgres;
 pub mod sqlite;
 
+/// How a database's schema stands against this binary's (`idemq migrate
+/// --check`). Reading it changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MigrationStatus {
+    /// The newest migration the database has.
+    pub current: i64,
+    /// The newest migration this binary knows.
+    pub latest: i64,
+    /// The migrations `idemq migrate` would apply, in order.
+    pub pending: Vec<i64>,
+    /// Whether the database's functions are this binary's (always true on
+    /// backends without server-side functions).
+    pub functions_current: bool,
+}
+
+impl MigrationStatus {
+    /// Whether `idemq migrate` has nothing to do and this binary can run.
+    pub fn is_current(&self) -> bool {
+        self.current == self.latest && self.pending.is_empty() && self.functions_current
+    }
+}
+
 /// `job_enqueue`: one or many prepared requests, decided in order.
 #[derive(Clone, Debug)]
 pub struct JobEnqueue {

@@ -99,6 +99,7 @@ fn template() -> &'static str {
         for (_, _, sql) in idemq::store::postgres::MIGRATIONS {
             all.push_str(sql);
         }
+        all.push_str(idemq::store::postgres::FUNCTIONS);
         let digest = idemq::fingerprint::canonical_json(&serde_json::Value::String(all));
         let name = format!("idemq_tpl_{:016x}", fxhash(&digest));
         let n = name.clone();

@@ -1,11 +1,17 @@
-//! Numbered, forward-only migrations of the `idemq` schema, embedded in the
-//! binary. Safe to run from several processes at once: a session advisory
-//! lock serializes them, and each migration commits with its version row.
+//! Migrations of the `idemq` schema, embedded in the binary: numbered,
+//! forward-only migrations for tables and data (never changed once
+//! published), then `functions.sql`, the current definition of every
+//! function, applied again whenever its digest differs from the one the
+//! database records. Safe to run from several processes at once: a session
+//! advisory lock serializes them, and each migration commits with its
+//! version row (the functions with the last one, or on their own).
 
+use sha2::{Digest, Sha256};
 use sqlx::{Connection, PgPool};
 
 use super::db_err;
 use crate::error::{Error, Result};
+use crate::store::MigrationStatus;
 
 /// (version, name, SQL), in order.
 pub const MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -29,7 +35,23 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "complete_many",
         include_str!("../../../migrations/postgres/0004_complete_many.sql"),
     ),
+    (
+        6,
+        "derived_history",
+        include_str!("../../../migrations/postgres/0006_derived_history.sql"),
+    ),
 ];
+
+/// Every function of the schema, as this binary defines them.
+pub const FUNCTIONS: &str = include_str!("../../../migrations/postgres/functions.sql");
+
+/// The digest recorded for [`FUNCTIONS`] once applied.
+fn functions_digest() -> String {
+    Sha256::digest(FUNCTIONS.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 
 /// The lock every migrating process takes (an arbitrary constant: "idemq" in ASCII).
 const MIGRATION_LOCK: i64 = 0x69_64_65_6d_71;
@@ -62,6 +84,9 @@ async fn apply(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>> {
         "CREATE SCHEMA IF NOT EXISTS idemq;
          CREATE TABLE IF NOT EXISTS idemq.schema_migrations (
              version bigint PRIMARY KEY, name text NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now());
+         CREATE TABLE IF NOT EXISTS idemq.schema_functions (
+             one boolean PRIMARY KEY DEFAULT true CHECK (one), digest text NOT NULL,
              applied_at timestamptz NOT NULL DEFAULT now())",
     )
     .execute(&mut *conn)
@@ -71,10 +96,11 @@ async fn apply(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>> {
     if current > latest() {
         return Err(newer(current));
     }
+    let pending: Vec<_> = MIGRATIONS.iter().filter(|m| m.0 > current).collect();
     let mut applied = Vec::new();
-    for (version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+    for (i, &&(version, name, sql)) in pending.iter().enumerate() {
         let mut tx = conn.begin().await.map_err(db_err)?;
-        sqlx::raw_sql(*sql)
+        sqlx::raw_sql(sql)
             .execute(&mut *tx)
             .await
             .map_err(|e| Error::Backend {
@@ -86,10 +112,39 @@ async fn apply(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>> {
             .execute(&mut *tx)
             .await
             .map_err(db_err)?;
+        // The functions go with the last migration: no moment where the
+        // tables are new and the functions old.
+        if i + 1 == pending.len() {
+            apply_functions(&mut tx).await?;
+        }
         tx.commit().await.map_err(db_err)?;
-        applied.push(*version);
+        applied.push(version);
+    }
+    if pending.is_empty() && functions_recorded(&mut *conn).await?.as_deref() != Some(&functions_digest())
+    {
+        let mut tx = conn.begin().await.map_err(db_err)?;
+        apply_functions(&mut tx).await?;
+        tx.commit().await.map_err(db_err)?;
     }
     Ok(applied)
+}
+
+async fn apply_functions(tx: &mut sqlx::PgConnection) -> Result<()> {
+    sqlx::raw_sql(FUNCTIONS)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| Error::Backend {
+            message: format!("installing the functions (functions.sql) failed: {e}"),
+        })?;
+    sqlx::query(
+        "INSERT INTO idemq.schema_functions (digest) VALUES ($1)
+         ON CONFLICT (one) DO UPDATE SET digest = excluded.digest, applied_at = now()",
+    )
+    .bind(functions_digest())
+    .execute(&mut *tx)
+    .await
+    .map_err(db_err)?;
+    Ok(())
 }
 
 async fn current_version(conn: &mut sqlx::PgConnection) -> Result<i64> {
@@ -97,6 +152,51 @@ async fn current_version(conn: &mut sqlx::PgConnection) -> Result<i64> {
         .fetch_one(&mut *conn)
         .await
         .map_err(db_err)
+}
+
+/// The digest of the functions the database has, if it records one.
+async fn functions_recorded(conn: &mut sqlx::PgConnection) -> Result<Option<String>> {
+    let recorded: bool =
+        sqlx::query_scalar("SELECT to_regclass('idemq.schema_functions') IS NOT NULL")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db_err)?;
+    if !recorded {
+        return Ok(None);
+    }
+    sqlx::query_scalar("SELECT digest FROM idemq.schema_functions")
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db_err)
+}
+
+/// How far the database's schema is from this binary's, changing nothing.
+pub async fn status(pool: &PgPool) -> Result<MigrationStatus> {
+    let installed: bool =
+        sqlx::query_scalar("SELECT to_regclass('idemq.schema_migrations') IS NOT NULL")
+            .fetch_one(pool)
+            .await
+            .map_err(db_err)?;
+    let current: i64 = if installed {
+        sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM idemq.schema_migrations")
+            .fetch_one(pool)
+            .await
+            .map_err(db_err)?
+    } else {
+        0
+    };
+    let mut conn = pool.acquire().await.map_err(db_err)?;
+    let functions = functions_recorded(&mut conn).await?;
+    Ok(MigrationStatus {
+        current,
+        latest: latest(),
+        pending: MIGRATIONS
+            .iter()
+            .map(|m| m.0)
+            .filter(|v| *v > current)
+            .collect(),
+        functions_current: functions.as_deref() == Some(&functions_digest()),
+    })
 }
 
 fn newer(current: i64) -> Error {
@@ -108,28 +208,19 @@ fn newer(current: i64) -> Error {
     }
 }
 
-/// Refuses to run on a database without the current schema, saying what to do.
+/// Refuses to run on a database without this binary's schema and
+/// functions, saying what to do.
 pub(crate) async fn check(pool: &PgPool) -> Result<()> {
-    let installed: bool =
-        sqlx::query_scalar("SELECT to_regclass('idemq.schema_migrations') IS NOT NULL")
-            .fetch_one(pool)
-            .await
-            .map_err(db_err)?;
-    let version: Option<i64> = if installed {
-        sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM idemq.schema_migrations")
-            .fetch_one(pool)
-            .await
-            .map_err(db_err)?
-    } else {
-        None
-    };
-    match version {
-        Some(v) if v == latest() => Ok(()),
-        Some(v) if v > latest() => Err(newer(v)),
-        _ => Err(Error::Backend {
+    let s = status(pool).await?;
+    if s.current > s.latest {
+        return Err(newer(s.current));
+    }
+    if s.current < s.latest || !s.functions_current {
+        return Err(Error::Backend {
             message: "the idemq schema is missing or out of date in this database: \
                       run `idemq migrate --database <url>` first"
                 .into(),
-        }),
+        });
     }
+    Ok(())
 }

@@ -26,7 +26,7 @@ use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
 
-pub use migrate::{MIGRATIONS, latest as schema_version, migrate};
+pub use migrate::{FUNCTIONS, MIGRATIONS, latest as schema_version, migrate, status as migration_status};
 
 use super::*;
 use crate::error::Error;

@@ -159,7 +159,7 @@ pub(super) async fn job_list(pool: &PgPool, p: &JobList) -> Result<JobPage> {
 
 pub(super) async fn job_events(pool: &PgPool, id: &str) -> Result<Vec<Event>> {
     let rows =
-        sqlx::query("SELECT seq, kind, at, data FROM idemq.events WHERE job_id = $1 ORDER BY seq")
+        sqlx::query("SELECT seq, kind, at, data FROM idemq.job_events($1)")
             .bind(id)
             .fetch_all(pool)
             .await
@@ -179,8 +179,7 @@ pub(super) async fn job_events(pool: &PgPool, id: &str) -> Result<Vec<Event>> {
 
 pub(super) async fn job_runs(pool: &PgPool, id: &str) -> Result<Vec<Run>> {
     let rows = sqlx::query(
-        "SELECT attempt, worker, started_at, finished_at, outcome, error
-         FROM idemq.runs WHERE job_id = $1 ORDER BY attempt",
+        "SELECT attempt, worker, started_at, finished_at, outcome, error FROM idemq.job_runs($1)",
     )
     .bind(id)
     .fetch_all(pool)

@@ -196,6 +196,41 @@ fn migrate(conn: &mut Connection) -> Result<()> {
     Ok(())
 }
 
+/// How the database file at `path` stands against this binary's schema,
+/// changing nothing (a missing file is version 0).
+pub fn migration_status(path: &Path) -> Result<crate::store::MigrationStatus> {
+    let latest = MIGRATIONS.last().map_or(0, |m| m.0);
+    let current: i64 = if path.exists() {
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+        let has: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE name = 'idemq_migrations'",
+            [],
+            |r| r.get(0),
+        )?;
+        if has {
+            conn.query_row(
+                "SELECT coalesce(max(version), 0) FROM idemq_migrations",
+                [],
+                |r| r.get(0),
+            )?
+        } else {
+            0
+        }
+    } else {
+        0
+    };
+    Ok(crate::store::MigrationStatus {
+        current,
+        latest,
+        pending: MIGRATIONS
+            .iter()
+            .map(|m| m.0)
+            .filter(|v| *v > current)
+            .collect(),
+        functions_current: true,
+    })
+}
+
 impl SqliteStore {
     /// Opens (creating if missing) the database at `path`, or an in-memory
     /// database for `None`, and applies pending migrations.

@@ -1,0 +1,1189 @@
+-- idemq's functions for PostgreSQL: every operation, defined in one place.
+--
+-- Unlike the numbered migrations beside this file, which never change once
+-- published, this file holds the current definition of every function and
+-- is applied again by `idemq migrate` whenever its digest differs from the
+-- one recorded in idemq.schema_functions (after the numbered migrations, in
+-- the same transaction). It first drops every function it defines (and any
+-- it once defined), so a changed signature or return type needs nothing
+-- else, and a database migrated by any earlier idemq ends up with exactly
+-- these definitions.
+--
+-- Every public operation is one call of one of these functions: one round
+-- trip, atomic inside the database. No function raises for a conflict, a
+-- replay, a dedupe outcome or a validation failure: it writes nothing for
+-- that request and returns the outcome as a row, so a caller's transaction
+-- stays usable. These functions are internal.
+--
+-- The clock of record is idemq.now(), read once per operation.
+
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+             JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = 'idemq' AND p.proname = ANY (ARRAY[
+        'bind_key', 'binding_live', 'binding_release', 'binding_sweep', 'cancel',
+        'cancel_by_key', 'cancel_locked', 'check_clock', 'checkpoint_put', 'claim',
+        'complete_many', 'debounce_window', 'delete_job', 'end_attempt', 'enqueue',
+        'enqueue_one', 'event', 'finish_attempt', 'fp_diff', 'heartbeat', 'job_events',
+        'job_runs', 'keep_until', 'key_decision', 'lease_job', 'lease_reap', 'ms', 'now',
+        'promote', 'purge', 'reap', 'redrive', 'resolve_run_at', 'retention_sweep',
+        'schedule_every_next', 'schedule_mark_fired', 'schedule_put', 'us', 'wake'])
+    LOOP
+        EXECUTE 'DROP FUNCTION ' || f::text;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION idemq.now() RETURNS timestamptz
+LANGUAGE sql VOLATILE AS $$
+    SELECT coalesce((SELECT at FROM idemq.test_clock), clock_timestamp())
+$$;
+
+-- µs since the epoch -> instant, exactly.
+CREATE FUNCTION idemq.us(p bigint) RETURNS timestamptz
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p IS NULL THEN NULL
+                ELSE timestamptz '1970-01-01 00:00:00+00' + p * interval '1 microsecond' END
+$$;
+
+CREATE FUNCTION idemq.ms(p bigint) RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$ SELECT p * interval '1 millisecond' $$;
+
+CREATE FUNCTION idemq.event(p_job text, p_kind text, p_at timestamptz, p_data jsonb DEFAULT '{}')
+RETURNS void LANGUAGE sql AS $$
+    INSERT INTO idemq.events (job_id, kind, at, data) VALUES (p_job, p_kind, p_at, p_data)
+$$;
+
+-- When a job in a terminal state may be deleted.
+CREATE FUNCTION idemq.keep_until(p_keep_ms bigint, p_state text, p_now timestamptz)
+RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_now + idemq.ms(coalesce(p_keep_ms,
+        CASE WHEN p_state = 'dead' THEN 14 * 86400000 ELSE 86400000 END))
+$$;
+
+-- The sorted names of the fingerprint fields that differ. Against a job
+-- record, key retention and the id itself are not compared.
+CREATE FUNCTION idemq.fp_diff(a jsonb, b jsonb, p_against_job boolean) RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(array_agg(k ORDER BY k COLLATE "C"), '{}')
+    FROM (SELECT k FROM jsonb_object_keys(a) AS t(k)
+          UNION SELECT k FROM jsonb_object_keys(b) AS t(k)) ks
+    WHERE (a ->> k) IS DISTINCT FROM (b ->> k)
+      AND NOT (p_against_job AND k IN ('idempotency.ttl_ms', 'job_id'))
+$$;
+
+-- Liveness of a dedupe binding (SPEC 5): no-ttl modes while the job is
+-- pending, ttl modes while now < window_until.
+CREATE FUNCTION idemq.binding_live(p_window timestamptz, p_job_state text, p_now timestamptz)
+RETURNS boolean LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_window IS NULL THEN coalesce(p_job_state IN ('waiting', 'active'), false)
+                ELSE p_now < p_window AND p_job_state IS DISTINCT FROM 'cancelled' END
+$$;
+
+CREATE FUNCTION idemq.debounce_window(p_ttl_ms bigint, p_max_wait_ms bigint,
+                                      p_accepted timestamptz, p_now timestamptz)
+RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_max_wait_ms IS NULL THEN p_now + idemq.ms(p_ttl_ms)
+                ELSE least(p_now + idemq.ms(p_ttl_ms), p_accepted + idemq.ms(p_max_wait_ms)) END
+$$;
+
+-- Binds an idempotency key to a job for its ttl. Only called when no live
+-- binding exists (the caller holds the key's advisory lock).
+CREATE FUNCTION idemq.bind_key(p_idem jsonb, p_job text, p_fp jsonb, p_now timestamptz)
+RETURNS void LANGUAGE sql AS $$
+    INSERT INTO idemq.idempotency
+        (scope, key_hash, key_preview, job_id, fingerprint, created_at, expires_at)
+    SELECT p_idem ->> 'scope', decode(p_idem ->> 'hash', 'hex'), p_idem ->> 'preview', p_job,
+           p_fp, p_now, p_now + idemq.ms((p_idem ->> 'ttl_ms')::bigint)
+    WHERE p_idem IS NOT NULL
+    ON CONFLICT (scope, key_hash) DO UPDATE
+        SET key_preview = excluded.key_preview, job_id = excluded.job_id,
+            fingerprint = excluded.fingerprint, created_at = excluded.created_at,
+            expires_at = excluded.expires_at
+$$;
+
+-- A live idempotency binding of a key met by a request of fingerprint p_fp:
+-- one row (the bound job, and NULL for a replay or the conflict to report),
+-- none when the key is free.
+CREATE FUNCTION idemq.key_decision(p_key jsonb, p_fp jsonb, p_now timestamptz)
+RETURNS TABLE (job_id text, conflict jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT i.job_id,
+           CASE WHEN cardinality(d.fields) > 0 THEN jsonb_build_object('kind', 'conflict',
+               'job_id', i.job_id, 'source', 'idempotency_key', 'fields', to_jsonb(d.fields)) END
+    FROM idemq.idempotency i
+    CROSS JOIN LATERAL (SELECT CASE WHEN i.fingerprint = p_fp THEN '{}'::text[]
+                                    ELSE idemq.fp_diff(p_fp, i.fingerprint, false) END AS fields) d
+    WHERE i.scope = p_key ->> 'scope' AND i.key_hash = decode(p_key ->> 'hash', 'hex')
+      AND i.expires_at > p_now
+$$;
+
+-- The due time of a new or replacing job, capped at first acceptance +
+-- max_wait (the request's for a new job, the binding's own for a replace: a
+-- binding keeps the max_wait it was created with).
+CREATE FUNCTION idemq.resolve_run_at(it jsonb, p_now timestamptz, p_first timestamptz,
+                                     p_max_wait_ms bigint)
+RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_max_wait_ms IS NOT NULL
+                THEN least(r, p_first + idemq.ms(p_max_wait_ms))
+                ELSE r END
+    FROM (SELECT CASE WHEN it ? 'run_at' THEN idemq.us((it ->> 'run_at')::bigint)
+                      ELSE p_now + idemq.ms(coalesce((it ->> 'delay_ms')::bigint, 0)) END AS r) s
+$$;
+
+-- The checks against the clock, only when a job is created or replaced.
+CREATE FUNCTION idemq.check_clock(it jsonb, p_run_at timestamptz, p_now timestamptz)
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN NOT it ? 'deadline' THEN NULL
+        WHEN idemq.us((it ->> 'deadline')::bigint) <= p_now THEN
+            jsonb_build_object('kind', 'validation', 'field', 'deadline',
+                               'reason', 'must be in the future')
+        WHEN p_run_at >= idemq.us((it ->> 'deadline')::bigint) THEN
+            jsonb_build_object('kind', 'validation',
+                               'field', CASE WHEN it ? 'delay_ms' THEN 'delay_ms' ELSE 'run_at' END,
+                               'reason', 'must be before the deadline')
+        END
+$$;
+
+-- Wakes workers of a queue. At most one concurrent transaction per queue
+-- notifies: PostgreSQL serializes the commits of notifying transactions, and
+-- workers poll as a fallback.
+CREATE FUNCTION idemq.wake(p_queue text) RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    IF pg_try_advisory_xact_lock(hashtextextended('idemq.notify:' || p_queue, 0)) THEN
+        PERFORM pg_notify('idemq_jobs', p_queue);
+    END IF;
+END
+$$;
+
+-- One request, decided by the order of checks of SPEC 5. Every decision is
+-- made before anything is written.
+CREATE FUNCTION idemq.enqueue_one(it jsonb, v_now timestamptz)
+RETURNS TABLE (job_id text, outcome text, reason text, error jsonb)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_type   text  := it ->> 'type';
+    v_idem   jsonb := it -> 'idem';
+    v_dd     jsonb := it -> 'dedupe';
+    v_fp     jsonb := it -> 'fingerprint';
+    v_fields text[];
+    b        record;
+    d        record;
+    v_state  text;
+    v_started boolean;
+    v_due    boolean;
+    v_run_at timestamptz;
+    v_err    jsonb;
+    v_id     text;
+    v_outcome text;
+    v_reason text;
+    v_stored jsonb;
+BEGIN
+    -- 1. A live idempotency binding decides: replay or conflict.
+    IF v_idem IS NOT NULL THEN
+        SELECT k.job_id, k.conflict INTO b FROM idemq.key_decision(v_idem, v_fp, v_now) k;
+        IF FOUND THEN
+            RETURN QUERY SELECT CASE WHEN b.conflict IS NULL THEN b.job_id END,
+                                CASE WHEN b.conflict IS NULL THEN 'replayed' END,
+                                NULL::text, b.conflict;
+            RETURN;
+        END IF;
+    END IF;
+
+    -- 2. An existing record with the explicit id: replay or conflict.
+    IF it ? 'job_id' THEN
+        SELECT j.fingerprint INTO v_stored FROM idemq.jobs j WHERE j.id = it ->> 'job_id';
+        IF FOUND THEN
+            v_fields := idemq.fp_diff(v_fp, v_stored, true);
+            IF cardinality(v_fields) > 0 THEN
+                RETURN QUERY SELECT NULL::text, NULL::text, NULL::text,
+                    jsonb_build_object('kind', 'conflict', 'job_id', it ->> 'job_id',
+                                       'source', 'job_id', 'fields', to_jsonb(v_fields));
+                RETURN;
+            END IF;
+            PERFORM idemq.bind_key(v_idem, it ->> 'job_id', v_fp, v_now);
+            RETURN QUERY SELECT it ->> 'job_id', 'replayed'::text, NULL::text, NULL::jsonb;
+            RETURN;
+        END IF;
+    END IF;
+
+    -- 3. A live dedupe binding: coalesce, replace or refuse to replace.
+    IF v_dd IS NOT NULL THEN
+        SELECT x.job_id, x.mode, x.ttl_ms, x.max_wait_ms, x.accepted_at, x.window_until INTO d
+        FROM idemq.dedupe x WHERE x.type = v_type AND x.key = v_dd ->> 'key';
+        IF FOUND THEN
+            SELECT j.state, j.attempt > 0, j.run_at <= v_now INTO v_state, v_started, v_due
+            FROM idemq.jobs j WHERE j.id = d.job_id;
+            IF idemq.binding_live(d.window_until, v_state, v_now) THEN
+                v_reason := NULL;
+                IF d.mode = 'replace' AND v_dd ->> 'mode' = 'replace' THEN
+                    IF v_state = 'waiting' AND NOT v_started AND NOT v_due THEN
+                        v_run_at := idemq.resolve_run_at(it, v_now, d.accepted_at, d.max_wait_ms);
+                        v_err := idemq.check_clock(it, v_run_at, v_now);
+                        IF v_err IS NOT NULL THEN
+                            RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, v_err;
+                            RETURN;
+                        END IF;
+                        -- Conditional: a claim that got there first wins.
+                        UPDATE idemq.jobs j SET
+                            payload = it -> 'payload', priority = (it ->> 'priority')::smallint,
+                            run_at = v_run_at, max_attempts = (it ->> 'max_attempts')::int,
+                            retry = it -> 'retry', timeout_ms = (it ->> 'timeout_ms')::bigint,
+                            deadline = idemq.us((it ->> 'deadline')::bigint),
+                            concurrency_key = it ->> 'concurrency_key',
+                            tags = ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')),
+                            keep_ms = (it ->> 'keep_ms')::bigint, fingerprint = v_fp,
+                            updated_at = v_now
+                        WHERE j.id = d.job_id AND j.state = 'waiting' AND j.attempt = 0
+                          AND j.run_at > v_now;
+                        IF FOUND THEN
+                            PERFORM idemq.event(d.job_id, 'replaced', v_now,
+                                jsonb_build_object('run_at', v_run_at));
+                            IF d.ttl_ms IS NOT NULL THEN
+                                UPDATE idemq.dedupe x
+                                SET window_until = greatest(v_now + idemq.ms(d.ttl_ms), v_run_at)
+                                WHERE x.type = v_type AND x.key = v_dd ->> 'key';
+                            END IF;
+                            PERFORM idemq.wake(it ->> 'queue');
+                            v_outcome := 'replaced';
+                        ELSE
+                            -- Changed since it was read: say how, from a fresh
+                            -- read (a promote made it due; a claim started it).
+                            v_outcome := 'non_replaceable';
+                            v_reason := coalesce((
+                                SELECT CASE WHEN j.state = 'waiting' AND j.attempt = 0
+                                            THEN 'window_elapsed' ELSE 'not_pending' END
+                                FROM idemq.jobs j WHERE j.id = d.job_id), 'not_pending');
+                        END IF;
+                    ELSIF v_state = 'waiting' AND NOT v_started THEN
+                        v_outcome := 'non_replaceable';
+                        v_reason := 'window_elapsed';
+                    ELSE
+                        v_outcome := 'non_replaceable';
+                        v_reason := 'not_pending';
+                    END IF;
+                ELSIF d.mode = 'replace' THEN
+                    v_outcome := 'coalesced';
+                ELSIF v_dd ->> 'mode' = 'replace' THEN
+                    v_outcome := 'non_replaceable';
+                    v_reason := 'incompatible_mode';
+                ELSE
+                    v_outcome := 'coalesced';
+                    IF d.mode = 'debounce' AND d.ttl_ms IS NOT NULL THEN
+                        UPDATE idemq.dedupe x
+                        SET window_until = idemq.debounce_window(d.ttl_ms, d.max_wait_ms,
+                                                                  d.accepted_at, v_now)
+                        WHERE x.type = v_type AND x.key = v_dd ->> 'key';
+                    END IF;
+                END IF;
+                PERFORM idemq.bind_key(v_idem, d.job_id, v_fp, v_now);
+                RETURN QUERY SELECT d.job_id, v_outcome, v_reason, NULL::jsonb;
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+
+    -- 4. A new job.
+    v_run_at := idemq.resolve_run_at(it, v_now, v_now, (v_dd ->> 'max_wait_ms')::bigint);
+    v_err := idemq.check_clock(it, v_run_at, v_now);
+    IF v_err IS NOT NULL THEN
+        RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, v_err;
+        RETURN;
+    END IF;
+    v_id := coalesce(it ->> 'job_id', it ->> 'new_id');
+    INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at, max_attempts, retry,
+        timeout_ms, deadline, concurrency_key, tags, keep_ms, fingerprint, idem_scope,
+        idem_key_hash, idem_key_preview, dedupe_key, dedupe_mode, created_at, updated_at,
+        first_run_at)
+    VALUES (v_id, v_type, it ->> 'queue', 'waiting', it -> 'payload',
+        (it ->> 'priority')::smallint, v_run_at, (it ->> 'max_attempts')::int, it -> 'retry',
+        (it ->> 'timeout_ms')::bigint, idemq.us((it ->> 'deadline')::bigint),
+        it ->> 'concurrency_key',
+        CASE WHEN jsonb_array_length(it -> 'tags') = 0 THEN '{}'::text[]
+             ELSE ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')) END,
+        (it ->> 'keep_ms')::bigint, v_fp, v_idem ->> 'scope', decode(v_idem ->> 'hash', 'hex'),
+        v_idem ->> 'preview', v_dd ->> 'key', v_dd ->> 'mode', v_now, v_now,
+        nullif(v_run_at, v_now));
+    IF v_idem IS NOT NULL THEN
+        PERFORM idemq.bind_key(v_idem, v_id, v_fp, v_now);
+    END IF;
+    IF v_dd IS NOT NULL THEN
+        INSERT INTO idemq.dedupe AS x (type, key, job_id, mode, ttl_ms, max_wait_ms, accepted_at,
+                                       window_until)
+        VALUES (v_type, v_dd ->> 'key', v_id, v_dd ->> 'mode', (v_dd ->> 'ttl_ms')::bigint,
+            (v_dd ->> 'max_wait_ms')::bigint, v_now,
+            CASE WHEN v_dd ->> 'ttl_ms' IS NULL THEN NULL
+                 WHEN v_dd ->> 'mode' = 'debounce' THEN idemq.debounce_window(
+                     (v_dd ->> 'ttl_ms')::bigint, (v_dd ->> 'max_wait_ms')::bigint, v_now, v_now)
+                 WHEN v_dd ->> 'mode' = 'replace' THEN
+                     greatest(v_now + idemq.ms((v_dd ->> 'ttl_ms')::bigint), v_run_at)
+                 ELSE v_now + idemq.ms((v_dd ->> 'ttl_ms')::bigint) END)
+        ON CONFLICT (type, key) DO UPDATE SET job_id = excluded.job_id, mode = excluded.mode,
+            ttl_ms = excluded.ttl_ms, max_wait_ms = excluded.max_wait_ms,
+            accepted_at = excluded.accepted_at, window_until = excluded.window_until;
+    END IF;
+    PERFORM idemq.wake(it ->> 'queue');
+    RETURN QUERY SELECT v_id, 'accepted'::text, NULL::text, NULL::jsonb;
+END
+$$;
+
+-- Enqueue a batch (or one request). A batch whose items carry no
+-- idempotency key, explicit job id or dedupe key is decided by the clock
+-- alone, so it is inserted set-based: one statement for the jobs, one for
+-- their events. Any other batch locks every key first, in a canonical order
+-- (two batches cannot deadlock), then decides its items in request order,
+-- each seeing the effects of the earlier ones. Acceptance order is request
+-- order either way.
+CREATE FUNCTION idemq.enqueue(p_items jsonb)
+RETURNS TABLE (idx integer, job_id text, outcome text, reason text, error jsonb)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now  timestamptz := idemq.now();
+    v_item jsonb;
+    v_idx  bigint;
+BEGIN
+    -- The most common call, one request without keys: decided on its own,
+    -- without the set-based machinery and without locks.
+    IF jsonb_array_length(p_items) = 1
+       AND NOT ((p_items -> 0) ?| ARRAY['idem', 'job_id', 'dedupe']) THEN
+        RETURN QUERY SELECT 0, r.job_id, r.outcome, r.reason, r.error
+                     FROM idemq.enqueue_one(p_items -> 0, v_now) r;
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) it
+                   WHERE it ? 'idem' OR it ? 'job_id' OR it ? 'dedupe') THEN
+        -- Each item parsed once into typed columns (but the payload, which
+        -- may be JSON null: a column would read it as SQL NULL); the clock
+        -- checks only for items with a deadline. The jobs are the only rows
+        -- written: their `accepted` events are derived from them.
+        RETURN QUERY
+        WITH items AS (
+            SELECT (e.ordinality - 1)::integer AS i, e.value AS it, r.*,
+                   CASE WHEN r.run_at IS NOT NULL THEN idemq.us(r.run_at)
+                        ELSE v_now + idemq.ms(coalesce(r.delay_ms, 0)) END AS due
+            FROM jsonb_array_elements(p_items) WITH ORDINALITY AS e
+            CROSS JOIN LATERAL jsonb_to_record(e.value) AS r(new_id text, type text,
+                queue text, priority smallint, run_at bigint, delay_ms bigint,
+                max_attempts integer, retry jsonb, timeout_ms bigint, deadline bigint,
+                concurrency_key text, tags jsonb, keep_ms bigint, fingerprint jsonb)
+        ), checked AS (
+            SELECT x.*, CASE WHEN x.deadline IS NOT NULL
+                             THEN idemq.check_clock(x.it, x.due, v_now) END AS err
+            FROM items x
+        ), inserted AS (
+            INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at,
+                max_attempts, retry, timeout_ms, deadline, concurrency_key, tags, keep_ms,
+                fingerprint, created_at, updated_at, first_run_at)
+            SELECT c.new_id, c.type, c.queue, 'waiting', c.it -> 'payload', c.priority, c.due,
+                c.max_attempts, c.retry, c.timeout_ms, idemq.us(c.deadline), c.concurrency_key,
+                CASE WHEN jsonb_array_length(c.tags) = 0 THEN '{}'::text[]
+                     ELSE ARRAY(SELECT jsonb_array_elements_text(c.tags)) END,
+                c.keep_ms, c.fingerprint, v_now, v_now, nullif(c.due, v_now)
+            FROM checked c WHERE c.err IS NULL ORDER BY c.i
+        )
+        SELECT c.i,
+               CASE WHEN c.err IS NULL THEN c.new_id END,
+               CASE WHEN c.err IS NULL THEN 'accepted' END,
+               NULL::text,
+               c.err
+        FROM checked c ORDER BY c.i;
+        -- Every queue named (one whose items were all refused gets a
+        -- harmless extra wake-up).
+        PERFORM idemq.wake(q.name)
+        FROM (SELECT DISTINCT e ->> 'queue' AS name FROM jsonb_array_elements(p_items) e) q;
+        RETURN;
+    END IF;
+
+    -- Every key of the call is locked first, in a canonical order, so two
+    -- calls cannot deadlock; items are then decided in request order, each
+    -- seeing the effects of the earlier ones.
+    PERFORM pg_advisory_xact_lock(k.l) FROM (
+        SELECT DISTINCT v.l FROM jsonb_array_elements(p_items) it
+        CROSS JOIN LATERAL (VALUES
+            (CASE WHEN it ? 'idem' THEN hashtextextended('idemq.key:'
+                || (it -> 'idem' ->> 'scope') || ':' || (it -> 'idem' ->> 'hash'), 0) END),
+            (CASE WHEN it ? 'job_id' THEN
+                hashtextextended('idemq.job:' || (it ->> 'job_id'), 0) END),
+            (CASE WHEN it ? 'dedupe' THEN hashtextextended('idemq.dedupe:'
+                || (it ->> 'type') || ':' || (it -> 'dedupe' ->> 'key'), 0) END)) v(l)
+        WHERE v.l IS NOT NULL ORDER BY v.l) k;
+    FOR v_item, v_idx IN SELECT e.value, e.ordinality FROM jsonb_array_elements(p_items)
+                         WITH ORDINALITY AS e
+    LOOP
+        RETURN QUERY SELECT (v_idx - 1)::integer, r.job_id, r.outcome, r.reason, r.error
+                     FROM idemq.enqueue_one(v_item, v_now) r;
+    END LOOP;
+END
+$$;
+
+-- Ends the current attempt of a locked active job and moves it by the state
+-- machine (docs/state-machine.md). p_kind: completed, failed, snoozed,
+-- released, lease_expired, timed_out, deadline.
+CREATE FUNCTION idemq.end_attempt(p_id text, p_kind text, p_error text, p_retryable boolean,
+                                  p_retry_after_ms bigint, p_snooze_ms bigint, p_result jsonb,
+                                  p_now timestamptz)
+RETURNS TABLE (state text, next_run_at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    j         idemq.jobs%ROWTYPE;
+    v_used    integer;
+    v_outcome text;
+    v_error   text;
+    v_next    text;
+    v_at      timestamptz;
+    v_dead    text;
+    v_delay   bigint;
+    v_base    double precision;
+BEGIN
+    SELECT * INTO j FROM idemq.jobs WHERE id = p_id;
+    v_used := j.attempts_used + CASE WHEN p_kind IN ('released', 'snoozed') THEN 0 ELSE 1 END;
+    v_outcome := CASE p_kind WHEN 'timed_out' THEN 'failed' WHEN 'deadline' THEN 'failed'
+                             ELSE p_kind END;
+    v_error := CASE p_kind
+        WHEN 'failed' THEN left(p_error, 8192)
+        WHEN 'lease_expired' THEN 'lease expired'
+        WHEN 'timed_out' THEN format('timed out after %s ms', j.timeout_ms)
+        WHEN 'deadline' THEN 'deadline passed'
+        END;
+    -- left() counts characters; keep at most 8 KiB of bytes.
+    WHILE v_error IS NOT NULL AND octet_length(v_error) > 8192 LOOP
+        v_error := left(v_error, length(v_error) - 1);
+    END LOOP;
+    IF j.cancel_requested AND p_kind <> 'completed' THEN
+        v_outcome := 'cancelled';
+    END IF;
+    -- A completed attempt stays derived from the job row (job_runs,
+    -- job_events); an attempt that ends otherwise is written out now, its
+    -- `claimed` event under the sequence number the claim drew.
+    IF p_kind <> 'completed' THEN
+        INSERT INTO idemq.runs AS r (job_id, attempt, worker, started_at, finished_at, outcome,
+                                     error)
+        VALUES (p_id, j.attempt, j.worker, j.started_at, p_now, v_outcome, v_error)
+        ON CONFLICT (job_id, attempt) DO UPDATE SET worker = excluded.worker,
+            started_at = excluded.started_at, finished_at = excluded.finished_at,
+            outcome = excluded.outcome, error = excluded.error;
+        INSERT INTO idemq.events (seq, job_id, kind, at, data)
+        VALUES (j.claim_seq, p_id, 'claimed', j.started_at,
+                jsonb_build_object('attempt', j.attempt, 'worker', j.worker));
+    END IF;
+    IF p_kind = 'lease_expired' THEN
+        PERFORM idemq.event(p_id, 'lease_expired', p_now, jsonb_build_object('attempt', j.attempt));
+    END IF;
+
+    IF p_kind = 'completed' THEN
+        v_next := 'completed';
+    ELSIF j.cancel_requested THEN
+        v_next := 'cancelled';
+    ELSIF p_kind = 'released' THEN
+        v_next := 'waiting'; v_at := p_now;
+    ELSIF p_kind = 'snoozed' THEN
+        v_next := 'waiting'; v_at := p_now + idemq.ms(p_snooze_ms);
+    ELSIF p_kind = 'deadline' THEN
+        v_next := 'dead'; v_dead := 'deadline';
+    ELSIF p_kind = 'failed' AND NOT p_retryable THEN
+        v_next := 'dead'; v_dead := 'permanent';
+    ELSIF v_used >= j.max_attempts THEN
+        v_next := 'dead'; v_dead := 'attempts_exhausted';
+    ELSIF p_kind = 'lease_expired' THEN
+        -- Claimable again at once; the attempt is consumed.
+        v_next := 'waiting'; v_at := p_now;
+        IF j.deadline IS NOT NULL AND p_now >= j.deadline THEN
+            v_next := 'dead'; v_dead := 'deadline';
+        END IF;
+    ELSIF j.retry ->> 'kind' = 'none' THEN
+        v_next := 'dead'; v_dead := 'no_retry';
+    ELSE
+        IF j.retry ->> 'kind' = 'fixed' THEN
+            v_delay := (j.retry ->> 'delay_ms')::bigint;
+        ELSE
+            v_base := least((j.retry ->> 'initial_ms')::double precision
+                            * power((j.retry ->> 'factor')::double precision,
+                                    least(greatest(v_used, 1) - 1, 1024)),
+                            (j.retry ->> 'max_ms')::double precision);
+            IF (j.retry ->> 'jitter')::boolean THEN
+                v_base := v_base * random();
+            END IF;
+            v_delay := round(v_base)::bigint;
+        END IF;
+        IF p_kind = 'failed' AND p_retry_after_ms IS NOT NULL THEN
+            v_delay := greatest(p_retry_after_ms, 0);
+        END IF;
+        v_next := 'waiting'; v_at := p_now + idemq.ms(v_delay);
+    END IF;
+    IF v_next = 'waiting' AND p_kind <> 'lease_expired' AND p_kind <> 'released'
+       AND j.deadline IS NOT NULL AND v_at >= j.deadline THEN
+        v_next := 'dead'; v_dead := 'deadline';
+    END IF;
+
+    IF v_next = 'completed' THEN
+        -- worker and started_at stay: they are the derived run.
+        UPDATE idemq.jobs SET state = 'completed', result = p_result, finished_at = p_now,
+            purge_after = idemq.keep_until(j.keep_ms, 'completed', p_now), attempts_used = v_used,
+            lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL,
+            done_seq = nextval('idemq.history'), updated_at = p_now
+        WHERE id = p_id;
+        RETURN QUERY SELECT 'completed'::text, NULL::timestamptz;
+    ELSIF v_next = 'waiting' THEN
+        UPDATE idemq.jobs SET state = 'waiting', run_at = v_at, attempts_used = v_used,
+            last_error = coalesce(v_error, last_error), lease_token = NULL,
+            lease_expires_at = NULL, lease_ms = NULL, worker = NULL, started_at = NULL,
+            claim_seq = NULL, updated_at = p_now
+        WHERE id = p_id;
+        IF p_kind = 'released' THEN
+            PERFORM idemq.event(p_id, 'released', p_now,
+                jsonb_build_object('run_at', v_at, 'snoozed', false));
+        ELSIF p_kind <> 'lease_expired' THEN
+            PERFORM idemq.event(p_id, 'retry_scheduled', p_now,
+                jsonb_build_object('run_at', v_at, 'snoozed', p_kind = 'snoozed'));
+        END IF;
+        PERFORM idemq.wake(j.queue);
+        -- The derived state, like every read: a zero delay is ready.
+        RETURN QUERY SELECT CASE WHEN v_at <= p_now THEN 'ready' ELSE 'scheduled' END, v_at;
+    ELSE
+        UPDATE idemq.jobs SET state = v_next, finished_at = p_now,
+            purge_after = idemq.keep_until(j.keep_ms, v_next, p_now), attempts_used = v_used,
+            last_error = coalesce(v_error, CASE WHEN v_next = 'dead' THEN v_dead END, last_error),
+            lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL, worker = NULL,
+            started_at = NULL, claim_seq = NULL, updated_at = p_now
+        WHERE id = p_id;
+        IF v_next = 'dead' THEN
+            PERFORM idemq.event(p_id, 'dead', p_now,
+                jsonb_build_object('reason', v_dead, 'attempt', j.attempt));
+        ELSE
+            DELETE FROM idemq.dedupe x WHERE x.job_id = p_id;
+            PERFORM idemq.event(p_id, 'cancelled', p_now, jsonb_build_object('attempt', j.attempt));
+        END IF;
+        RETURN QUERY SELECT v_next, NULL::timestamptz;
+    END IF;
+END
+$$;
+
+-- Records expired leases (at most p_limit), skipping rows another call holds.
+CREATE FUNCTION idemq.reap(p_limit integer, p_now timestamptz) RETURNS integer
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_id text;
+    n    integer := 0;
+BEGIN
+    FOR v_id IN SELECT id FROM idemq.jobs
+                WHERE state = 'active' AND lease_expires_at <= p_now
+                ORDER BY lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+        PERFORM idemq.end_attempt(v_id, 'lease_expired', NULL, true, NULL, NULL, NULL, p_now);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
+CREATE FUNCTION idemq.lease_reap(p_limit integer) RETURNS integer
+LANGUAGE sql AS $$ SELECT idemq.reap(p_limit, idemq.now()) $$;
+
+-- Claims up to p_limit due jobs: highest priority, then oldest run_at, then
+-- acceptance order; paused queues and busy concurrency keys skipped; rows
+-- other claimers hold are skipped, never waited for. The due jobs are read
+-- in the order of the jobs_claim index and the read stops at p_limit: sorts
+-- are disabled here because a planner working from the statistics of a
+-- young table (a few rows when last analyzed, thousands now) otherwise
+-- prefers a bitmap scan that reads and sorts every waiting job on each claim.
+-- JIT is off with it: the cost penalty of a disabled sort would otherwise
+-- cross jit_above_cost and compile every claim (hundreds of milliseconds).
+CREATE FUNCTION idemq.claim(p_queues text[], p_types text[], p_worker text, p_limit integer,
+                            p_lease_ms bigint)
+RETURNS TABLE (id text, type text, queue text, payload jsonb, attempt integer,
+               max_attempts integer, lease_token text, lease_expires_at timestamptz,
+               timeout_ms bigint, deadline timestamptz, tags text[])
+LANGUAGE plpgsql SET enable_sort = off SET jit = off AS $$
+#variable_conflict use_column
+DECLARE
+    v_now   timestamptz := idemq.now();
+    v_paused text[] := ARRAY(SELECT q.name FROM idemq.queues q WHERE q.paused);
+    v_ids   text[] := '{}';
+    v_keys  text[] := '{}';
+    c       record;
+    v_round integer := 0;
+    v_found boolean;
+    v_slow  boolean;
+BEGIN
+    PERFORM idemq.reap(1000, v_now);
+    -- The claim writes the job rows only: the attempt's run and its
+    -- `claimed` event are derived from them until the attempt ends other
+    -- than completed (end_attempt).
+    -- The common case in one statement: the first p_limit due jobs in claim
+    -- order, locked. When none of them has a concurrency key or a passed
+    -- deadline, they are the claim; otherwise the loop below decides, row by
+    -- row, and sees the rows locked here as its own.
+    SELECT coalesce(array_agg(f.id), '{}'),
+           coalesce(bool_or(f.concurrency_key IS NOT NULL OR f.deadline <= v_now), false)
+    INTO v_ids, v_slow
+    FROM (SELECT j.id, j.concurrency_key, j.deadline FROM idemq.jobs j
+          WHERE j.state = 'waiting' AND j.run_at <= v_now
+            AND (p_queues IS NULL OR j.queue = ANY (p_queues))
+            AND (p_types IS NULL OR j.type = ANY (p_types))
+            AND NOT (j.queue = ANY (v_paused))
+          ORDER BY j.priority DESC, j.run_at, j.seq
+          LIMIT p_limit
+          FOR UPDATE OF j SKIP LOCKED) f;
+    IF v_slow THEN
+        v_ids := '{}';
+    END IF;
+    LOOP
+        EXIT WHEN NOT v_slow;
+        v_found := false;
+        FOR c IN
+            SELECT j.id, j.concurrency_key, j.deadline FROM idemq.jobs j
+            WHERE j.state = 'waiting' AND j.run_at <= v_now
+              AND (p_queues IS NULL OR j.queue = ANY (p_queues))
+              AND (p_types IS NULL OR j.type = ANY (p_types))
+              AND NOT (j.queue = ANY (v_paused))
+              AND (j.concurrency_key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM idemq.jobs a
+                    WHERE a.state = 'active' AND a.concurrency_key = j.concurrency_key))
+              AND NOT (j.id = ANY (v_ids))
+            ORDER BY j.priority DESC, j.run_at, j.seq
+            LIMIT 256
+            FOR UPDATE OF j SKIP LOCKED
+        LOOP
+            v_found := true;
+            EXIT WHEN cardinality(v_ids) >= p_limit;
+            IF c.deadline IS NOT NULL AND c.deadline <= v_now THEN
+                -- Past its deadline: never started.
+                UPDATE idemq.jobs j SET state = 'dead', finished_at = v_now,
+                    purge_after = idemq.keep_until(j.keep_ms, 'dead', v_now),
+                    last_error = coalesce(j.last_error, 'deadline'), updated_at = v_now
+                WHERE j.id = c.id;
+                PERFORM idemq.event(c.id, 'dead', v_now, jsonb_build_object('reason', 'deadline'));
+                CONTINUE;
+            END IF;
+            IF c.concurrency_key IS NOT NULL THEN
+                CONTINUE WHEN c.concurrency_key = ANY (v_keys);
+                -- Another claimer taking this key right now: skip it.
+                CONTINUE WHEN NOT pg_try_advisory_xact_lock(
+                    hashtextextended('idemq.ck:' || c.concurrency_key, 0));
+                -- Re-check with a fresh snapshot: a claimer may have committed meanwhile.
+                CONTINUE WHEN EXISTS (SELECT 1 FROM idemq.jobs a WHERE a.state = 'active'
+                                      AND a.concurrency_key = c.concurrency_key);
+                v_keys := v_keys || c.concurrency_key;
+            END IF;
+            v_ids := v_ids || c.id;
+        END LOOP;
+        v_round := v_round + 1;
+        EXIT WHEN NOT v_found OR cardinality(v_ids) >= p_limit OR v_round >= 8;
+    END LOOP;
+
+    RETURN QUERY
+    WITH claimed AS (
+        UPDATE idemq.jobs j SET state = 'active', attempt = j.attempt + 1,
+            lease_token = replace(gen_random_uuid()::text, '-', ''),
+            lease_expires_at = v_now + idemq.ms(p_lease_ms), lease_ms = p_lease_ms,
+            worker = p_worker, started_at = v_now, updated_at = v_now,
+            claim_seq = nextval('idemq.history')
+        WHERE j.id = ANY (v_ids)
+        RETURNING j.*
+    )
+    SELECT c4.id, c4.type, c4.queue, c4.payload, c4.attempt, c4.max_attempts, c4.lease_token,
+           c4.lease_expires_at, c4.timeout_ms, c4.deadline, c4.tags
+    FROM claimed c4
+    ORDER BY c4.priority DESC, c4.run_at, c4.seq;
+END
+$$;
+
+-- The job a valid lease refers to, locked; NULL for a stale or unknown token.
+CREATE FUNCTION idemq.lease_job(p_id text, p_token text) RETURNS idemq.jobs
+LANGUAGE sql AS $$
+    SELECT * FROM idemq.jobs
+    WHERE id = p_id AND state = 'active' AND lease_token = p_token
+    FOR UPDATE
+$$;
+
+CREATE FUNCTION idemq.heartbeat(p_id text, p_token text)
+RETURNS TABLE (ok boolean, lease_expires_at timestamptz, cancel_requested boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    j     idemq.jobs%ROWTYPE;
+BEGIN
+    j := idemq.lease_job(p_id, p_token);
+    IF j.id IS NULL THEN
+        RETURN QUERY SELECT false, NULL::timestamptz, false;
+        RETURN;
+    END IF;
+    -- Workers the server cannot interrupt: a heartbeat past the timeout or
+    -- the deadline records the attempt so.
+    IF v_now >= j.started_at + idemq.ms(j.timeout_ms) THEN
+        PERFORM idemq.end_attempt(p_id, 'timed_out', NULL, true, NULL, NULL, NULL, v_now);
+        RETURN QUERY SELECT false, NULL::timestamptz, false;
+        RETURN;
+    END IF;
+    IF j.deadline IS NOT NULL AND v_now >= j.deadline THEN
+        PERFORM idemq.end_attempt(p_id, 'deadline', NULL, true, NULL, NULL, NULL, v_now);
+        RETURN QUERY SELECT false, NULL::timestamptz, false;
+        RETURN;
+    END IF;
+    UPDATE idemq.jobs SET lease_expires_at = v_now + idemq.ms(j.lease_ms) WHERE id = p_id;
+    RETURN QUERY SELECT true, v_now + idemq.ms(j.lease_ms), j.cancel_requested;
+END
+$$;
+
+-- complete / fail / snooze / release: p_kind as in end_attempt.
+CREATE FUNCTION idemq.finish_attempt(p_id text, p_token text, p_kind text, p_error text,
+                                     p_retryable boolean, p_retry_after_ms bigint,
+                                     p_snooze_ms bigint, p_result jsonb)
+RETURNS TABLE (ok boolean, state text, next_run_at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    j     idemq.jobs%ROWTYPE;
+BEGIN
+    j := idemq.lease_job(p_id, p_token);
+    IF j.id IS NULL THEN
+        RETURN QUERY SELECT false, NULL::text, NULL::timestamptz;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT true, e.state, e.next_run_at
+    FROM idemq.end_attempt(p_id, p_kind, p_error, p_retryable, p_retry_after_ms, p_snooze_ms,
+                           p_result, v_now) e;
+END
+$$;
+
+CREATE FUNCTION idemq.checkpoint_put(p_id text, p_token text, p_name text, p_value jsonb)
+RETURNS TABLE (ok boolean, stored boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    j     idemq.jobs%ROWTYPE;
+BEGIN
+    j := idemq.lease_job(p_id, p_token);
+    IF j.id IS NULL THEN
+        RETURN QUERY SELECT false, false;
+        RETURN;
+    END IF;
+    INSERT INTO idemq.checkpoints (job_id, name, value, created_at)
+    VALUES (p_id, p_name, p_value, v_now) ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+        PERFORM idemq.event(p_id, 'checkpointed', v_now, jsonb_build_object('name', p_name));
+        RETURN QUERY SELECT true, true;
+    ELSE
+        RETURN QUERY SELECT true, false;
+    END IF;
+END
+$$;
+
+-- Cancels a waiting job at once (releasing its dedupe binding) or flags an active one.
+CREATE FUNCTION idemq.cancel_locked(p_id text, p_now timestamptz) RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    j idemq.jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO j FROM idemq.jobs WHERE id = p_id;
+    IF j.state = 'waiting' THEN
+        UPDATE idemq.jobs SET state = 'cancelled', finished_at = p_now,
+            purge_after = idemq.keep_until(j.keep_ms, 'cancelled', p_now), updated_at = p_now
+        WHERE id = p_id;
+        DELETE FROM idemq.dedupe x WHERE x.job_id = p_id;
+        PERFORM idemq.event(p_id, 'cancelled', p_now);
+    ELSIF j.state = 'active' AND NOT j.cancel_requested THEN
+        UPDATE idemq.jobs SET cancel_requested = true, updated_at = p_now WHERE id = p_id;
+        PERFORM idemq.event(p_id, 'cancel_requested', p_now);
+    END IF;
+END
+$$;
+
+-- (o_found, o_cancelled, o_state): the job's derived state after the call.
+CREATE FUNCTION idemq.cancel(p_id text)
+RETURNS TABLE (o_found boolean, o_cancelled boolean, o_state text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    j     idemq.jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO j FROM idemq.jobs WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT false, false, NULL::text;
+        RETURN;
+    END IF;
+    IF j.state IN ('waiting', 'active') THEN
+        PERFORM idemq.cancel_locked(p_id, v_now);
+        RETURN QUERY SELECT true, true,
+            CASE WHEN j.state = 'waiting' THEN 'cancelled' ELSE 'active' END;
+    ELSE
+        RETURN QUERY SELECT true, false, j.state;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION idemq.cancel_by_key(p_type text, p_key text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    v_id  text;
+    n     integer := 0;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('idemq.dedupe:' || p_type || ':' || p_key, 0));
+    FOR v_id IN SELECT id FROM idemq.jobs
+                WHERE type = p_type AND dedupe_key = p_key AND state IN ('waiting', 'active')
+                ORDER BY seq FOR UPDATE
+    LOOP
+        PERFORM idemq.cancel_locked(v_id, v_now);
+        n := n + 1;
+    END LOOP;
+    IF n > 0 THEN
+        DELETE FROM idemq.dedupe x WHERE x.type = p_type AND x.key = p_key;
+    END IF;
+    RETURN n > 0;
+END
+$$;
+
+CREATE FUNCTION idemq.delete_job(p_id text) RETURNS void
+LANGUAGE sql AS $$
+    DELETE FROM idemq.events WHERE job_id = p_id;
+    DELETE FROM idemq.runs WHERE job_id = p_id;
+    DELETE FROM idemq.checkpoints WHERE job_id = p_id;
+    DELETE FROM idemq.dedupe WHERE job_id = p_id;
+    DELETE FROM idemq.jobs WHERE id = p_id;
+$$;
+
+CREATE FUNCTION idemq.purge(p_id text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    j idemq.jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO j FROM idemq.jobs WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND OR j.state = 'active' THEN
+        RETURN false;
+    END IF;
+    PERFORM idemq.delete_job(p_id);
+    IF j.attempt = 0 THEN
+        -- The work never happened, so its keys may own new work.
+        DELETE FROM idemq.idempotency WHERE job_id = p_id;
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- NULL for an unknown job.
+CREATE FUNCTION idemq.promote(p_id text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    j     idemq.jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO j FROM idemq.jobs WHERE id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF j.state <> 'waiting' OR j.run_at <= v_now THEN
+        RETURN false;
+    END IF;
+    UPDATE idemq.jobs SET run_at = v_now, updated_at = v_now WHERE id = p_id;
+    PERFORM idemq.event(p_id, 'promoted', v_now);
+    PERFORM idemq.wake(j.queue);
+    RETURN true;
+END
+$$;
+
+-- Redrive a dead job. p: {job_id, key?: {scope, hash, preview, ttl_ms},
+-- fingerprint, max_attempts?, deadline?, run_at?, reset_checkpoints}.
+-- Returns (outcome, job_id, error, state) where error is a conflict,
+-- not_found, not_dead or validation object.
+CREATE FUNCTION idemq.redrive(p jsonb)
+RETURNS TABLE (outcome text, job_id text, error jsonb)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now    timestamptz := idemq.now();
+    v_id     text := p ->> 'job_id';
+    v_key    jsonb := p -> 'key';
+    b        record;
+    j        idemq.jobs%ROWTYPE;
+    v_run_at timestamptz;
+    v_deadline timestamptz := idemq.us((p ->> 'deadline')::bigint);
+BEGIN
+    IF v_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(
+            'idemq.key:' || (v_key ->> 'scope') || ':' || (v_key ->> 'hash'), 0));
+        SELECT k.job_id, k.conflict INTO b
+        FROM idemq.key_decision(v_key, p -> 'fingerprint', v_now) k;
+        IF FOUND THEN
+            RETURN QUERY SELECT CASE WHEN b.conflict IS NULL THEN 'replayed' END, b.job_id,
+                                b.conflict;
+            RETURN;
+        END IF;
+    END IF;
+    SELECT * INTO j FROM idemq.jobs WHERE id = v_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT NULL::text, v_id, jsonb_build_object('kind', 'not_found');
+        RETURN;
+    END IF;
+    IF j.state <> 'dead' THEN
+        RETURN QUERY SELECT NULL::text, v_id, jsonb_build_object('kind', 'not_dead', 'state',
+            CASE WHEN j.state = 'waiting' AND j.run_at <= v_now THEN 'ready'
+                 WHEN j.state = 'waiting' THEN 'scheduled' ELSE j.state END);
+        RETURN;
+    END IF;
+    IF v_deadline IS NOT NULL AND v_deadline <= v_now THEN
+        RETURN QUERY SELECT NULL::text, v_id, jsonb_build_object('kind', 'validation',
+            'field', 'deadline', 'reason', 'must be in the future');
+        RETURN;
+    END IF;
+    v_run_at := coalesce(idemq.us((p ->> 'run_at')::bigint), v_now);
+    IF v_deadline IS NOT NULL AND v_run_at >= v_deadline THEN
+        RETURN QUERY SELECT NULL::text, v_id, jsonb_build_object('kind', 'validation',
+            'field', 'run_at', 'reason', 'must be before the deadline');
+        RETURN;
+    END IF;
+    -- A passed deadline is cleared unless a new one is given.
+    UPDATE idemq.jobs SET state = 'waiting', attempts_used = 0,
+        max_attempts = coalesce((p ->> 'max_attempts')::int, max_attempts), run_at = v_run_at,
+        deadline = CASE WHEN v_deadline IS NOT NULL THEN v_deadline
+                        WHEN deadline > v_now THEN deadline END,
+        finished_at = NULL, purge_after = NULL, cancel_requested = false, updated_at = v_now
+    WHERE id = v_id;
+    -- Redrive does not take dedupe bindings (SPEC 7): a binding without a
+    -- window, left behind by the dead job, would come back to life now.
+    DELETE FROM idemq.dedupe x WHERE x.job_id = v_id AND x.window_until IS NULL;
+    IF (p ->> 'reset_checkpoints')::boolean THEN
+        DELETE FROM idemq.checkpoints c WHERE c.job_id = v_id;
+    END IF;
+    PERFORM idemq.event(v_id, 'redriven', v_now, jsonb_build_object(
+        'run_at', v_run_at, 'reset_checkpoints', (p ->> 'reset_checkpoints')::boolean));
+    PERFORM idemq.bind_key(v_key, v_id, p -> 'fingerprint', v_now);
+    PERFORM idemq.wake(j.queue);
+    RETURN QUERY SELECT 'accepted'::text, v_id, NULL::jsonb;
+END
+$$;
+
+CREATE FUNCTION idemq.binding_release(p_scope text, p_hash bytea) RETURNS boolean
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    b     record;
+BEGIN
+    DELETE FROM idemq.idempotency i
+    WHERE i.scope = p_scope AND i.key_hash = p_hash AND i.expires_at > v_now
+    RETURNING i.job_id, i.key_preview INTO b;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM idemq.jobs WHERE id = b.job_id) THEN
+        PERFORM idemq.event(b.job_id, 'binding_released', v_now, jsonb_build_object(
+            'scope', p_scope, 'key_preview', b.key_preview,
+            'key_digest', left(encode(p_hash, 'hex'), 16)));
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- Removes expired idempotency bindings and dedupe bindings that are not
+-- live: at most p_limit rows of both kinds together.
+CREATE FUNCTION idemq.binding_sweep(p_limit integer) RETURNS bigint
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    n1    bigint;
+    n2    bigint;
+BEGIN
+    DELETE FROM idemq.idempotency i USING (
+        SELECT scope, key_hash FROM idemq.idempotency WHERE expires_at <= v_now
+        LIMIT p_limit FOR UPDATE SKIP LOCKED) e
+    WHERE i.scope = e.scope AND i.key_hash = e.key_hash;
+    GET DIAGNOSTICS n1 = ROW_COUNT;
+    DELETE FROM idemq.dedupe x USING (
+        SELECT d.type, d.key FROM idemq.dedupe d
+        LEFT JOIN idemq.jobs j ON j.id = d.job_id
+        WHERE NOT idemq.binding_live(d.window_until, j.state, v_now)
+        LIMIT greatest(p_limit - n1, 0) FOR UPDATE OF d SKIP LOCKED) e
+    WHERE x.type = e.type AND x.key = e.key;
+    GET DIAGNOSTICS n2 = ROW_COUNT;
+    RETURN n1 + n2;
+END
+$$;
+
+-- Deletes terminal jobs past their retention that no live binding points at.
+CREATE FUNCTION idemq.retention_sweep(p_limit integer) RETURNS bigint
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+    v_id  text;
+    n     bigint := 0;
+BEGIN
+    FOR v_id IN
+        SELECT j.id FROM idemq.jobs j
+        WHERE j.purge_after <= v_now AND j.state IN ('completed', 'dead', 'cancelled')
+          AND NOT EXISTS (SELECT 1 FROM idemq.idempotency b
+                          WHERE b.job_id = j.id AND b.expires_at > v_now)
+          AND NOT EXISTS (SELECT 1 FROM idemq.dedupe d
+                          WHERE d.job_id = j.id AND d.window_until > v_now)
+        ORDER BY j.purge_after LIMIT p_limit FOR UPDATE SKIP LOCKED
+    LOOP
+        PERFORM idemq.delete_job(v_id);
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
+-- The first interval tick strictly after p_now: anchor + k * every, k >= 1,
+-- with the anchor truncated to the second (as crate::schedule::every_next).
+-- STABLE, not IMMUTABLE: date_trunc on timestamptz is (whatever the unit).
+CREATE FUNCTION idemq.schedule_every_next(p_anchor timestamptz, p_every_ms bigint,
+                                          p_now timestamptz)
+RETURNS timestamptz LANGUAGE sql STABLE AS $$
+    SELECT a + idemq.ms(p_every_ms) * (CASE WHEN p_now < a THEN 1
+        ELSE floor(extract(epoch FROM p_now - a) * 1000 / p_every_ms)::bigint + 1 END)
+    FROM (SELECT date_trunc('second', p_anchor) AS a) anchor
+$$;
+
+-- Creates or replaces a definition; true when it was created. A schedule
+-- whose timing is unchanged and that was not paused keeps its next fire, so
+-- a process declaring its schedules at every start neither skips nor
+-- repeats a tick; any other change computes the next fire afresh (an
+-- interval from its creation, a cron expression from p_at: p_cron_next).
+CREATE FUNCTION idemq.schedule_put(p_name text, p_cron text, p_every_ms bigint, p_timezone text,
+                                   p_job jsonb, p_paused boolean, p_at timestamptz,
+                                   p_cron_next timestamptz)
+RETURNS boolean LANGUAGE sql AS $$
+    INSERT INTO idemq.schedules AS s (name, cron, every_ms, timezone, job, paused,
+                                      created_at, updated_at, last_fired_at, next_fire_at)
+    VALUES (p_name, p_cron, p_every_ms, p_timezone, p_job, p_paused, p_at, p_at, NULL,
+            CASE WHEN p_paused THEN NULL
+                 WHEN p_every_ms IS NOT NULL THEN idemq.schedule_every_next(p_at, p_every_ms, p_at)
+                 ELSE p_cron_next END)
+    ON CONFLICT (name) DO UPDATE SET
+        cron = excluded.cron, every_ms = excluded.every_ms, timezone = excluded.timezone,
+        job = excluded.job, paused = excluded.paused, updated_at = excluded.updated_at,
+        next_fire_at = CASE
+            WHEN excluded.paused THEN NULL
+            WHEN s.next_fire_at IS NOT NULL
+                 AND s.cron IS NOT DISTINCT FROM excluded.cron
+                 AND s.every_ms IS NOT DISTINCT FROM excluded.every_ms
+                 AND s.timezone = excluded.timezone THEN s.next_fire_at
+            WHEN excluded.every_ms IS NOT NULL
+                THEN idemq.schedule_every_next(s.created_at, excluded.every_ms, p_at)
+            ELSE p_cron_next END
+    RETURNING xmax = 0
+$$;
+
+-- Records a fired tick (p_fired NULL: none was due) and the next fire, if
+-- the schedule still has the timing the caller computed them with and is
+-- not paused. last_fired_at only moves forward; ticks of one timing only
+-- move forward, so next_fire_at never moves back either.
+CREATE FUNCTION idemq.schedule_mark_fired(p_name text, p_cron text, p_every_ms bigint,
+                                          p_timezone text, p_fired timestamptz,
+                                          p_next timestamptz)
+RETURNS boolean LANGUAGE sql AS $$
+    WITH marked AS (
+        UPDATE idemq.schedules
+        SET last_fired_at = coalesce(p_fired, last_fired_at),
+            next_fire_at = CASE WHEN p_next IS NULL THEN NULL
+                                ELSE greatest(next_fire_at, p_next) END
+        WHERE name = p_name AND next_fire_at IS NOT NULL
+          AND cron IS NOT DISTINCT FROM p_cron AND every_ms IS NOT DISTINCT FROM p_every_ms
+          AND timezone = p_timezone
+          AND (p_fired IS NULL OR last_fired_at IS NULL OR last_fired_at <= p_fired)
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM marked)
+$$;
+
+-- Completes many attempts in one round trip and one commit, the worker's
+-- hot path. Each item is fenced by its own lease exactly as finish_attempt
+-- fences one (the job is active and holds that lease token, re-checked on
+-- the latest row version when another transaction changed it meanwhile); a
+-- stale item is reported (ok = false) and changes nothing, and the others
+-- stand. One update of the jobs whatever the batch size (their runs and
+-- `completed` events are derived from the rows). A job named twice is
+-- completed once, by its first item.
+CREATE FUNCTION idemq.complete_many(p_ids text[], p_tokens text[], p_results jsonb[])
+RETURNS TABLE (idx integer, ok boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := idemq.now();
+BEGIN
+    RETURN QUERY
+    WITH input AS (
+        SELECT (t.i - 1)::integer AS i, t.id, t.token, t.result
+        FROM unnest(p_ids, p_tokens, p_results) WITH ORDINALITY AS t(id, token, result, i)
+    ), firsts AS (
+        SELECT DISTINCT ON (n.id) n.i, n.id, n.token, n.result FROM input n ORDER BY n.id, n.i
+    ), done AS (
+        UPDATE idemq.jobs j SET state = 'completed', result = f.result, finished_at = v_now,
+            purge_after = idemq.keep_until(j.keep_ms, 'completed', v_now),
+            attempts_used = j.attempts_used + 1, lease_token = NULL, lease_expires_at = NULL,
+            lease_ms = NULL, done_seq = nextval('idemq.history'), updated_at = v_now
+        FROM firsts f
+        WHERE j.id = f.id AND j.state = 'active' AND j.lease_token = f.token
+        RETURNING f.i
+    )
+    SELECT n.i, d.i IS NOT NULL FROM input n LEFT JOIN done d ON d.i = n.i ORDER BY n.i;
+END
+$$;
+
+-- A job's history, oldest first: the stored events and the routine ones
+-- derived from the job row. `accepted` is derived from every row (its
+-- sequence number is the job's own seq, drawn from the same sequence as
+-- every event); `claimed` for the current attempt while it runs or once it
+-- completed (claim_seq), `completed` once it did (done_seq). An attempt that
+-- ends otherwise writes its `claimed` event out under the same number, so
+-- the order of the history never depends on which events are stored.
+CREATE FUNCTION idemq.job_events(p_id text)
+RETURNS TABLE (seq bigint, kind text, at timestamptz, data jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT e.seq, e.kind, e.at, e.data FROM idemq.events e WHERE e.job_id = p_id
+    UNION ALL
+    SELECT v.seq, v.kind, v.at, v.data
+    FROM idemq.jobs j
+    CROSS JOIN LATERAL (VALUES
+        (j.seq, 'accepted', j.created_at, jsonb_strip_nulls(jsonb_build_object(
+            'queue', j.queue, 'run_at', coalesce(j.first_run_at, j.created_at),
+            'idempotency', CASE WHEN j.idem_scope IS NOT NULL THEN jsonb_build_object(
+                'scope', j.idem_scope, 'key_preview', j.idem_key_preview,
+                'key_digest', left(encode(j.idem_key_hash, 'hex'), 16)) END,
+            'dedupe', CASE WHEN j.dedupe_key IS NOT NULL THEN jsonb_build_object(
+                'key', j.dedupe_key, 'mode', j.dedupe_mode) END))),
+        (j.claim_seq, 'claimed', j.started_at,
+            jsonb_build_object('attempt', j.attempt, 'worker', j.worker)),
+        (j.done_seq, 'completed', j.finished_at, jsonb_build_object('attempt', j.attempt))
+    ) AS v(seq, kind, at, data)
+    WHERE j.id = p_id AND v.seq IS NOT NULL
+    ORDER BY 1
+$$;
+
+-- A job's run ledger: the attempts written out (each ended other than
+-- completed) and the current attempt, derived from the job row while it
+-- runs and once it completed.
+CREATE FUNCTION idemq.job_runs(p_id text)
+RETURNS TABLE (attempt integer, worker text, started_at timestamptz,
+               finished_at timestamptz, outcome text, error text)
+LANGUAGE sql STABLE AS $$
+    SELECT r.attempt, r.worker, r.started_at, r.finished_at, r.outcome, r.error
+    FROM idemq.runs r WHERE r.job_id = p_id
+    UNION ALL
+    SELECT j.attempt, j.worker, j.started_at,
+           CASE WHEN j.state = 'completed' THEN j.finished_at END,
+           CASE WHEN j.state = 'completed' THEN 'completed' END, NULL::text
+    FROM idemq.jobs j WHERE j.id = p_id AND j.claim_seq IS NOT NULL
+    ORDER BY 1
+$$;
