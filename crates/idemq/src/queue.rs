@@ -203,13 +203,11 @@ impl Queue {
             Some(rest) if url != "sqlite::memory:" => {
                 let path = rest.strip_prefix("//").unwrap_or(rest);
                 let path = std::path::Path::new(path).to_owned();
-                tokio::task::spawn_blocking(move || {
-                    crate::store::sqlite::migration_status(&path)
-                })
-                .await
-                .map_err(|e| Error::Backend {
-                    message: e.to_string(),
-                })?
+                tokio::task::spawn_blocking(move || crate::store::sqlite::migration_status(&path))
+                    .await
+                    .map_err(|e| Error::Backend {
+                        message: e.to_string(),
+                    })?
             }
             _ => Err(Error::validation(
                 "database",

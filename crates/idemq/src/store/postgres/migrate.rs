@@ -120,7 +120,8 @@ async fn apply(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>> {
         tx.commit().await.map_err(db_err)?;
         applied.push(version);
     }
-    if pending.is_empty() && functions_recorded(&mut *conn).await?.as_deref() != Some(&functions_digest())
+    if pending.is_empty()
+        && functions_recorded(&mut *conn).await?.as_deref() != Some(&functions_digest())
     {
         let mut tx = conn.begin().await.map_err(db_err)?;
         apply_functions(&mut tx).await?;

@@ -26,7 +26,9 @@ use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
 
-pub use migrate::{FUNCTIONS, MIGRATIONS, latest as schema_version, migrate, status as migration_status};
+pub use migrate::{
+    FUNCTIONS, MIGRATIONS, latest as schema_version, migrate, status as migration_status,
+};
 
 use super::*;
 use crate::error::Error;

@@ -158,12 +158,11 @@ pub(super) async fn job_list(pool: &PgPool, p: &JobList) -> Result<JobPage> {
 }
 
 pub(super) async fn job_events(pool: &PgPool, id: &str) -> Result<Vec<Event>> {
-    let rows =
-        sqlx::query("SELECT seq, kind, at, data FROM idemq.job_events($1)")
-            .bind(id)
-            .fetch_all(pool)
-            .await
-            .map_err(db_err)?;
+    let rows = sqlx::query("SELECT seq, kind, at, data FROM idemq.job_events($1)")
+        .bind(id)
+        .fetch_all(pool)
+        .await
+        .map_err(db_err)?;
     rows.iter()
         .map(|r| {
             Ok(Event {
