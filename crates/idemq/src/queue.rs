@@ -678,6 +678,32 @@ impl Queue {
         if !(1..=1000).contains(&options.limit) {
             return Err(Error::validation("limit", "must be 1–1000"));
         }
+        self.store.job_claim(Self::claim_params(options)?).await
+    }
+
+    /// Records `completed` (as [`complete_many`](Self::complete_many)), then
+    /// claims as [`claim`](Self::claim) would (a `limit` of 0 claims
+    /// nothing), in one round trip and one transaction where the backend
+    /// allows: the call a worker makes when it has finished some jobs and
+    /// has slots free. An `Err` recorded nothing; otherwise the per-item
+    /// completion results, and the claim's own result (a claim can fail
+    /// after the completions were recorded).
+    pub async fn complete_and_claim(
+        &self,
+        completed: Vec<Completion>,
+        options: ClaimOptions,
+    ) -> Result<(Vec<Result<()>>, Result<Vec<ClaimedJob>>)> {
+        if options.limit > 1000 {
+            return Err(Error::validation("limit", "must be 0–1000"));
+        }
+        let items = self.completions(completed)?;
+        let claim = Self::claim_params(options)?;
+        self.store
+            .job_complete_and_claim(JobCompleteMany { items }, claim)
+            .await
+    }
+
+    fn claim_params(options: ClaimOptions) -> Result<JobClaim> {
         let lease_ms = ms(options.lease);
         if !(100..=3_600_000).contains(&lease_ms) {
             return Err(Error::validation("lease_ms", "must be from 100 ms to 1 h"));
@@ -693,15 +719,13 @@ impl Queue {
                 "queue and type names must not contain U+0000",
             ));
         }
-        self.store
-            .job_claim(JobClaim {
-                queues: options.queues,
-                types: options.types,
-                worker: options.worker,
-                limit: options.limit,
-                lease_ms,
-            })
-            .await
+        Ok(JobClaim {
+            queues: options.queues,
+            types: options.types,
+            worker: options.worker,
+            limit: options.limit,
+            lease_ms,
+        })
     }
 
     /// A lease no claim could have minted is a lost one.
@@ -753,10 +777,20 @@ impl Queue {
     /// (`LeaseLost`, nothing written for it); an `Err` of the whole call
     /// recorded nothing. A result over the payload limit fails the call.
     pub async fn complete_many(&self, items: Vec<Completion>) -> Result<Vec<Result<()>>> {
+        let items = self.completions(items)?;
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.store
+            .job_complete_many(JobCompleteMany { items })
+            .await
+    }
+
+    fn completions(&self, items: Vec<Completion>) -> Result<Vec<JobComplete>> {
         if items.len() > MAX_BATCH_ITEMS {
             return Err(Error::validation("items", "at most 1000 items per call"));
         }
-        let items = items
+        items
             .into_iter()
             .map(|c| {
                 Self::lease_text(&c.job_id, &c.lease_token)?;
@@ -768,13 +802,7 @@ impl Queue {
                         .transpose()?,
                 })
             })
-            .collect::<Result<Vec<_>>>()?;
-        if items.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.store
-            .job_complete_many(JobCompleteMany { items })
-            .await
+            .collect()
     }
 
     /// Fails an attempt: a retry by policy, a snooze, or the dead letters.

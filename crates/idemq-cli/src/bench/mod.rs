@@ -102,6 +102,15 @@ async fn bench(args: BenchArgs, database: &str, json: bool) -> Result<()> {
     if let Some(duration) = args.soak {
         return soak::run(&backend, duration, json).await;
     }
+    // Figures from an unoptimised build say nothing about idemq: a full run
+    // needs a release build; a smoke run (--quick) checks correctness only.
+    if cfg!(debug_assertions) && !args.quick {
+        bail!(
+            "this idemq is a debug build, whose figures are not comparable with anything; \
+             build it with `cargo build --release -p idemq-cli` and run ./target/release/idemq bench \
+             (or pass --quick for a smoke run that checks correctness only)"
+        );
+    }
     let sizes = Sizes::new(args.quick);
     let wanted =
         |name: &str| args.only.is_empty() || args.only.iter().any(|o| o.eq_ignore_ascii_case(name));
@@ -336,8 +345,10 @@ pub(crate) enum Limit {
     InsertCommit { producers: usize },
     /// Multi-row `INSERT`s of 1,000 rows.
     MultiRow,
-    /// Claim-100-and-delete transactions until the table is empty.
-    ClaimDelete,
+    /// The two-step loop of a minimal at-least-once queue until every job
+    /// is done: claim 100 due jobs (one transaction, `UPDATE … SKIP
+    /// LOCKED`), then mark them done (a second transaction).
+    ClaimComplete,
     /// `INSERT … ON CONFLICT DO NOTHING` over `keys` keys.
     OnConflict { producers: usize, keys: usize },
     /// `INSERT … ON CONFLICT DO UPDATE` (a counter) over `keys` keys.
@@ -350,7 +361,7 @@ impl Limit {
         match self {
             Self::InsertCommit { producers } => format!("raw insert commit x{producers}"),
             Self::MultiRow => "raw multi-row insert".into(),
-            Self::ClaimDelete => "raw claim-100+delete".into(),
+            Self::ClaimComplete => "raw claim-100 + complete".into(),
             Self::OnConflict { producers, .. } => format!("raw on-conflict-nothing x{producers}"),
             Self::Upsert { producers, .. } => format!("raw upsert x{producers}"),
         }

@@ -20,10 +20,15 @@ const SETUP: &str = "
     CREATE TABLE bench_keys (k text PRIMARY KEY, job text NOT NULL, n integer NOT NULL DEFAULT 1);
     CREATE TABLE bench_queue (
         id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        payload jsonb NOT NULL)";
+        queue text NOT NULL DEFAULT 'default',
+        state smallint NOT NULL DEFAULT 0,
+        payload jsonb NOT NULL,
+        run_at timestamptz NOT NULL DEFAULT now(),
+        locked_by integer);
+    CREATE INDEX bench_queue_fetch ON bench_queue (queue, run_at, id) WHERE state = 0";
 const TEARDOWN: &str = "DROP TABLE IF EXISTS bench_raw, bench_keys, bench_queue";
 
-/// Loopers of the claim-100-and-delete limit: one per core of a small box.
+/// Loopers of the claim/complete limit: one per core of a small box.
 const CLAIMERS: usize = 2;
 
 /// A raw limit being measured on one pool.
@@ -40,7 +45,7 @@ impl Raw {
             | Limit::OnConflict { producers, .. }
             | Limit::Upsert { producers, .. } => producers,
             Limit::MultiRow => 1,
-            Limit::ClaimDelete => CLAIMERS,
+            Limit::ClaimComplete => CLAIMERS,
         };
         let pool = PgPoolOptions::new()
             .max_connections(connections as u32)
@@ -105,7 +110,7 @@ impl Raw {
                 }
                 Ok(start.elapsed())
             }
-            Limit::ClaimDelete => {
+            Limit::ClaimComplete => {
                 // Filling the table is not timed; claiming it empty is.
                 sqlx::query(
                     "INSERT INTO bench_queue (payload)
@@ -122,9 +127,14 @@ impl Raw {
                     let (pool, bar) = (pool.clone(), bar.clone());
                     tasks.spawn(async move {
                         loop {
+                            // Claim (a transaction), then complete (another):
+                            // the least an at-least-once queue commits per batch.
                             let ids: Vec<i64> = sqlx::query_scalar(
-                                "DELETE FROM bench_queue WHERE id IN (
-                                     SELECT id FROM bench_queue ORDER BY id LIMIT 100
+                                "UPDATE bench_queue SET state = 1, locked_by = 1
+                                 WHERE id IN (
+                                     SELECT id FROM bench_queue
+                                     WHERE queue = 'default' AND state = 0 AND run_at <= now()
+                                     ORDER BY run_at, id LIMIT 100
                                      FOR UPDATE SKIP LOCKED)
                                  RETURNING id",
                             )
@@ -133,6 +143,13 @@ impl Raw {
                             if ids.is_empty() {
                                 return Ok::<_, anyhow::Error>(());
                             }
+                            sqlx::query(
+                                "UPDATE bench_queue SET state = 2, locked_by = NULL
+                                 WHERE id = ANY($1)",
+                            )
+                            .bind(&ids)
+                            .execute(&pool)
+                            .await?;
                             bar.inc(ids.len() as u64);
                         }
                     });

@@ -22,7 +22,10 @@ const SETUP: &str = "
     CREATE TABLE bench_raw (
         id INTEGER PRIMARY KEY, k TEXT NOT NULL, payload TEXT NOT NULL, created_at INTEGER NOT NULL);
     CREATE TABLE bench_keys (k TEXT PRIMARY KEY, job TEXT NOT NULL, n INTEGER NOT NULL DEFAULT 1);
-    CREATE TABLE bench_queue (id INTEGER PRIMARY KEY, payload TEXT NOT NULL);";
+    CREATE TABLE bench_queue (id INTEGER PRIMARY KEY, queue TEXT NOT NULL DEFAULT 'default',
+        state INTEGER NOT NULL DEFAULT 0, payload TEXT NOT NULL, run_at INTEGER NOT NULL DEFAULT 0,
+        locked_by INTEGER);
+    CREATE INDEX bench_queue_fetch ON bench_queue (queue, run_at, id) WHERE state = 0;";
 const TEARDOWN: &str = "DROP TABLE IF EXISTS bench_raw; DROP TABLE IF EXISTS bench_keys;
                         DROP TABLE IF EXISTS bench_queue;";
 
@@ -179,7 +182,7 @@ fn run(
             }
             Ok(start.elapsed())
         }
-        Limit::ClaimDelete => {
+        Limit::ClaimComplete => {
             // Filling the table is not timed; claiming it empty is.
             tx(conn, |c| {
                 let mut st = c.prepare("INSERT INTO bench_queue (payload) VALUES (?1)")?;
@@ -190,19 +193,31 @@ fn run(
             })?;
             let start = Instant::now();
             loop {
-                let n = tx(conn, |c| {
+                // Claim (a transaction), then complete (another).
+                let ids = tx(conn, |c| {
                     let mut st = c.prepare_cached(
-                        "DELETE FROM bench_queue WHERE id IN (
-                             SELECT id FROM bench_queue ORDER BY id LIMIT 100)
-                         RETURNING id, payload",
+                        "UPDATE bench_queue SET state = 1, locked_by = 1 WHERE id IN (
+                             SELECT id FROM bench_queue
+                             WHERE queue = 'default' AND state = 0 AND run_at <= ?1
+                             ORDER BY run_at, id LIMIT 100)
+                         RETURNING id",
                     )?;
-                    let rows = st.query_map([], |r| r.get::<_, i64>(0))?;
-                    Ok(rows.count())
+                    let rows = st.query_map([now_us()], |r| r.get::<_, i64>(0))?;
+                    rows.collect::<Result<Vec<_>, _>>()
                 })?;
-                if n == 0 {
+                if ids.is_empty() {
                     break;
                 }
-                bar.inc(n as u64);
+                tx(conn, |c| {
+                    let mut st = c.prepare_cached(
+                        "UPDATE bench_queue SET state = 2, locked_by = NULL WHERE id = ?1",
+                    )?;
+                    for id in &ids {
+                        st.execute([id])?;
+                    }
+                    Ok(())
+                })?;
+                bar.inc(ids.len() as u64);
             }
             Ok(start.elapsed())
         }

@@ -16,6 +16,8 @@ use super::report::{Row, peak_memory_kib, reset_peak_memory};
 use super::target::Backend;
 use super::{Limit, bar, measure_limit, paired, rate};
 
+/// The queue the drain fills (the default one).
+const QUEUE: &str = "default";
 /// Jobs a drain worker runs at once.
 const DRAIN_CONCURRENCY: usize = 64;
 /// Pause between two enqueues of the latency workload (well under saturation).
@@ -50,18 +52,47 @@ fn start_worker(
     (tx, handle)
 }
 
-/// W3: pre-enqueued no-op jobs run to completion by the `Worker`, vs a
-/// bare claim-100-and-delete loop, in alternating slices (each slice: fill,
-/// then drain; only the drain is timed); every job must have run and
-/// completed once.
+/// W3: pre-enqueued no-op jobs run to completion by one `Worker` that runs
+/// for the whole workload, vs the two-step claim/complete loop of a minimal
+/// queue, in alternating slices. Each slice fills its queue while the
+/// queue is paused (not timed), then resumes it and times the drain; every
+/// job must have run and completed once.
 pub(crate) async fn drain(backend: &Backend, n: usize) -> Result<Row> {
     backend
         .with_fresh(async |db| {
-            let limit = Limit::ClaimDelete;
+            let limit = Limit::ClaimComplete;
             let queue = Queue::connect(db.url()).await?;
             let runs: Arc<Vec<AtomicU32>> = Arc::new((0..n).map(|_| AtomicU32::new(0)).collect());
-            let mut reported = 0;
-            let (raw, ops_per_sec) = paired(db, limit, n, 4, "W3 drain", async |range, bar| {
+            let handled = Arc::new(AtomicUsize::new(0));
+            let goal = Arc::new(AtomicUsize::new(usize::MAX));
+            let all_ran = Arc::new(Notify::new());
+            let progress: Arc<Mutex<Option<indicatif::ProgressBar>>> = Arc::default();
+            let (r, h, g, a, p) = (
+                runs.clone(),
+                handled.clone(),
+                goal.clone(),
+                all_ran.clone(),
+                progress.clone(),
+            );
+            let (stop, worker) = start_worker(
+                &queue,
+                DRAIN_CONCURRENCY,
+                Duration::from_millis(100),
+                move |i| {
+                    if let Some(c) = r.get(i) {
+                        c.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(b) = p.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                        b.inc(1);
+                    }
+                    if h.fetch_add(1, Ordering::Relaxed) + 1 == g.load(Ordering::Relaxed) {
+                        a.notify_one();
+                    }
+                },
+            );
+            let measured = paired(db, limit, n, 4, "W3 drain", async |range, bar| {
+                *progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar.clone());
+                queue.pause(QUEUE).await?;
                 for chunk in range.clone().collect::<Vec<_>>().chunks(1000) {
                     let reqs = chunk
                         .iter()
@@ -71,38 +102,23 @@ pub(crate) async fn drain(backend: &Backend, n: usize) -> Result<Row> {
                         r?;
                     }
                 }
-                let want = range.len();
-                let handled = Arc::new(AtomicUsize::new(0));
-                let all_ran = Arc::new(Notify::new());
-                let (r, h, a, b) = (runs.clone(), handled.clone(), all_ran.clone(), bar.clone());
+                goal.store(handled.load(Ordering::Relaxed) + range.len(), Ordering::Relaxed);
                 let start = Instant::now();
-                let (stop, worker) = start_worker(
-                    &queue,
-                    DRAIN_CONCURRENCY,
-                    Duration::from_millis(100),
-                    move |i| {
-                        if let Some(c) = r.get(i) {
-                            c.fetch_add(1, Ordering::Relaxed);
-                        }
-                        b.inc(1);
-                        if h.fetch_add(1, Ordering::Relaxed) + 1 == want {
-                            a.notify_one();
-                        }
-                    },
-                );
+                queue.resume(QUEUE).await?;
                 all_ran.notified().await;
-                // Shutdown waits for the running attempts to be recorded.
-                let _ = stop.send(());
-                let report = worker.await.context("the worker task failed")??;
-                reported += report.completed;
                 Ok(start.elapsed())
             })
-            .await?;
+            .await;
+            // Shutdown waits for the running attempts to be recorded.
+            let _ = stop.send(());
+            let report = worker.await.context("the worker task failed")??;
+            let (raw, ops_per_sec) = measured?;
             let completed: u64 = queue.queues().await?.iter().map(|q| q.counts.completed).sum();
             let not_once = runs.iter().filter(|c| c.load(Ordering::Relaxed) != 1).count();
+            let reported = report.completed;
             let check = if completed != n as u64 || reported != n as u64 || not_once > 0 {
                 Err(format!(
-                    "{completed} completed ({reported} by the workers), {not_once} jobs not run exactly once"
+                    "{completed} completed ({reported} by the worker), {not_once} jobs not run exactly once"
                 ))
             } else {
                 Ok(())

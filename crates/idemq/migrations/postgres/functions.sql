@@ -26,7 +26,7 @@ BEGIN
              WHERE n.nspname = 'idemq' AND p.proname = ANY (ARRAY[
         'bind_key', 'binding_live', 'binding_release', 'binding_sweep', 'cancel',
         'cancel_by_key', 'cancel_locked', 'check_clock', 'checkpoint_put', 'claim',
-        'complete_many', 'debounce_window', 'delete_job', 'end_attempt', 'enqueue',
+        'complete_and_claim', 'complete_many', 'debounce_window', 'delete_job', 'end_attempt', 'enqueue',
         'enqueue_one', 'event', 'finish_attempt', 'fp_diff', 'heartbeat', 'job_events',
         'job_runs', 'keep_until', 'key_decision', 'lease_job', 'lease_reap', 'ms', 'now',
         'promote', 'purge', 'reap', 'redrive', 'resolve_run_at', 'retention_sweep',
@@ -1186,4 +1186,32 @@ LANGUAGE sql STABLE AS $$
            CASE WHEN j.state = 'completed' THEN 'completed' END, NULL::text
     FROM idemq.jobs j WHERE j.id = p_id AND j.claim_seq IS NOT NULL
     ORDER BY 1
+$$;
+
+-- A worker's round trip: the attempts it finished are completed (as
+-- complete_many: each fenced by its own lease; rows with idx), then up to
+-- p_limit jobs are claimed (as claim: rows without idx), in one
+-- transaction and one commit. A p_limit of 0 claims nothing; empty arrays
+-- complete nothing. The completions go first, so a concurrency key they
+-- free can be claimed at once.
+CREATE FUNCTION idemq.complete_and_claim(p_ids text[], p_tokens text[], p_results jsonb[],
+                                         p_queues text[], p_types text[], p_worker text,
+                                         p_limit integer, p_lease_ms bigint)
+RETURNS TABLE (idx integer, ok boolean, id text, type text, queue text, payload jsonb,
+               attempt integer, max_attempts integer, lease_token text,
+               lease_expires_at timestamptz, timeout_ms bigint, deadline timestamptz,
+               tags text[])
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF cardinality(p_ids) > 0 THEN
+        RETURN QUERY SELECT c.idx, c.ok, NULL::text, NULL::text, NULL::text, NULL::jsonb,
+                            NULL::integer, NULL::integer, NULL::text, NULL::timestamptz,
+                            NULL::bigint, NULL::timestamptz, NULL::text[]
+                     FROM idemq.complete_many(p_ids, p_tokens, p_results) c;
+    END IF;
+    IF p_limit > 0 THEN
+        RETURN QUERY SELECT NULL::integer, NULL::boolean, c.*
+                     FROM idemq.claim(p_queues, p_types, p_worker, p_limit, p_lease_ms) c;
+    END IF;
+END
 $$;

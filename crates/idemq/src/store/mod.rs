@@ -410,6 +410,29 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         }
         Ok(out)
     }
+    /// [`job_complete_many`](Self::job_complete_many), then
+    /// [`job_claim`](Self::job_claim) (nothing for a limit of 0), in one
+    /// transaction where the backend can (PostgreSQL: one round trip, one
+    /// commit). An `Err` of the whole call recorded nothing; the claim's own
+    /// result is separate because the default records the completions
+    /// first, on their own.
+    async fn job_complete_and_claim(
+        &self,
+        done: JobCompleteMany,
+        claim: JobClaim,
+    ) -> Result<(Vec<Result<()>>, Result<Vec<ClaimedJob>>)> {
+        let completed = if done.items.is_empty() {
+            Vec::new()
+        } else {
+            self.job_complete_many(done).await?
+        };
+        let claimed = if claim.limit == 0 {
+            Ok(Vec::new())
+        } else {
+            self.job_claim(claim).await
+        };
+        Ok((completed, claimed))
+    }
     /// Finish an attempt with an error (or a snooze).
     async fn job_fail(&self, p: JobFail) -> Result<FailOutcome>;
     /// Give a lease back without consuming the attempt.

@@ -1,75 +1,78 @@
-//! The completer: records the successful attempts of a worker many per round
-//! trip. Supervisors hand their completions to one task, which takes
-//! whatever has queued up (at most 1,000) and records it with one
-//! `complete_many`, so under load one commit serves many jobs, and an idle
-//! worker still records each completion at once (a batch of one).
+//! Completions waiting to be recorded. A supervisor whose handler succeeded
+//! hands its completion here and frees its slot at once; the claim loop
+//! records whatever has gathered together with its next claim, in one
+//! round trip and one commit (`Queue::complete_and_claim`), so under load
+//! one commit serves a batch of completions and a batch of claims. Until it
+//! is recorded the attempt keeps its lease: a completion that cannot be
+//! recorded before the lease could have expired is dropped (the job runs
+//! again, as after any crash between the effect and its record).
+
+use std::sync::Mutex;
+use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
-use crate::error::{Error, Result};
-use crate::queue::{Completion, Queue};
+use crate::queue::Completion;
 
-/// Most completions in one call.
-const MAX_BATCH: usize = 1000;
+/// Most completions recorded in one call.
+pub(super) const MAX_BATCH: usize = 1000;
 
-type Request = (Completion, oneshot::Sender<Result<()>>);
-
-/// The handle supervisors send completions through.
-#[derive(Clone)]
-pub(super) struct Completer {
-    tx: mpsc::UnboundedSender<Request>,
+/// One completion and the moment its lease could have run out.
+pub(super) struct Entry {
+    pub(super) completion: Completion,
+    pub(super) give_up: Instant,
 }
 
-impl Completer {
-    /// Starts the completer task; it ends when every handle is dropped and
-    /// the queued completions are recorded.
-    pub(super) fn start(queue: Queue) -> (Self, tokio::task::JoinHandle<()>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (Self { tx }, tokio::spawn(run(queue, rx)))
+/// The completions of one worker not yet recorded.
+#[derive(Default)]
+pub(super) struct Pending {
+    entries: Mutex<Vec<Entry>>,
+}
+
+impl Pending {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records one completion with whatever else is queued; `None` when the
-    /// completer is gone (the caller records the completion itself).
-    pub(super) async fn complete(
+    /// Hands over the successful end of an attempt claimed with `lease`.
+    pub(super) fn push(
         &self,
         job_id: &str,
         lease_token: &str,
         result: Option<Value>,
-    ) -> Option<Result<()>> {
-        let (reply, answer) = oneshot::channel();
-        let completion = Completion {
-            job_id: job_id.to_owned(),
-            lease_token: lease_token.to_owned(),
-            result,
-        };
-        self.tx.send((completion, reply)).ok()?;
-        answer.await.ok()
+        lease: Duration,
+    ) {
+        self.lock().push(Entry {
+            completion: Completion {
+                job_id: job_id.to_owned(),
+                lease_token: lease_token.to_owned(),
+                result,
+            },
+            give_up: Instant::now() + lease,
+        });
     }
-}
 
-async fn run(queue: Queue, mut rx: mpsc::UnboundedReceiver<Request>) {
-    let mut batch: Vec<Request> = Vec::new();
-    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let (items, replies): (Vec<Completion>, Vec<_>) = batch.drain(..).unzip();
-        match queue.complete_many(items).await {
-            Ok(results) => {
-                for (reply, result) in replies.into_iter().zip(results) {
-                    let _ = reply.send(result);
-                }
-            }
-            // Nothing was recorded: each supervisor retries on its own.
-            Err(e) => {
-                let (retryable, message) = (e.is_retryable(), e.to_string());
-                for reply in replies {
-                    let message = message.clone();
-                    let _ = reply.send(Err(if retryable {
-                        Error::Unavailable { message }
-                    } else {
-                        Error::Backend { message }
-                    }));
-                }
-            }
-        }
+    pub(super) fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// The oldest completions, at most [`MAX_BATCH`].
+    pub(super) fn take(&self) -> Vec<Entry> {
+        let mut entries = self.lock();
+        let n = entries.len().min(MAX_BATCH);
+        entries.drain(..n).collect()
+    }
+
+    /// Puts back completions a call could not record, oldest first; returns
+    /// how many were dropped because their lease could have run out.
+    pub(super) fn put_back(&self, entries: Vec<Entry>) -> u64 {
+        let now = Instant::now();
+        let (keep, dropped): (Vec<Entry>, Vec<Entry>) =
+            entries.into_iter().partition(|e| e.give_up > now);
+        let mut all = self.lock();
+        let newer = std::mem::replace(&mut *all, keep);
+        all.extend(newer);
+        dropped.len() as u64
     }
 }

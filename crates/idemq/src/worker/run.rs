@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::complete::Completer;
+use super::complete::{Entry, Pending};
 use super::context::{ErrorKind, HandlerContext, JobError};
 use super::handler::Erased;
 use super::maintenance::Maintenance;
@@ -44,7 +44,8 @@ type Slots = Arc<Mutex<HashMap<String, Slot>>>;
 
 #[derive(Clone, Copy)]
 enum Ended {
-    Completed,
+    /// Succeeded: the completion waits in [`Pending`] for the next call.
+    Handed,
     Failed,
     Released,
     Lost,
@@ -77,7 +78,7 @@ pub(super) async fn run(
         w.lease,
         stop_rx.clone(),
     ));
-    let (completer, completer_task) = Completer::start(w.queue.clone());
+    let pending = Arc::new(Pending::default());
     let maintenance = w
         .maintenance
         .then(|| tokio::spawn(Maintenance::new(w.queue.clone()).run_until(stop_rx.clone())));
@@ -85,7 +86,7 @@ pub(super) async fn run(
     let mut report = WorkerReport::default();
     let mut tasks: JoinSet<Ended> = JoinSet::new();
     let count = |report: &mut WorkerReport, e: Ended| match e {
-        Ended::Completed => report.completed += 1,
+        Ended::Handed => {}
         Ended::Failed => report.failed += 1,
         Ended::Released => report.released += 1,
         Ended::Lost => report.lost += 1,
@@ -104,22 +105,24 @@ pub(super) async fn run(
         // a claim costs about as much for one job as for a dozen, so claiming
         // each freed slot on its own would spend the database on claims.
         // Without one, any free slot claims at once (a new job starts
-        // without delay).
-        // Slots that stay free for CLAIM_WINDOW are claimed however few
-        // they are, so long-running handlers never hold the rest back.
+        // without delay). Completions ride along with the claim.
+        // Slots (or completions) that wait for CLAIM_WINDOW are served
+        // however few they are, so long-running handlers never hold the
+        // rest back and a completion is recorded within the window.
         let wanted = if backlog {
             (w.concurrency / 2).max(1)
         } else {
             1
         };
-        if free == 0 {
+        let waiting = free > 0 || !pending.is_empty();
+        if !waiting {
             free_since = None;
         } else if free < wanted && free_since.is_none() {
             free_since = Some(tokio::time::Instant::now());
         }
         let window_over = free_since.is_some_and(|t| t.elapsed() >= CLAIM_WINDOW);
         let mut full = false;
-        if free > 0 && (free >= wanted || window_over) {
+        if waiting && (free >= wanted || window_over) {
             free_since = None;
             let options = ClaimOptions {
                 queues: w.queues.clone(),
@@ -128,9 +131,18 @@ pub(super) async fn run(
                 limit: u32::try_from(free.min(1000)).unwrap_or(1000),
                 lease: w.lease,
             };
-            match w.queue.claim(options).await {
-                Ok(jobs) => {
-                    full = jobs.len() == free;
+            let done = pending.take();
+            let completions = done.iter().map(|e| e.completion.clone()).collect();
+            match w.queue.complete_and_claim(completions, options).await {
+                Ok((recorded, claimed)) => {
+                    for r in recorded {
+                        match r {
+                            Ok(()) => report.completed += 1,
+                            Err(_) => report.lost += 1,
+                        }
+                    }
+                    let jobs = claimed.unwrap_or_default();
+                    full = free > 0 && jobs.len() == free;
                     backlog = full;
                     for job in jobs {
                         let Some(handler) = w.registry.get(&job.job_type) else {
@@ -147,20 +159,25 @@ pub(super) async fn run(
                             },
                         );
                         let (queue, slots, lease) = (w.queue.clone(), slots.clone(), w.lease);
-                        let completer = completer.clone();
+                        let pending = pending.clone();
                         tasks.spawn(async move {
                             let id = job.id.clone();
-                            let ended = supervise(
-                                queue, &completer, job, handler, lease, cancel_rx, stop_rx,
-                            )
-                            .await;
+                            let ended =
+                                supervise(queue, &pending, job, handler, lease, cancel_rx, stop_rx)
+                                    .await;
                             lock(&slots).remove(&id);
                             ended
                         });
                     }
                 }
-                // The backend is down or busy: wait a poll interval and retry.
-                Err(_) => {
+                // The backend is down or busy: keep the completions (while
+                // their leases last), wait a poll interval and retry.
+                Err(e) => {
+                    if e.is_retryable() {
+                        report.lost += pending.put_back(done);
+                    } else {
+                        report.lost += done.len() as u64;
+                    }
                     full = false;
                     backlog = false;
                 }
@@ -204,14 +221,39 @@ pub(super) async fn run(
             }
         }
     }
-    drop(completer);
-    let _ = completer_task.await;
+    flush(&w, &pending, &mut report).await;
     let _ = stop_all.send(true);
     let _ = heartbeats.await;
     if let Some(m) = maintenance {
         let _ = m.await;
     }
     Ok(report)
+}
+
+/// Records the completions still pending at shutdown, retrying while the
+/// backend is briefly unavailable and their leases last.
+async fn flush(w: &Worker, pending: &Pending, report: &mut WorkerReport) {
+    let mut backoff = Duration::from_millis(50);
+    while !pending.is_empty() {
+        let done: Vec<Entry> = pending.take();
+        let completions = done.iter().map(|e| e.completion.clone()).collect();
+        match w.queue.complete_many(completions).await {
+            Ok(recorded) => {
+                for r in recorded {
+                    match r {
+                        Ok(()) => report.completed += 1,
+                        Err(_) => report.lost += 1,
+                    }
+                }
+            }
+            Err(e) if e.is_retryable() => {
+                report.lost += pending.put_back(done);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            Err(_) => report.lost += done.len() as u64,
+        }
+    }
 }
 
 async fn wait(wakeups: &mut Option<Wakeups>, poll: Duration) {
@@ -266,7 +308,7 @@ async fn heartbeat_loop(
 /// cancellation, a lost lease or the end of the shutdown grace period.
 async fn supervise(
     queue: Queue,
-    completer: &Completer,
+    pending: &Pending,
     job: ClaimedJob,
     handler: Erased,
     lease: Duration,
@@ -324,56 +366,45 @@ async fn supervise(
             };
         }
     };
-    // A success goes through the completer, many to a round trip; if that
-    // fails for want of the backend, the loop below retries on its own.
-    if let Ok(value) = &outcome {
-        let result = (!value.is_null()).then(|| value.clone());
-        match completer.complete(&job.id, &job.lease_token, result).await {
-            Some(Ok(())) => return Ended::Completed,
-            Some(Err(Error::LeaseLost { .. })) => return Ended::Lost,
-            _ => {}
+    // A success is recorded with the claim loop's next call, many to a
+    // round trip; the slot is free at once.
+    let e = match outcome {
+        Ok(value) => {
+            let result = (!value.is_null()).then_some(value);
+            pending.push(&job.id, &job.lease_token, result, lease);
+            return Ended::Handed;
         }
-    }
-    // Record the end. While the backend is unavailable, keep trying for as
-    // long as the lease could still be ours: an acknowledged result is not
+        Err(e) => e,
+    };
+    // Record the failure. While the backend is unavailable, keep trying for
+    // as long as the lease could still be ours: an attempt's end is not
     // dropped because the database restarted.
     let give_up = tokio::time::Instant::now() + lease;
     let mut backoff = Duration::from_millis(50);
     loop {
-        let recorded = match &outcome {
-            Ok(value) => {
-                let result = (!value.is_null()).then(|| value.clone());
-                queue
-                    .complete(&job.id, &job.lease_token, result)
-                    .await
-                    .map(|()| Ended::Completed)
-            }
-            Err(e) => {
-                let error = e.message.clone();
-                let options = match e.kind {
-                    ErrorKind::Retryable { retry_after } => FailOptions {
-                        error,
-                        permanent: false,
-                        retry_after,
-                        snooze: None,
-                    },
-                    ErrorKind::Permanent => FailOptions {
-                        error,
-                        permanent: true,
-                        ..FailOptions::default()
-                    },
-                    ErrorKind::Snooze(d) => FailOptions {
-                        error,
-                        snooze: Some(d),
-                        ..FailOptions::default()
-                    },
-                };
-                queue
-                    .fail(&job.id, &job.lease_token, options)
-                    .await
-                    .map(|_| Ended::Failed)
-            }
+        let error = e.message.clone();
+        let options = match e.kind {
+            ErrorKind::Retryable { retry_after } => FailOptions {
+                error,
+                permanent: false,
+                retry_after,
+                snooze: None,
+            },
+            ErrorKind::Permanent => FailOptions {
+                error,
+                permanent: true,
+                ..FailOptions::default()
+            },
+            ErrorKind::Snooze(d) => FailOptions {
+                error,
+                snooze: Some(d),
+                ..FailOptions::default()
+            },
         };
+        let recorded = queue
+            .fail(&job.id, &job.lease_token, options)
+            .await
+            .map(|_| Ended::Failed);
         match recorded {
             Ok(ended) => return ended,
             Err(e) if e.is_retryable() && tokio::time::Instant::now() + backoff < give_up => {

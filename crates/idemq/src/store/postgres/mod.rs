@@ -351,38 +351,10 @@ impl Store for PgStore {
     }
 
     async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>> {
-        let queues = (!p.queues.is_empty()).then_some(&p.queues);
-        let rows = sqlx::query(
-            "SELECT id, type, queue, payload, attempt, max_attempts, lease_token, lease_expires_at,
-                    timeout_ms, deadline, tags
-             FROM idemq.claim($1, $2, $3, $4, $5)",
-        )
-        .bind(queues)
-        .bind(p.types.as_ref())
-        .bind(&p.worker)
-        .bind(i32::try_from(p.limit).unwrap_or(i32::MAX))
-        .bind(p.lease_ms)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db_err)?;
-        rows.iter()
-            .map(|r| {
-                Ok(ClaimedJob {
-                    id: r.try_get("id")?,
-                    job_type: r.try_get("type")?,
-                    queue: r.try_get("queue")?,
-                    payload: r.try_get("payload")?,
-                    attempt: r.try_get("attempt")?,
-                    max_attempts: r.try_get("max_attempts")?,
-                    lease_token: r.try_get("lease_token")?,
-                    lease_expires_at: r.try_get("lease_expires_at")?,
-                    timeout_ms: r.try_get("timeout_ms")?,
-                    deadline: r.try_get("deadline")?,
-                    tags: r.try_get("tags")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(db_err)
+        let (_, claimed) = self
+            .job_complete_and_claim(JobCompleteMany { items: Vec::new() }, p)
+            .await?;
+        claimed
     }
 
     async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat> {
@@ -416,32 +388,54 @@ impl Store for PgStore {
     }
 
     async fn job_complete_many(&self, p: JobCompleteMany) -> Result<Vec<Result<()>>> {
+        let claim = JobClaim {
+            queues: Vec::new(),
+            types: None,
+            worker: String::new(),
+            limit: 0,
+            lease_ms: 0,
+        };
+        let (completed, _) = self.job_complete_and_claim(p, claim).await?;
+        Ok(completed)
+    }
+
+    async fn job_complete_and_claim(
+        &self,
+        done: JobCompleteMany,
+        claim: JobClaim,
+    ) -> Result<(Vec<Result<()>>, Result<Vec<ClaimedJob>>)> {
         // Rows are locked in job-id order, so two batches cannot deadlock.
-        let mut order: Vec<usize> = (0..p.items.len()).collect();
-        order.sort_by(|&a, &b| p.items[a].lease.job_id.cmp(&p.items[b].lease.job_id));
+        let items = &done.items;
+        let mut order: Vec<usize> = (0..items.len()).collect();
+        order.sort_by(|&a, &b| items[a].lease.job_id.cmp(&items[b].lease.job_id));
         let ids: Vec<&str> = order
             .iter()
-            .map(|&i| p.items[i].lease.job_id.as_str())
+            .map(|&i| items[i].lease.job_id.as_str())
             .collect();
         let tokens: Vec<&str> = order
             .iter()
-            .map(|&i| p.items[i].lease.lease_token.as_str())
+            .map(|&i| items[i].lease.lease_token.as_str())
             .collect();
-        let results: Vec<Option<&str>> = order
-            .iter()
-            .map(|&i| p.items[i].result.as_deref())
-            .collect();
+        let results: Vec<Option<&str>> =
+            order.iter().map(|&i| items[i].result.as_deref()).collect();
+        let queues = (!claim.queues.is_empty()).then_some(&claim.queues);
         let rows = sqlx::query(
-            "SELECT idx, ok FROM idemq.complete_many($1, $2, $3::text[]::jsonb[]) ORDER BY idx",
+            "SELECT idx, ok, id, type, queue, payload, attempt, max_attempts, lease_token,
+                    lease_expires_at, timeout_ms, deadline, tags
+             FROM idemq.complete_and_claim($1, $2, $3::text[]::jsonb[], $4, $5, $6, $7, $8)",
         )
         .bind(&ids)
         .bind(&tokens)
         .bind(&results)
+        .bind(queues)
+        .bind(claim.types.as_ref())
+        .bind(&claim.worker)
+        .bind(i32::try_from(claim.limit).unwrap_or(i32::MAX))
+        .bind(claim.lease_ms)
         .fetch_all(&self.pool)
         .await
         .map_err(db_err)?;
-        let mut out: Vec<Result<()>> = p
-            .items
+        let mut completed: Vec<Result<()>> = items
             .iter()
             .map(|i| {
                 Err(Error::Backend {
@@ -449,21 +443,40 @@ impl Store for PgStore {
                 })
             })
             .collect();
-        for row in rows {
-            let idx: i32 = row.try_get("idx").map_err(db_err)?;
-            let ok: bool = row.try_get("ok").map_err(db_err)?;
-            let Some(&item) = usize::try_from(idx).ok().and_then(|i| order.get(i)) else {
-                continue;
-            };
-            out[item] = if ok {
+        let mut claimed = Vec::new();
+        for r in &rows {
+            let decoded = (|| -> Result<(), sqlx::Error> {
+                if let Some(idx) = r.try_get::<Option<i32>, _>("idx")? {
+                    let ok: bool = r.try_get("ok")?;
+                    if let Some(&item) = usize::try_from(idx).ok().and_then(|i| order.get(i)) {
+                        completed[item] = if ok {
+                            Ok(())
+                        } else {
+                            Err(Error::LeaseLost {
+                                job_id: items[item].lease.job_id.clone(),
+                            })
+                        };
+                    }
+                } else {
+                    claimed.push(ClaimedJob {
+                        id: r.try_get("id")?,
+                        job_type: r.try_get("type")?,
+                        queue: r.try_get("queue")?,
+                        payload: r.try_get("payload")?,
+                        attempt: r.try_get("attempt")?,
+                        max_attempts: r.try_get("max_attempts")?,
+                        lease_token: r.try_get("lease_token")?,
+                        lease_expires_at: r.try_get("lease_expires_at")?,
+                        timeout_ms: r.try_get("timeout_ms")?,
+                        deadline: r.try_get("deadline")?,
+                        tags: r.try_get("tags")?,
+                    });
+                }
                 Ok(())
-            } else {
-                Err(Error::LeaseLost {
-                    job_id: p.items[item].lease.job_id.clone(),
-                })
-            };
+            })();
+            decoded.map_err(db_err)?;
         }
-        Ok(out)
+        Ok((completed, Ok(claimed)))
     }
 
     async fn job_fail(&self, p: JobFail) -> Result<FailOutcome> {
