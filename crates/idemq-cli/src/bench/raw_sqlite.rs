@@ -203,7 +203,7 @@ fn run(
                          RETURNING id",
                     )?;
                     let rows = st.query_map([now_us()], |r| r.get::<_, i64>(0))?;
-                    rows.collect::<Result<Vec<_>, _>>()
+                    Ok(rows.collect::<Result<Vec<_>, _>>()?)
                 })?;
                 if ids.is_empty() {
                     break;
