@@ -3,8 +3,9 @@
 CREATE SCHEMA idemq;
 
 CREATE FUNCTION idemq.bind_key(p_idem jsonb, p_job text, p_fp jsonb, p_now timestamp with time zone) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
+BEGIN
     INSERT INTO idemq.idempotency
         (scope, key_hash, key_preview, job_id, fingerprint, created_at, expires_at)
     SELECT p_idem ->> 'scope', decode(p_idem ->> 'hash', 'hex'), p_idem ->> 'preview', p_job,
@@ -13,7 +14,8 @@ CREATE FUNCTION idemq.bind_key(p_idem jsonb, p_job text, p_fp jsonb, p_now times
     ON CONFLICT (scope, key_hash) DO UPDATE
         SET key_preview = excluded.key_preview, job_id = excluded.job_id,
             fingerprint = excluded.fingerprint, created_at = excluded.created_at,
-            expires_at = excluded.expires_at
+            expires_at = excluded.expires_at;
+END
 $$;
 
 CREATE FUNCTION idemq.binding_live(p_window timestamp with time zone, p_job_state text, p_now timestamp with time zone) RETURNS boolean
@@ -140,7 +142,7 @@ END
 $$;
 
 CREATE FUNCTION idemq.check_clock(it jsonb, p_run_at timestamp with time zone, p_now timestamp with time zone) RETURNS jsonb
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE sql STABLE
     AS $$
     SELECT CASE
         WHEN NOT it ? 'deadline' THEN NULL
@@ -277,6 +279,23 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION idemq.complete_and_claim(p_ids text[], p_tokens text[], p_results jsonb[], p_queues text[], p_types text[], p_worker text, p_limit integer, p_lease_ms bigint) RETURNS TABLE(idx integer, ok boolean, id text, type text, queue text, payload jsonb, attempt integer, max_attempts integer, lease_token text, lease_expires_at timestamp with time zone, timeout_ms bigint, deadline timestamp with time zone, tags text[])
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF cardinality(p_ids) > 0 THEN
+        RETURN QUERY SELECT c.idx, c.ok, NULL::text, NULL::text, NULL::text, NULL::jsonb,
+                            NULL::integer, NULL::integer, NULL::text, NULL::timestamptz,
+                            NULL::bigint, NULL::timestamptz, NULL::text[]
+                     FROM idemq.complete_many(p_ids, p_tokens, p_results) c;
+    END IF;
+    IF p_limit > 0 THEN
+        RETURN QUERY SELECT NULL::integer, NULL::boolean, c.*
+                     FROM idemq.claim(p_queues, p_types, p_worker, p_limit, p_lease_ms) c;
+    END IF;
+END
+$$;
+
 CREATE FUNCTION idemq.complete_many(p_ids text[], p_tokens text[], p_results jsonb[]) RETURNS TABLE(idx integer, ok boolean)
     LANGUAGE plpgsql
     AS $$
@@ -304,20 +323,22 @@ END
 $$;
 
 CREATE FUNCTION idemq.debounce_window(p_ttl_ms bigint, p_max_wait_ms bigint, p_accepted timestamp with time zone, p_now timestamp with time zone) RETURNS timestamp with time zone
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE sql STABLE
     AS $$
     SELECT CASE WHEN p_max_wait_ms IS NULL THEN p_now + idemq.ms(p_ttl_ms)
                 ELSE least(p_now + idemq.ms(p_ttl_ms), p_accepted + idemq.ms(p_max_wait_ms)) END
 $$;
 
 CREATE FUNCTION idemq.delete_job(p_id text) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
+BEGIN
     DELETE FROM idemq.events WHERE job_id = p_id;
     DELETE FROM idemq.runs WHERE job_id = p_id;
     DELETE FROM idemq.checkpoints WHERE job_id = p_id;
     DELETE FROM idemq.dedupe WHERE job_id = p_id;
     DELETE FROM idemq.jobs WHERE id = p_id;
+END
 $$;
 
 CREATE FUNCTION idemq.end_attempt(p_id text, p_kind text, p_error text, p_retryable boolean, p_retry_after_ms bigint, p_snooze_ms bigint, p_result jsonb, p_now timestamp with time zone) RETURNS TABLE(state text, next_run_at timestamp with time zone)
@@ -712,9 +733,11 @@ END
 $$;
 
 CREATE FUNCTION idemq.event(p_job text, p_kind text, p_at timestamp with time zone, p_data jsonb DEFAULT '{}'::jsonb) RETURNS void
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    INSERT INTO idemq.events (job_id, kind, at, data) VALUES (p_job, p_kind, p_at, p_data)
+BEGIN
+    INSERT INTO idemq.events (job_id, kind, at, data) VALUES (p_job, p_kind, p_at, p_data);
+END
 $$;
 
 CREATE FUNCTION idemq.finish_attempt(p_id text, p_token text, p_kind text, p_error text, p_retryable boolean, p_retry_after_ms bigint, p_snooze_ms bigint, p_result jsonb) RETURNS TABLE(ok boolean, state text, next_run_at timestamp with time zone)
@@ -813,7 +836,7 @@ CREATE FUNCTION idemq.job_runs(p_id text) RETURNS TABLE(attempt integer, worker 
 $$;
 
 CREATE FUNCTION idemq.keep_until(p_keep_ms bigint, p_state text, p_now timestamp with time zone) RETURNS timestamp with time zone
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE sql STABLE
     AS $$
     SELECT p_now + idemq.ms(coalesce(p_keep_ms,
         CASE WHEN p_state = 'dead' THEN 14 * 86400000 ELSE 86400000 END))
@@ -882,11 +905,16 @@ CREATE TABLE idemq.jobs (
 );
 
 CREATE FUNCTION idemq.lease_job(p_id text, p_token text) RETURNS idemq.jobs
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    SELECT * FROM idemq.jobs
+DECLARE
+    j idemq.jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO j FROM idemq.jobs
     WHERE id = p_id AND state = 'active' AND lease_token = p_token
-    FOR UPDATE
+    FOR UPDATE;
+    RETURN j;
+END
 $$;
 
 CREATE FUNCTION idemq.lease_reap(p_limit integer) RETURNS integer
@@ -898,9 +926,11 @@ CREATE FUNCTION idemq.ms(p bigint) RETURNS interval
     AS $$ SELECT p * interval '1 millisecond' $$;
 
 CREATE FUNCTION idemq.now() RETURNS timestamp with time zone
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    SELECT coalesce((SELECT at FROM idemq.test_clock), clock_timestamp())
+BEGIN
+    RETURN coalesce((SELECT at FROM idemq.test_clock), clock_timestamp());
+END
 $$;
 
 CREATE FUNCTION idemq.promote(p_id text) RETURNS boolean
@@ -1032,13 +1062,13 @@ END
 $$;
 
 CREATE FUNCTION idemq.resolve_run_at(it jsonb, p_now timestamp with time zone, p_first timestamp with time zone, p_max_wait_ms bigint) RETURNS timestamp with time zone
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE sql STABLE
     AS $$
-    SELECT CASE WHEN p_max_wait_ms IS NOT NULL
-                THEN least(r, p_first + idemq.ms(p_max_wait_ms))
-                ELSE r END
-    FROM (SELECT CASE WHEN it ? 'run_at' THEN idemq.us((it ->> 'run_at')::bigint)
-                      ELSE p_now + idemq.ms(coalesce((it ->> 'delay_ms')::bigint, 0)) END AS r) s
+    SELECT CASE
+        WHEN it ? 'run_at' THEN
+            least(idemq.us((it ->> 'run_at')::bigint), p_first + idemq.ms(p_max_wait_ms))
+        ELSE least(p_now + idemq.ms(coalesce((it ->> 'delay_ms')::bigint, 0)),
+                   p_first + idemq.ms(p_max_wait_ms)) END
 $$;
 
 CREATE FUNCTION idemq.retention_sweep(p_limit integer) RETURNS bigint
@@ -1116,7 +1146,7 @@ CREATE FUNCTION idemq.schedule_put(p_name text, p_cron text, p_every_ms bigint, 
 $$;
 
 CREATE FUNCTION idemq.us(p bigint) RETURNS timestamp with time zone
-    LANGUAGE sql IMMUTABLE
+    LANGUAGE sql STABLE
     AS $$
     SELECT CASE WHEN p IS NULL THEN NULL
                 ELSE timestamptz '1970-01-01 00:00:00+00' + p * interval '1 microsecond' END
@@ -1271,8 +1301,6 @@ CREATE INDEX jobs_dedupe ON idemq.jobs USING btree (type, dedupe_key) WHERE (ded
 CREATE INDEX jobs_lease ON idemq.jobs USING btree (lease_expires_at) WHERE (state = 'active'::text);
 
 CREATE INDEX jobs_purge ON idemq.jobs USING btree (purge_after) WHERE (purge_after IS NOT NULL);
-
-CREATE INDEX jobs_state ON idemq.jobs USING btree (state, queue);
 
 CREATE INDEX schedules_due ON idemq.schedules USING btree (next_fire_at) WHERE (next_fire_at IS NOT NULL);
 

@@ -7,11 +7,11 @@ use anyhow::{Result, ensure};
 use idemq::{BatchOptions, DedupeOptions, EnqueueRequest, Queue};
 use serde_json::json;
 
-use super::report::{Row, peak_memory_kib, reset_peak_memory};
+use super::report::{Row, peak_memory_kib};
 use super::target::Backend;
 use indicatif::ProgressBar;
 
-use super::{Limit, ROUNDS, bar, drive, paired, rate};
+use super::{Limit, ROUNDS, drive, paired};
 
 /// The job type of every bench job (a no-op).
 pub(crate) const NOOP: &str = "bench.noop";
@@ -48,7 +48,7 @@ fn target(workload: &str, backend: &Backend, producers: usize) -> Option<f64> {
         ("W2", _) if pg => Some(0.4),
         ("W3", _) if pg => Some(0.4),
         ("W4", 8) if pg => Some(1.0),
-        ("W4r", _) if pg => Some(2.0),
+        ("W4r", _) if pg => Some(1.0),
         _ => None,
     }
 }
@@ -227,25 +227,10 @@ pub(crate) async fn replay(
     producers: usize,
     calls: usize,
     keys: usize,
-    w1: Option<f64>,
 ) -> Result<Row> {
-    let w1 = match w1 {
-        Some(w) => w,
-        None => {
-            let ops = calls.min(2000);
-            backend
-                .with_fresh(async |db| {
-                    let queue = Queue::connect(db.url()).await?;
-                    let bar = bar(&format!("W1 x{producers}"), ops);
-                    let t = enqueue_each(&queue, producers, 0..ops, &bar, plain).await?;
-                    bar.finish_and_clear();
-                    Ok(rate(ops, t))
-                })
-                .await?
-        }
-    };
     backend
         .with_fresh(async |db| {
+            let limit = Limit::OnConflictNoop { producers, keys };
             let queue = Queue::connect(db.url()).await?;
             for chunk in (0..keys).collect::<Vec<_>>().chunks(1000) {
                 let reqs = chunk.iter().map(|&k| keyed(k)).collect();
@@ -253,28 +238,29 @@ pub(crate) async fn replay(
                     r?;
                 }
             }
-            reset_peak_memory();
-            let bar = bar(&format!("W4r x{producers}"), calls);
-            let q = queue.clone();
-            let elapsed = drive(producers, 0..calls, &bar, move |i| {
-                let q = q.clone();
-                async move {
-                    let r = q.enqueue_with_result(keyed(i % keys)).await?;
-                    ensure!(r.outcome == idemq::Outcome::Replayed, "not a replay");
-                    Ok(())
-                }
+            let name = format!("W4r x{producers}");
+            let (raw, ops_per_sec) = paired(db, limit, calls, ROUNDS, &name, async |range, bar| {
+                let q = queue.clone();
+                drive(producers, range, bar, move |i| {
+                    let q = q.clone();
+                    async move {
+                        let r = q.enqueue_with_result(keyed(i % keys)).await?;
+                        ensure!(r.outcome == idemq::Outcome::Replayed, "not a replay");
+                        Ok(())
+                    }
+                })
+                .await
             })
             .await?;
-            bar.finish_and_clear();
             let check = expect("jobs", total_jobs(&queue).await?, keys);
             Ok(row(
                 "W4r",
                 backend,
                 producers,
                 calls,
-                rate(calls, elapsed),
-                format!("idemq W1 x{producers}"),
-                w1,
+                ops_per_sec,
+                limit.name(),
+                raw.ops_per_sec,
                 check,
             ))
         })

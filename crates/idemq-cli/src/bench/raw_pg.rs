@@ -43,6 +43,7 @@ impl Raw {
         let connections = match limit {
             Limit::InsertCommit { producers }
             | Limit::OnConflict { producers, .. }
+            | Limit::OnConflictNoop { producers, .. }
             | Limit::Upsert { producers, .. } => producers,
             Limit::MultiRow => 1,
             Limit::ClaimComplete => CLAIMERS,
@@ -159,7 +160,20 @@ impl Raw {
                 }
                 Ok(start.elapsed())
             }
-            Limit::OnConflict { producers, keys } | Limit::Upsert { producers, keys } => {
+            Limit::OnConflict { producers, keys }
+            | Limit::OnConflictNoop { producers, keys }
+            | Limit::Upsert { producers, keys } => {
+                if matches!(self.limit, Limit::OnConflictNoop { .. }) {
+                    // Every key present before the clock starts.
+                    sqlx::query(
+                        "INSERT INTO bench_keys (k, job)
+                         SELECT 'key-' || i, 'job-' || i FROM generate_series(0, $1 - 1) i
+                         ON CONFLICT DO NOTHING",
+                    )
+                    .bind(keys as i64)
+                    .execute(pool)
+                    .await?;
+                }
                 let sql = if matches!(self.limit, Limit::Upsert { .. }) {
                     "INSERT INTO bench_keys (k, job) VALUES ($1, $2)
                      ON CONFLICT (k) DO UPDATE SET n = bench_keys.n + 1"

@@ -221,7 +221,21 @@ fn run(
             }
             Ok(start.elapsed())
         }
-        Limit::OnConflict { producers, keys } | Limit::Upsert { producers, keys } => {
+        Limit::OnConflict { producers, keys }
+        | Limit::OnConflictNoop { producers, keys }
+        | Limit::Upsert { producers, keys } => {
+            if matches!(limit, Limit::OnConflictNoop { .. }) {
+                // Every key present before the clock starts.
+                tx(conn, |c| {
+                    let mut st = c.prepare(
+                        "INSERT INTO bench_keys (k, job) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+                    )?;
+                    for k in 0..keys {
+                        st.execute(params![format!("key-{k}"), format!("job-{k}")])?;
+                    }
+                    Ok(())
+                })?;
+            }
             let sql = if matches!(limit, Limit::Upsert { .. }) {
                 "INSERT INTO bench_keys (k, job) VALUES (?1, ?2)
                  ON CONFLICT (k) DO UPDATE SET n = n + 1"

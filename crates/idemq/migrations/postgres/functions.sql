@@ -37,14 +37,21 @@ BEGIN
 END
 $$;
 
+-- The small helpers below are either PL/pgSQL (whose plans a session
+-- keeps) or SQL written to be inlined into the statement that calls them,
+-- hence STABLE wherever they add an interval to an instant (that operator
+-- is STABLE): a SQL function the planner cannot inline is planned again at
+-- every call, which cost a single enqueue more than its insert.
 CREATE FUNCTION idemq.now() RETURNS timestamptz
-LANGUAGE sql VOLATILE AS $$
-    SELECT coalesce((SELECT at FROM idemq.test_clock), clock_timestamp())
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RETURN coalesce((SELECT at FROM idemq.test_clock), clock_timestamp());
+END
 $$;
 
 -- µs since the epoch -> instant, exactly.
 CREATE FUNCTION idemq.us(p bigint) RETURNS timestamptz
-LANGUAGE sql IMMUTABLE AS $$
+LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN p IS NULL THEN NULL
                 ELSE timestamptz '1970-01-01 00:00:00+00' + p * interval '1 microsecond' END
 $$;
@@ -53,13 +60,15 @@ CREATE FUNCTION idemq.ms(p bigint) RETURNS interval
 LANGUAGE sql IMMUTABLE AS $$ SELECT p * interval '1 millisecond' $$;
 
 CREATE FUNCTION idemq.event(p_job text, p_kind text, p_at timestamptz, p_data jsonb DEFAULT '{}')
-RETURNS void LANGUAGE sql AS $$
-    INSERT INTO idemq.events (job_id, kind, at, data) VALUES (p_job, p_kind, p_at, p_data)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO idemq.events (job_id, kind, at, data) VALUES (p_job, p_kind, p_at, p_data);
+END
 $$;
 
 -- When a job in a terminal state may be deleted.
 CREATE FUNCTION idemq.keep_until(p_keep_ms bigint, p_state text, p_now timestamptz)
-RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+RETURNS timestamptz LANGUAGE sql STABLE AS $$
     SELECT p_now + idemq.ms(coalesce(p_keep_ms,
         CASE WHEN p_state = 'dead' THEN 14 * 86400000 ELSE 86400000 END))
 $$;
@@ -85,7 +94,7 @@ $$;
 
 CREATE FUNCTION idemq.debounce_window(p_ttl_ms bigint, p_max_wait_ms bigint,
                                       p_accepted timestamptz, p_now timestamptz)
-RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+RETURNS timestamptz LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN p_max_wait_ms IS NULL THEN p_now + idemq.ms(p_ttl_ms)
                 ELSE least(p_now + idemq.ms(p_ttl_ms), p_accepted + idemq.ms(p_max_wait_ms)) END
 $$;
@@ -93,7 +102,8 @@ $$;
 -- Binds an idempotency key to a job for its ttl. Only called when no live
 -- binding exists (the caller holds the key's advisory lock).
 CREATE FUNCTION idemq.bind_key(p_idem jsonb, p_job text, p_fp jsonb, p_now timestamptz)
-RETURNS void LANGUAGE sql AS $$
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO idemq.idempotency
         (scope, key_hash, key_preview, job_id, fingerprint, created_at, expires_at)
     SELECT p_idem ->> 'scope', decode(p_idem ->> 'hash', 'hex'), p_idem ->> 'preview', p_job,
@@ -102,7 +112,8 @@ RETURNS void LANGUAGE sql AS $$
     ON CONFLICT (scope, key_hash) DO UPDATE
         SET key_preview = excluded.key_preview, job_id = excluded.job_id,
             fingerprint = excluded.fingerprint, created_at = excluded.created_at,
-            expires_at = excluded.expires_at
+            expires_at = excluded.expires_at;
+END
 $$;
 
 -- A live idempotency binding of a key met by a request of fingerprint p_fp:
@@ -126,17 +137,17 @@ $$;
 -- binding keeps the max_wait it was created with).
 CREATE FUNCTION idemq.resolve_run_at(it jsonb, p_now timestamptz, p_first timestamptz,
                                      p_max_wait_ms bigint)
-RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN p_max_wait_ms IS NOT NULL
-                THEN least(r, p_first + idemq.ms(p_max_wait_ms))
-                ELSE r END
-    FROM (SELECT CASE WHEN it ? 'run_at' THEN idemq.us((it ->> 'run_at')::bigint)
-                      ELSE p_now + idemq.ms(coalesce((it ->> 'delay_ms')::bigint, 0)) END AS r) s
+RETURNS timestamptz LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN it ? 'run_at' THEN
+            least(idemq.us((it ->> 'run_at')::bigint), p_first + idemq.ms(p_max_wait_ms))
+        ELSE least(p_now + idemq.ms(coalesce((it ->> 'delay_ms')::bigint, 0)),
+                   p_first + idemq.ms(p_max_wait_ms)) END
 $$;
 
 -- The checks against the clock, only when a job is created or replaced.
 CREATE FUNCTION idemq.check_clock(it jsonb, p_run_at timestamptz, p_now timestamptz)
-RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN NOT it ? 'deadline' THEN NULL
         WHEN idemq.us((it ->> 'deadline')::bigint) <= p_now THEN
@@ -700,10 +711,15 @@ $$;
 
 -- The job a valid lease refers to, locked; NULL for a stale or unknown token.
 CREATE FUNCTION idemq.lease_job(p_id text, p_token text) RETURNS idemq.jobs
-LANGUAGE sql AS $$
-    SELECT * FROM idemq.jobs
+LANGUAGE plpgsql AS $$
+DECLARE
+    j idemq.jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO j FROM idemq.jobs
     WHERE id = p_id AND state = 'active' AND lease_token = p_token
-    FOR UPDATE
+    FOR UPDATE;
+    RETURN j;
+END
 $$;
 
 CREATE FUNCTION idemq.heartbeat(p_id text, p_token text)
@@ -851,12 +867,14 @@ END
 $$;
 
 CREATE FUNCTION idemq.delete_job(p_id text) RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     DELETE FROM idemq.events WHERE job_id = p_id;
     DELETE FROM idemq.runs WHERE job_id = p_id;
     DELETE FROM idemq.checkpoints WHERE job_id = p_id;
     DELETE FROM idemq.dedupe WHERE job_id = p_id;
     DELETE FROM idemq.jobs WHERE id = p_id;
+END
 $$;
 
 CREATE FUNCTION idemq.purge(p_id text) RETURNS boolean
