@@ -369,6 +369,21 @@ BEGIN
                      FROM idemq.enqueue_one(p_items -> 0, v_now) r;
         RETURN;
     END IF;
+    -- The other common call, the repeat of one keyed request: a live
+    -- binding decides it (replay or conflict) whatever else the item says,
+    -- and a committed binding is read without taking the key's lock, so a
+    -- replay reads one row and writes nothing. A key not bound (or bound by
+    -- a transaction still running) takes the locked path below.
+    IF jsonb_array_length(p_items) = 1 AND (p_items -> 0) ? 'idem' THEN
+        RETURN QUERY SELECT 0, CASE WHEN k.conflict IS NULL THEN k.job_id END,
+                            CASE WHEN k.conflict IS NULL THEN 'replayed' END, NULL::text,
+                            k.conflict
+                     FROM idemq.key_decision(p_items -> 0 -> 'idem', p_items -> 0 -> 'fingerprint',
+                                             v_now) k;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
     IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) it
                    WHERE it ? 'idem' OR it ? 'job_id' OR it ? 'dedupe') THEN
         -- Each item parsed once into typed columns (but the payload, which
