@@ -43,6 +43,7 @@ instantiate!(
     batches_with_keys_in_opposite_orders_do_not_deadlock,
     redrive_with_one_key_from_many_clients_redrives_once,
     redrive_without_a_key_from_many_clients_redrives_once,
+    concurrent_writes_on_one_queue_stand_or_fall_alone,
 );
 
 /// Client queues per case.
@@ -1337,4 +1338,82 @@ async fn redrive_without_a_key_from_many_clients_redrives_once(h: Harness) {
         kill(&h, &id).await;
         assert_eq!(h.job(&id).await.attempt, round as i32 + 1);
     }
+}
+
+/// Writes racing on one queue (which a backend may commit together, as the
+/// SQLite store groups the writes queued behind one another into one
+/// transaction) stand or fall each on its own: an atomic batch refused for
+/// a conflict the store finds writes nothing, not even its other item's key
+/// binding, and every write beside it stands.
+async fn concurrent_writes_on_one_queue_stand_or_fall_alone(h: Harness) {
+    h.put(
+        EnqueueRequest::new("group.taken")
+            .job_id("group-taken")
+            .payload(json!({"a": 1})),
+    )
+    .await;
+    let tasks = 48;
+    let barrier = Arc::new(Barrier::new(tasks));
+    let mut handles = Vec::new();
+    for i in 0..tasks {
+        let (q, b) = (h.queue.clone(), barrier.clone());
+        handles.push(tokio::spawn(async move {
+            b.wait().await;
+            if i % 2 == 0 {
+                let req = EnqueueRequest::new("group.ok").payload(json!({"i": i}));
+                q.enqueue_with_result(req).await.map(|r| vec![Ok(r)])
+            } else {
+                let items = vec![
+                    EnqueueRequest::new("group.keyed")
+                        .payload(json!({"i": i}))
+                        .idempotency_key(format!("group:{i}")),
+                    // The explicit id is taken with another payload: a conflict
+                    // only the store can find.
+                    EnqueueRequest::new("group.taken")
+                        .job_id("group-taken")
+                        .payload(json!({"a": 2})),
+                ];
+                q.enqueue_many(items, BatchOptions { atomic: true }).await
+            }
+        }));
+    }
+    let mut accepted = 0;
+    for (i, handle) in handles.into_iter().enumerate() {
+        let r = tokio::time::timeout(RACE_LIMIT, handle)
+            .await
+            .expect("no write hangs")
+            .expect("task");
+        if i % 2 == 0 {
+            let r = r.expect("a plain enqueue beside refused batches is accepted");
+            assert_eq!(r.len(), 1);
+            assert_eq!(r[0].as_ref().expect("accepted").outcome, Outcome::Accepted);
+            accepted += 1;
+        } else {
+            match r {
+                Err(Error::BatchItem { index: 1, error }) => {
+                    assert!(
+                        matches!(*error, Error::EnqueueIdempotencyConflict(_)),
+                        "{error:?}"
+                    );
+                }
+                other => panic!("the atomic batch {i} must fail on its second item: {other:?}"),
+            }
+            assert_eq!(
+                h.queue
+                    .lookup_key("default", &format!("group:{i}"))
+                    .await
+                    .unwrap(),
+                None,
+                "a refused atomic batch binds none of its keys"
+            );
+        }
+    }
+    assert_eq!(accepted, tasks / 2);
+    let jobs = h.jobs().await;
+    assert_eq!(
+        jobs.len(),
+        1 + tasks / 2,
+        "the taken job and every plain enqueue"
+    );
+    assert!(jobs.iter().all(|j| j.job_type != "group.keyed"));
 }

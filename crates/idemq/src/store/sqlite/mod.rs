@@ -11,6 +11,16 @@
 //! processes may share one file (a worker and a server, say): they queue on
 //! the file lock for up to the busy timeout.
 //!
+//! Writes are committed in groups: the write thread takes every write
+//! queued behind the one it starts with (up to [`GROUP`]), runs each in a
+//! savepoint of one `BEGIN IMMEDIATE` transaction (a write that fails rolls
+//! back its own savepoint only, exactly as if it had run alone), commits
+//! once and only then answers them all. Under concurrent load one fsync
+//! acknowledges many writes; a lone write is a group of one. WAL
+//! checkpoints run on a thread of their own (`PASSIVE`, every
+//! [`CHECKPOINT_EVERY`]) instead of inside whichever commit crossed the
+//! automatic threshold.
+//!
 //! The clock of record is the injectable [`Clock`]: every decision of one
 //! operation reads it once, after the write lock is taken.
 
@@ -40,6 +50,10 @@ use crate::error::Error;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// Read connections of a file database.
 const READERS: usize = 4;
+/// Most writes committed together.
+const GROUP: usize = 256;
+/// How often the checkpoint thread moves the WAL into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 
 const MIGRATIONS: &[(i64, &str, &str)] = &[
     (
@@ -51,6 +65,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "schedules",
         include_str!("../../../migrations/sqlite/0002_schedules.sql"),
+    ),
+    (
+        4,
+        "no_state_index",
+        include_str!("../../../migrations/sqlite/0004_no_state_index.sql"),
     ),
 ];
 
@@ -88,34 +107,184 @@ struct Inner {
     /// long-lived thread, reads on READERS others: a fixed set of threads,
     /// so memory the allocator keeps per thread stays bounded, and reads
     /// never queue behind writes.
-    write_lane: mpsc::Sender<Task>,
-    read_lane: mpsc::Sender<Task>,
+    write_lane: mpsc::Sender<Lane>,
+    read_lane: mpsc::Sender<Lane>,
+    /// Dropped with the store: the checkpoint thread then ends.
+    _checkpoints: Option<mpsc::Sender<()>>,
 }
 
 /// One operation for a store thread.
 type Task = Box<dyn FnOnce() + Send>;
 
+/// What a grouped write does once its group's transaction ended: answer
+/// its caller with its own result, or with the commit's failure.
+type Finish = Box<dyn FnOnce(Option<&CommitFailed>) + Send>;
+
+/// A write run inside a savepoint of a shared transaction (or told why the
+/// transaction could not begin). It returns whether its savepoint stands.
+type GroupedOp = Box<
+    dyn FnOnce(std::result::Result<(&Connection, i64), &CommitFailed>) -> (bool, Finish) + Send,
+>;
+
+/// Why a group's transaction did not begin or commit.
+struct CommitFailed {
+    busy: bool,
+    message: String,
+}
+
+impl CommitFailed {
+    fn of(e: &rusqlite::Error) -> Self {
+        Self {
+            busy: matches!(
+                e.sqlite_error_code(),
+                Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+            ),
+            message: e.to_string(),
+        }
+    }
+
+    fn error(&self) -> Error {
+        if self.busy {
+            Error::Unavailable {
+                message: format!("sqlite is busy: {}", self.message),
+            }
+        } else {
+            Error::Backend {
+                message: format!("sqlite: {}", self.message),
+            }
+        }
+    }
+}
+
+/// A unit of work for a store thread.
+enum Lane {
+    /// Runs on its own.
+    Solo(Task),
+    /// A write committed together with the writes queued beside it.
+    Grouped(Arc<Inner>, GroupedOp),
+}
+
 /// Starts `threads` threads taking tasks from one queue; they end when the
 /// queue's sender is dropped (with the store). A panicking task is caught:
 /// its caller sees an error, and the thread goes on.
-fn lane(name: &str, threads: usize) -> Result<mpsc::Sender<Task>> {
-    let (tx, rx) = mpsc::channel::<Task>();
+fn lane(name: &str, threads: usize) -> Result<mpsc::Sender<Lane>> {
+    let (tx, rx) = mpsc::channel::<Lane>();
     let rx = Arc::new(Mutex::new(rx));
     for i in 0..threads {
         let rx = rx.clone();
         std::thread::Builder::new()
             .name(format!("idemq-sqlite-{name}-{i}"))
             .spawn(move || {
+                let mut next = None;
                 loop {
-                    let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
-                    let Ok(task) = next else { return };
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task));
+                    let task = match next.take() {
+                        Some(t) => t,
+                        None => {
+                            let got = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                            let Ok(t) = got else { return };
+                            t
+                        }
+                    };
+                    match task {
+                        Lane::Solo(task) => {
+                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task));
+                        }
+                        Lane::Grouped(inner, op) => {
+                            // Everything queued behind it, up to GROUP writes;
+                            // a solo task found meanwhile runs after the group.
+                            let mut group = vec![op];
+                            let queue = rx.lock().unwrap_or_else(|p| p.into_inner());
+                            while group.len() < GROUP {
+                                match queue.try_recv() {
+                                    Ok(Lane::Grouped(_, op)) => group.push(op),
+                                    Ok(solo) => {
+                                        next = Some(solo);
+                                        break;
+                                    }
+                                    Err(_) => break,
+                                }
+                            }
+                            drop(queue);
+                            commit_group(&inner, group);
+                        }
+                    }
                 }
             })
             .map_err(|e| Error::Backend {
                 message: format!("cannot start a sqlite thread: {e}"),
             })?;
     }
+    Ok(tx)
+}
+
+/// Runs `group` in one transaction, each write in its own savepoint, and
+/// answers every caller once the transaction committed (or failed).
+fn commit_group(inner: &Inner, group: Vec<GroupedOp>) {
+    let mut conn = lock(&inner.writer);
+    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+        Ok(tx) => tx,
+        Err(e) => {
+            let failed = CommitFailed::of(&e);
+            for op in group {
+                let (_, finish) = op(Err(&failed));
+                finish(Some(&failed));
+            }
+            return;
+        }
+    };
+    let mut finishes: Vec<Finish> = Vec::with_capacity(group.len());
+    for op in group {
+        let now = inner.clock.now().timestamp_micros();
+        let sp = match tx.savepoint() {
+            Ok(sp) => sp,
+            Err(e) => {
+                let failed = CommitFailed::of(&e);
+                let (_, finish) = op(Err(&failed));
+                finish(Some(&failed));
+                continue;
+            }
+        };
+        // A panicking write is rolled back with its savepoint; its caller
+        // sees its answer dropped.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(Ok((&sp, now)))));
+        match ran {
+            Ok((true, finish)) => match sp.commit() {
+                Ok(()) => finishes.push(finish),
+                Err(e) => finish(Some(&CommitFailed::of(&e))),
+            },
+            Ok((false, finish)) => {
+                drop(sp);
+                finishes.push(finish);
+            }
+            Err(_) => drop(sp),
+        }
+    }
+    match tx.commit() {
+        Ok(()) => finishes.into_iter().for_each(|f| f(None)),
+        Err(e) => {
+            let failed = CommitFailed::of(&e);
+            finishes.into_iter().for_each(|f| f(Some(&failed)));
+        }
+    }
+}
+
+/// Moves the WAL into the database file every [`CHECKPOINT_EVERY`] without
+/// blocking writers (`PASSIVE`), until the store is dropped.
+fn checkpoints(path: &Path) -> Result<mpsc::Sender<()>> {
+    let conn = open_conn(Some(path))?;
+    let (tx, rx) = mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("idemq-sqlite-checkpoint".into())
+        .spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(CHECKPOINT_EVERY) {
+                // A checkpoint that cannot finish (a reader holds old
+                // frames) finishes at a later pass.
+                let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+            }
+        })
+        .map_err(|e| Error::Backend {
+            message: format!("cannot start the sqlite checkpoint thread: {e}"),
+        })?;
     Ok(tx)
 }
 
@@ -237,6 +406,14 @@ impl SqliteStore {
     pub fn open(path: Option<&Path>, clock: Arc<dyn Clock>) -> Result<Self> {
         let mut writer = open_conn(path)?;
         migrate(&mut writer)?;
+        // Checkpoints are the checkpoint thread's, not the committing call's.
+        let checkpointer = match path {
+            Some(p) => {
+                writer.execute_batch("PRAGMA wal_autocheckpoint=0")?;
+                Some(checkpoints(p)?)
+            }
+            None => None,
+        };
         let readers = match path {
             Some(_) => (0..READERS)
                 .map(|_| open_conn(path).map(Mutex::new))
@@ -253,6 +430,7 @@ impl SqliteStore {
                 wakeup: Arc::new(Notify::new()),
                 write_lane: lane("write", 1)?,
                 read_lane: lane("read", reader_threads)?,
+                _checkpoints: checkpointer,
             }),
             path: path.map(Path::to_path_buf),
         })
@@ -286,6 +464,34 @@ impl SqliteStore {
         let inner = self.inner.clone();
         let reads_apart = matches!(mode, Mode::Read) && !self.inner.readers.is_empty();
         let (reply, answer) = tokio::sync::oneshot::channel();
+        if let Mode::Write = mode {
+            let op: GroupedOp = Box::new(move |cx| match cx {
+                Err(failed) => {
+                    let _ = reply.send(Err(failed.error()));
+                    (false, Box::new(|_| {}))
+                }
+                Ok((db, now)) => {
+                    let out = f(&Cx { db, now });
+                    let stands = out.is_ok();
+                    let finish: Finish = Box::new(move |failed| {
+                        let _ = reply.send(match failed {
+                            None => out,
+                            Some(failed) => Err(failed.error()),
+                        });
+                    });
+                    (stands, finish)
+                }
+            });
+            self.inner
+                .write_lane
+                .send(Lane::Grouped(inner, op))
+                .map_err(|_| Error::Backend {
+                    message: "the sqlite threads have stopped".into(),
+                })?;
+            return answer.await.map_err(|_| Error::Backend {
+                message: "sqlite operation panicked".into(),
+            })?;
+        }
         let task: Task = Box::new(move || {
             let conn_lock = if reads_apart {
                 let i = inner.next_reader.fetch_add(1, Ordering::Relaxed) % inner.readers.len();
@@ -315,7 +521,7 @@ impl SqliteStore {
         } else {
             &self.inner.write_lane
         };
-        lane.send(task).map_err(|_| Error::Backend {
+        lane.send(Lane::Solo(task)).map_err(|_| Error::Backend {
             message: "the sqlite threads have stopped".into(),
         })?;
         answer.await.map_err(|_| Error::Backend {
