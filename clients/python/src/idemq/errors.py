@@ -254,9 +254,9 @@ def error_from_problem(
         # An unknown problem type: fall back on the status, never on 409
         # (a 409 is one of three distinct errors and guessing would mislead).
         cls = _BY_STATUS.get(status, UnexpectedResponseError)
-    title = _opt_str(doc.get("title")) or name or f"HTTP {status}"
+    title = _opt_str(doc.get("title")) or name
     detail = _opt_str(doc.get("detail"))
-    message = f"{title} ({status})" + (f": {detail}" if detail else "")
+    message = (f"{title} ({status})" if title else f"HTTP {status}") + (f": {detail}" if detail else "")
     return cls(message, status=status, problem=doc, headers=headers)
 
 

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Runs the Python client's test suite against a real `idemq serve`:
+# once over a fresh SQLite database, and once more over a fresh PostgreSQL
+# database when IDEMQ_TEST_DATABASE_URL is set. Each run ends with one line
+#   test result: ok. N passed; M failed; 0 ignored
+# and the script exits non-zero if anything failed.
+#
+#   IDEMQ_BIN              the server binary (default: <repo>/target/debug/idemq)
+#   IDEMQ_PYTHON_VENV      the virtualenv (default: <repo>/target/venv-python-client; reused)
+#   IDEMQ_TEST_DATABASE_URL  e.g. postgres://postgres@127.0.0.1:5432/postgres
+#   PYTEST_ADDOPTS         extra pytest arguments
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+venv="${IDEMQ_PYTHON_VENV:-$root/target/venv-python-client}"
+export IDEMQ_BIN="${IDEMQ_BIN:-$root/target/debug/idemq}"
+
+say() { printf '%s\n' "python client: $*" >&2; }
+
+apt_install() {
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        say "missing $*; install it (Debian: apt-get install $*)"
+        exit 1
+    fi
+    say "installing $* from Debian's packages"
+    if [ -z "${_apt_updated:-}" ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+        _apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# Python 3.11+ with venv and pip.
+if ! command -v python3 >/dev/null 2>&1; then
+    apt_install python3 python3-venv python3-pip
+fi
+if ! python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+    say "python3 is $(python3 --version 2>&1); the client needs Python 3.11 or newer"
+    exit 1
+fi
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    apt_install python3-venv
+fi
+if [ -n "${IDEMQ_TEST_DATABASE_URL:-}" ] && ! command -v psql >/dev/null 2>&1; then
+    apt_install postgresql-client
+fi
+
+if [ ! -x "$IDEMQ_BIN" ]; then
+    say "the idemq server binary is missing: $IDEMQ_BIN (build it with cargo build, or set IDEMQ_BIN)"
+    exit 1
+fi
+
+# The virtualenv, reused when present and working.
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    rm -rf "$venv"
+    say "creating the virtualenv $venv"
+    python3 -m venv "$venv"
+fi
+py="$venv/bin/python"
+if ! "$py" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 61)' >/dev/null 2>&1; then
+    "$py" -m pip install -q --disable-pip-version-check --upgrade 'setuptools>=61' >/dev/null
+fi
+"$py" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps "$here" >/dev/null
+"$py" -m pip install -q --disable-pip-version-check --no-build-isolation "$here[test]" >/dev/null
+
+results="$(mktemp -d)"
+trap 'rm -rf "$results"' EXIT
+status=0
+
+# One pytest run; prints its one summary line. $1: a label, $2: the backend.
+run_suite() {
+    local label="$1" backend="$2" xml="$results/$1.xml" rc=0
+    say "running the suite on $label"
+    (
+        cd "$here"
+        IDEMQ_CLIENT_TEST_BACKEND="$backend" PYTHONDONTWRITEBYTECODE=1 \
+            "$py" -m pytest -p no:cacheprovider -q -rfE --junitxml="$xml" tests
+    ) || rc=$?
+    "$py" - "$xml" "$rc" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+
+path, rc = sys.argv[1], int(sys.argv[2])
+passed = failed = 0
+try:
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    for s in suites:
+        tests, failures = int(s.get("tests", 0)), int(s.get("failures", 0))
+        errors, skipped = int(s.get("errors", 0)), int(s.get("skipped", 0))
+        passed += tests - failures - errors - skipped
+        # Nothing may be skipped: a skip counts as a failure.
+        failed += failures + errors + skipped
+except (OSError, ET.ParseError):
+    failed = max(failed, 1)
+if rc != 0 and failed == 0:
+    failed = 1  # pytest failed outside any test (collection, no tests, an internal error)
+word = "ok" if failed == 0 else "FAILED"
+print(f"test result: {word}. {passed} passed; {failed} failed; 0 ignored")
+sys.exit(0 if failed == 0 else 1)
+PY
+}
+
+run_suite sqlite sqlite || status=1
+if [ -n "${IDEMQ_TEST_DATABASE_URL:-}" ]; then
+    run_suite postgres postgres || status=1
+fi
+exit "$status"
