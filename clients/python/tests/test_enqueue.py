@@ -53,7 +53,10 @@ def test_conflict_is_typed_and_never_shows_the_key(
     assert client.get_job(job_id).payload == {"invoice_id": "inv_42"}
 
 
-def test_conflict_through_the_header_and_scope_in_body(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+def test_conflict_through_the_header_and_scope_in_body(
+    client: idemq.Client, uniq: Callable[[str], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
     key = uniq("hdr-key")
     scope = uniq("s")
     first = client.enqueue_with_result("email.send", {"to": "a"}, idempotency_key=key, scope=scope, key_in_header=True)
@@ -66,6 +69,7 @@ def test_conflict_through_the_header_and_scope_in_body(client: idemq.Client, uni
     assert info.value.job_id == first.job_id
     assert info.value.scope == scope
     assert key not in str(info.value) and key not in repr(info.value)
+    assert caplog.records and key not in caplog.text
 
 
 def test_conflict_on_an_explicit_job_id(client: idemq.Client, uniq: Callable[[str], str]) -> None:

@@ -300,3 +300,77 @@ def test_timeout_is_enforced_locally(client: idemq.Client, uniq: Callable[[str],
     assert "timeout" in (job.last_error or "")
     assert reasons == ["timeout"]
     assert w.report.timed_out == 1
+
+
+class Recording(httpx.BaseTransport):
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.sent: List[str] = []
+        self.lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with self.lock:
+            self.sent.append(f"{request.method} {request.url.path}")
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_worker_respects_concurrency_and_batches_completions(server: Server, client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("batchack")
+    running = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def work(ctx: idemq.JobContext) -> int:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return int(ctx.payload)
+
+    ids = [r.job_id for r in client.enqueue_many([idemq.EnqueueRequest("w", i, queue=q) for i in range(40)]) if isinstance(r, idemq.EnqueueResult)]
+    assert len(ids) == 40
+    rec = Recording()
+    with idemq.Client(server.url, transport=rec) as c:
+        w = _worker(c, q, {"w": work}, concurrency=3)
+        t = run_worker(w)
+        try:
+            for i, jid in enumerate(ids):
+                assert _terminal(client, jid).result == i
+        finally:
+            w.stop()
+            t.join(20)
+    assert peak <= 3
+    assert w.report.completed == 40
+    acks = [s for s in rec.sent if s == "POST /v1/jobs/complete"]
+    singles = [s for s in rec.sent if s.endswith("/complete") and s != "POST /v1/jobs/complete"]
+    assert singles == [] and 1 <= len(acks) <= 40
+
+
+def test_deadline_is_enforced_locally(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    import datetime as dt
+
+    q = uniq("deadline")
+    reasons: List[Any] = []
+
+    def slow(ctx: idemq.JobContext) -> str:
+        ctx.wait_cancelled(10)
+        reasons.append(ctx.stop_reason)
+        return "late"
+
+    deadline = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.5)
+    jid = client.enqueue("slow", None, queue=q, deadline=deadline)
+    w = _worker(client, q, {"slow": slow}, lease_ms=30_000)
+    t = run_worker(w)
+    try:
+        job = _terminal(client, jid)
+    finally:
+        w.stop()
+        t.join(20)
+    assert reasons == ["deadline"]
+    assert job.state == "dead" and job.result is None
