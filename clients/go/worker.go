@@ -65,7 +65,7 @@ type WorkerOptions struct {
 	Lease time.Duration
 	// HeartbeatInterval overrides Lease/3.
 	HeartbeatInterval time.Duration
-	// PollWait is how long a claim waits for work (default 5s, at most 60s).
+	// PollWait is how long a claim waits for work (default 2s, at most 60s).
 	// A shutdown waits for the claim in flight, and releases what it got.
 	PollWait time.Duration
 	// ShutdownGrace is how long running handlers may go on after ctx is
@@ -121,7 +121,7 @@ func NewWorker(client *Client, opts WorkerOptions) *Worker {
 		opts.HeartbeatInterval = opts.Lease / 3
 	}
 	if opts.PollWait <= 0 {
-		opts.PollWait = 5 * time.Second
+		opts.PollWait = 2 * time.Second
 	}
 	if opts.PollWait > 60*time.Second {
 		opts.PollWait = 60 * time.Second
@@ -224,6 +224,7 @@ func (w *Worker) claimLoop(ctx context.Context) error {
 		// The claim is not cancelled by ctx: a claim cut off mid-flight may
 		// have leased jobs this worker would never see. It is bounded by
 		// PollWait; what it returns during a shutdown is released.
+		sent := time.Now()
 		resp, err := w.c.Claim(context.Background(), ClaimRequest{
 			Queues: w.opts.Queues, Types: w.types, Worker: w.opts.Name, Limit: free,
 			Lease: w.opts.Lease, Wait: w.opts.PollWait,
@@ -258,7 +259,7 @@ func (w *Worker) claimLoop(ctx context.Context) error {
 			w.running.Add(1)
 			go func(job *ClaimedJob) {
 				defer func() { <-w.slots; w.running.Done() }()
-				w.runJob(job)
+				w.runJob(job, sent)
 			}(job)
 		}
 	}
@@ -284,7 +285,8 @@ type handlerResult struct {
 }
 
 // runJob runs one claimed job to its end: completed, failed, released or lost.
-func (w *Worker) runJob(job *ClaimedJob) {
+// claimed is when the claim was sent: the lease is counted from then.
+func (w *Worker) runJob(job *ClaimedJob, claimed time.Time) {
 	hctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	job.mu.Lock()
@@ -321,7 +323,7 @@ func (w *Worker) runJob(job *ClaimedJob) {
 		defer timer.Stop()
 		deadlineC = timer.C
 	}
-	beat := newHeartbeater(w, job)
+	beat := newHeartbeater(w, job, claimed)
 	defer beat.stop()
 
 	for {
@@ -484,8 +486,8 @@ type heartbeater struct {
 	lastOK time.Time
 }
 
-func newHeartbeater(w *Worker, job *ClaimedJob) *heartbeater {
-	h := &heartbeater{w: w, job: job, quit: make(chan struct{}), done: make(chan struct{}), lastOK: time.Now()}
+func newHeartbeater(w *Worker, job *ClaimedJob, since time.Time) *heartbeater {
+	h := &heartbeater{w: w, job: job, quit: make(chan struct{}), done: make(chan struct{}), lastOK: since}
 	go h.loop()
 	return h
 }
@@ -506,7 +508,7 @@ func (h *heartbeater) loop() {
 	defer tick.Stop()
 	// The lease is measured from the last acknowledged renewal; past it, the
 	// job may belong to another worker already, so the handler is stopped.
-	expiry := time.NewTimer(h.w.opts.Lease)
+	expiry := time.NewTimer(h.w.opts.Lease - time.Since(h.lastOK))
 	defer expiry.Stop()
 	for {
 		select {
@@ -517,6 +519,7 @@ func (h *heartbeater) loop() {
 			return
 		case <-tick.C:
 		}
+		sent := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), interval)
 		r, err := h.w.c.Heartbeat(ctx, h.job.ID, h.job.LeaseToken)
 		cancel()
@@ -529,12 +532,12 @@ func (h *heartbeater) loop() {
 			continue
 		}
 		h.mu.Lock()
-		h.lastOK = time.Now()
+		h.lastOK = sent
 		h.mu.Unlock()
 		if !expiry.Stop() {
 			<-expiry.C
 		}
-		expiry.Reset(h.w.opts.Lease)
+		expiry.Reset(h.w.opts.Lease - time.Since(sent))
 		if r.CancelRequested {
 			h.job.setStop(ErrJobCancelled)
 		}
