@@ -17,11 +17,16 @@ venv="${IDEMQ_PYTHON_VENV:-$root/target/venv-python-client}"
 export IDEMQ_BIN="${IDEMQ_BIN:-$root/target/debug/idemq}"
 
 say() { printf '%s\n' "python client: $*" >&2; }
+# A setup failure still ends with the one summary line, counting one failure.
+die() {
+    say "$*"
+    echo "test result: FAILED. 0 passed; 1 failed; 0 ignored"
+    exit 1
+}
 
 apt_install() {
     if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-        say "missing $*; install it (Debian: apt-get install $*)"
-        exit 1
+        die "missing $*; install it (Debian: apt-get install $*)"
     fi
     say "installing $* from Debian's packages"
     if [ -z "${_apt_updated:-}" ]; then
@@ -36,8 +41,7 @@ if ! command -v python3 >/dev/null 2>&1; then
     apt_install python3 python3-venv python3-pip
 fi
 if ! python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
-    say "python3 is $(python3 --version 2>&1); the client needs Python 3.11 or newer"
-    exit 1
+    die "python3 is $(python3 --version 2>&1); the client needs Python 3.11 or newer"
 fi
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
     apt_install python3-venv
@@ -47,22 +51,24 @@ if [ -n "${IDEMQ_TEST_DATABASE_URL:-}" ] && ! command -v psql >/dev/null 2>&1; t
 fi
 
 if [ ! -x "$IDEMQ_BIN" ]; then
-    say "the idemq server binary is missing: $IDEMQ_BIN (build it with cargo build, or set IDEMQ_BIN)"
-    exit 1
+    die "the idemq server binary is missing: $IDEMQ_BIN (build it with cargo build, or set IDEMQ_BIN)"
 fi
 
 # The virtualenv, reused when present and working.
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
     rm -rf "$venv"
     say "creating the virtualenv $venv"
-    python3 -m venv "$venv"
+    python3 -m venv "$venv" || die "cannot create the virtualenv $venv"
 fi
 py="$venv/bin/python"
 if ! "$py" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 61)' >/dev/null 2>&1; then
-    "$py" -m pip install -q --disable-pip-version-check --upgrade 'setuptools>=61' >/dev/null
+    "$py" -m pip install -q --disable-pip-version-check --upgrade 'setuptools>=61' >/dev/null ||
+        die "cannot install setuptools into $venv"
 fi
-"$py" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps "$here" >/dev/null
-"$py" -m pip install -q --disable-pip-version-check --no-build-isolation "$here[test]" >/dev/null
+"$py" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps "$here" >/dev/null ||
+    die "cannot install clients/python into $venv"
+"$py" -m pip install -q --disable-pip-version-check --no-build-isolation "$here[test]" >/dev/null ||
+    die "cannot install clients/python[test] into $venv"
 
 results="$(mktemp -d)"
 trap 'rm -rf "$results"' EXIT

@@ -19,7 +19,7 @@ from typing import (
 )
 from urllib.parse import quote
 
-from .errors import ApiError, IdemqError, error_from_problem
+from .errors import ApiError, error_from_problem
 from .models import (
     ClaimedJob,
     CompleteItem,
@@ -445,4 +445,4 @@ def put_checkpoint(job_id: str, name: str, lease_token: str, value: Any) -> Op[b
     )
 
 
-__all__ = ["Op", "EnqueueOptions", "IdemqError"]
+__all__ = ["Op", "EnqueueOptions"]

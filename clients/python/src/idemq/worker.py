@@ -389,8 +389,8 @@ class Worker:
             elif now >= next_beat:
                 try:
                     beat = self.client.heartbeat(job.id, job.lease_token)
-                except LeaseLostError:
-                    reason = "lease_lost"
+                except (LeaseLostError, NotFoundError):
+                    reason = "lease_lost"  # another attempt owns it, or it was purged
                 except IdemqError as exc:
                     log.warning("job %s: heartbeat failed: %s", job.id, exc)
                     next_beat = now + min(1.0, every)
