@@ -374,3 +374,29 @@ def test_deadline_is_enforced_locally(client: idemq.Client, uniq: Callable[[str]
         t.join(20)
     assert reasons == ["deadline"]
     assert job.state == "dead" and job.result is None
+
+
+def test_checkpoint_keeps_the_first_stored_value(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("race")
+    got: List[Any] = []
+
+    def handler(ctx: idemq.JobContext) -> Any:
+        def step() -> str:
+            # Another writer stores the checkpoint while this step runs.
+            assert client.put_checkpoint(ctx.id, "s", ctx.lease_token, "first") is True
+            return "second"
+
+        got.append(ctx.checkpoint("s", step))
+        return got[-1]
+
+    jid = client.enqueue("race", None, queue=q)
+    w = _worker(client, q, {"race": handler})
+    t = run_worker(w)
+    try:
+        job = _terminal(client, jid)
+    finally:
+        w.stop()
+        t.join(20)
+    assert got == ["first"]
+    assert job.result == "first"
+    assert client.checkpoints(jid) == {"s": "first"}
