@@ -381,7 +381,12 @@ func (w *Worker) finish(job *ClaimedJob, beat *heartbeater, lost <-chan struct{}
 		if result != nil {
 			a.c.Result = result
 		}
-		w.completer <- a
+		select {
+		case w.completer <- a:
+		case <-lost:
+			atomic.AddInt64(&w.lost, 1)
+			return
+		}
 		var err error
 		select {
 		case err = <-a.reply:

@@ -114,7 +114,7 @@ func TestWorkerRetriesAFailingJob(t *testing.T) {
 	q := uniq("retry")
 	flaky, perm, snooze, after := uniq("flaky"), uniq("perm"), uniq("snooze"), uniq("after")
 	var flakyRuns, snoozeRuns, afterRuns int64
-	var afterFirst, afterSecond time.Time
+	var afterFirst, afterSecond int64 // unix nanoseconds
 	w := NewWorker(c, WorkerOptions{
 		Queues: []string{q}, Concurrency: 4, PollWait: 200 * time.Millisecond,
 		Handlers: map[string]HandlerFunc{
@@ -135,10 +135,10 @@ func TestWorkerRetriesAFailingJob(t *testing.T) {
 			},
 			after: func(ctx context.Context, job *ClaimedJob) (any, error) {
 				if atomic.AddInt64(&afterRuns, 1) == 1 {
-					afterFirst = time.Now()
+					atomic.StoreInt64(&afterFirst, time.Now().UnixNano())
 					return nil, RetryAfter(errors.New("rate limited"), 700*time.Millisecond)
 				}
-				afterSecond = time.Now()
+				atomic.StoreInt64(&afterSecond, time.Now().UnixNano())
 				return nil, nil
 			},
 		},
@@ -166,7 +166,7 @@ func TestWorkerRetriesAFailingJob(t *testing.T) {
 		t.Fatalf("snoozed job: used %d, runs %+v", job.AttemptsUsed, runs)
 	}
 	waitState(t, c, afterID, StateCompleted, 20*time.Second)
-	if gap := afterSecond.Sub(afterFirst); gap < 600*time.Millisecond {
+	if gap := time.Duration(atomic.LoadInt64(&afterSecond) - atomic.LoadInt64(&afterFirst)); gap < 600*time.Millisecond {
 		t.Fatalf("retry-after 700ms, retried after %v", gap)
 	}
 }
@@ -291,8 +291,8 @@ func TestCheckpointsSurviveARetry(t *testing.T) {
 	id, _ := c.Enqueue(ctx, typ, map[string]int{"cents": 500}, &EnqueueOptions{Queue: q, Retry: FixedBackoff(50 * time.Millisecond)})
 	runWorker(t, w)
 	job := waitState(t, c, id, StateCompleted, 20*time.Second)
-	if string(job.Result) != `{"charge":"ch_1"}` || charges != 1 || attempts != 2 {
-		t.Fatalf("result %s, %d charges in %d attempts", job.Result, charges, attempts)
+	if string(job.Result) != `{"charge":"ch_1"}` || atomic.LoadInt64(&charges) != 1 || atomic.LoadInt64(&attempts) != 2 {
+		t.Fatalf("result %s, %d charges in %d attempts", job.Result, atomic.LoadInt64(&charges), atomic.LoadInt64(&attempts))
 	}
 	cps, _ := c.JobCheckpoints(ctx, id)
 	if string(cps["charge"]) != `"ch_1"` {
