@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"sort"
 	"strings"
@@ -91,6 +92,7 @@ func exerciseEveryCall(c *Client) {
 	_, _ = c.EnqueueWithResult(ctx, typ, 1, &EnqueueOptions{IdempotencyKey: uniq("h"), KeyInHeader: true, RunAt: time.Now().Add(time.Hour), Retry: FixedBackoff(time.Second)})
 	_, _ = c.EnqueueWithResult(ctx, typ, 1, &EnqueueOptions{Retry: NoRetry(), Dedupe: &Dedupe{Key: "r", Replace: true, TTL: time.Minute}})
 	_, _ = c.Explain(ctx, typ, 1, full)
+	_, _ = c.Explain(ctx, typ, 1, &EnqueueOptions{IdempotencyKey: uniq("h"), KeyInHeader: true})
 	_, _ = c.EnqueueBatch(ctx, []JobRequest{{Type: typ, Options: full}, {Type: typ}}, &BatchOptions{Atomic: true})
 	id, _ := c.Enqueue(ctx, typ, nil, &EnqueueOptions{Queue: "drift"})
 	_, _ = c.GetJob(ctx, id)
@@ -286,6 +288,9 @@ func TestDriftAgainstTheCommittedOpenAPIDocument(t *testing.T) {
 	exerciseEveryCall(NewClient(shared.url, WithHTTPClient(&http.Client{Transport: rec}), WithoutRetries()))
 
 	t.Run("paths_fields_and_headers", func(t *testing.T) {
+		if len(rec.reqs) < 35 {
+			t.Fatalf("only %d requests recorded", len(rec.reqs))
+		}
 		var problems []string
 		seen := map[string]bool{}
 		for _, r := range rec.reqs {
@@ -343,6 +348,41 @@ func TestDriftAgainstTheCommittedOpenAPIDocument(t *testing.T) {
 		problems = dedupe(problems)
 		if len(problems) > 0 {
 			t.Fatalf("the client and the OpenAPI document disagree:\n  %s", strings.Join(problems, "\n  "))
+		}
+	})
+
+	t.Run("response_fields", func(t *testing.T) {
+		// Every member the client reads from an answer is documented there.
+		schemas := map[string]any{
+			"EnqueueResult": EnqueueResult{}, "Explain": Explanation{}, "ExplainConflict": ExplainConflict{},
+			"ExplainIdempotency": ExplainIdempotency{}, "DedupeBinding": DedupeBinding{}, "Job": Job{},
+			"JobIdempotency": JobIdempotency{}, "JobDedupe": JobDedupe{}, "Event": Event{}, "Run": Run{},
+			"JobPage": JobPage{}, "Cancelled": CancelResult{}, "BulkDone": BulkResult{}, "Binding": IdempotencyBinding{},
+			"QueueInfo": QueueInfo{}, "Health": Health{}, "Schedule": Schedule{}, "ClaimedJob": ClaimedJob{},
+			"Heartbeat": HeartbeatResult{}, "FailOutcome": FailResult{},
+		}
+		var problems []string
+		for name, v := range schemas {
+			s := o.resolve(map[string]any{"$ref": "#/components/schemas/" + name})
+			if s == nil {
+				problems = append(problems, "no schema "+name)
+				continue
+			}
+			props, _ := s["properties"].(map[string]any)
+			rt := reflect.TypeOf(v)
+			for i := 0; i < rt.NumField(); i++ {
+				tag := strings.Split(rt.Field(i).Tag.Get("json"), ",")[0]
+				if tag == "" || tag == "-" {
+					continue
+				}
+				if _, ok := props[tag]; !ok {
+					problems = append(problems, fmt.Sprintf("%s.%s (%s) is not in the document", name, tag, rt.Name()))
+				}
+			}
+		}
+		sort.Strings(problems)
+		if len(problems) > 0 {
+			t.Fatalf("answers:\n  %s", strings.Join(problems, "\n  "))
 		}
 	})
 

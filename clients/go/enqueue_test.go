@@ -315,6 +315,12 @@ func TestExplainWritesNothing(t *testing.T) {
 	if err != nil || ex.Outcome != OutcomeReplayed || ex.JobID != id || ex.Idempotency == nil || ex.Idempotency.JobID != id {
 		t.Fatalf("explain of a replay: %+v %v", ex, err)
 	}
+	hopts := *opts
+	hopts.KeyInHeader = true
+	ex, err = c.Explain(ctx, typ, map[string]any{"a": 1}, &hopts)
+	if err != nil || ex.Outcome != OutcomeReplayed || ex.JobID != id {
+		t.Fatalf("explain with the key in the header: %+v %v", ex, err)
+	}
 	ex, err = c.Explain(ctx, typ, map[string]any{"a": 2}, opts)
 	if err != nil || ex.Outcome != OutcomeConflict || ex.Conflict == nil || ex.Conflict.JobID != id ||
 		len(ex.Conflict.Fields) != 1 || ex.Conflict.Fields[0] != "payload" {
