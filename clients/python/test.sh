@@ -43,9 +43,6 @@ fi
 if ! python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
     die "python3 is $(python3 --version 2>&1); the client needs Python 3.11 or newer"
 fi
-if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
-    apt_install python3-venv
-fi
 if [ -n "${IDEMQ_TEST_DATABASE_URL:-}" ] && ! command -v psql >/dev/null 2>&1; then
     apt_install postgresql-client
 fi
@@ -58,12 +55,18 @@ fi
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import sys' >/dev/null 2>&1; then
     rm -rf "$venv"
     say "creating the virtualenv $venv"
-    python3 -m venv "$venv" || die "cannot create the virtualenv $venv"
+    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+        # Debian's python3 needs python3-venv (ensurepip) for this.
+        rm -rf "$venv"
+        apt_install python3-venv python3-pip
+        python3 -m venv "$venv" || die "cannot create the virtualenv $venv"
+    fi
 fi
 py="$venv/bin/python"
-if ! "$py" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 61)' >/dev/null 2>&1; then
-    "$py" -m pip install -q --disable-pip-version-check --upgrade 'setuptools>=61' >/dev/null ||
-        die "cannot install setuptools into $venv"
+# The build backend, installed once, so that later runs build the package without a download.
+if ! "$py" -c 'import setuptools, wheel, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 61)' >/dev/null 2>&1; then
+    "$py" -m pip install -q --disable-pip-version-check --upgrade 'setuptools>=61' wheel >/dev/null ||
+        die "cannot install setuptools and wheel into $venv"
 fi
 "$py" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps "$here" >/dev/null ||
     die "cannot install clients/python into $venv"
