@@ -38,6 +38,11 @@ export IDEMQ_BIN="${IDEMQ_BIN:-$root/target/debug/idemq}"
 # The standard library only; no module proxy.
 export GOFLAGS=-mod=mod GOPROXY=off GOTOOLCHAIN=local GOTELEMETRY=off
 export GOSUMDB=off
+# `go` needs a build cache; without a HOME, keep one in /tmp.
+gocache="$(go env GOCACHE 2>/dev/null || true)"
+if [ -z "$gocache" ] || [ "$gocache" = off ]; then
+	export GOCACHE=/tmp/idemq-go-build-cache
+fi
 
 bin="$(mktemp -d)"
 trap 'rm -rf "$bin"' EXIT
