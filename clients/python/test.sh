@@ -68,10 +68,14 @@ if ! "$py" -c 'import setuptools, wheel, sys; sys.exit(int(setuptools.__version_
     "$py" -m pip install -q --disable-pip-version-check --upgrade 'setuptools>=61' wheel >/dev/null ||
         die "cannot install setuptools and wheel into $venv"
 fi
+# An in-tree build leaves build/ behind; a stale one could ship deleted modules.
+rm -rf "$here/build" "$here/src/idemq.egg-info"
 "$py" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall --no-deps "$here" >/dev/null ||
     die "cannot install clients/python into $venv"
 "$py" -m pip install -q --disable-pip-version-check --no-build-isolation "$here[test]" >/dev/null ||
     die "cannot install clients/python[test] into $venv"
+
+rm -rf "$here/build" "$here/src/idemq.egg-info"
 
 results="$(mktemp -d)"
 trap 'rm -rf "$results"' EXIT
