@@ -50,6 +50,7 @@ pub mod request;
 pub mod retry;
 pub mod schedule;
 pub mod store;
+pub mod wire;
 pub mod worker;
 
 pub use clock::{Clock, ManualClock, SystemClock};

@@ -96,6 +96,38 @@ pub struct ClaimOptions {
     pub lease: Duration,
 }
 
+impl ClaimOptions {
+    /// Checks every bound ([`bounds::MAX_CLAIM_LIMIT`], the lease range, the
+    /// worker name) without touching the store.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=bounds::MAX_CLAIM_LIMIT).contains(&self.limit) {
+            return Err(Error::validation(
+                "limit",
+                format!("must be 1–{}", bounds::MAX_CLAIM_LIMIT),
+            ));
+        }
+        if !(bounds::MIN_LEASE_MS..=bounds::MAX_LEASE_MS).contains(&ms(self.lease)) {
+            return Err(Error::validation(
+                "lease_ms",
+                format!(
+                    "must be from {} to {} ms",
+                    bounds::MIN_LEASE_MS,
+                    bounds::MAX_LEASE_MS
+                ),
+            ));
+        }
+        crate::request::check_worker_name("worker", &self.worker)?;
+        let names = self.queues.iter().chain(self.types.iter().flatten());
+        if names.into_iter().any(|n| nul(n)) {
+            return Err(Error::validation(
+                "queues",
+                "queue and type names must not contain U+0000",
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for ClaimOptions {
     fn default() -> Self {
         Self {
@@ -534,8 +566,7 @@ impl Queue {
     }
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<bool> {
-        let check = EnqueueRequest::new("x").queue(queue);
-        check.prepare(&self.hasher, self.payload_limit)?;
+        crate::request::check_queue_name("queue", queue)?;
         self.store
             .queue_pause(QueuePause {
                 queue: queue.into(),
@@ -554,10 +585,8 @@ impl Queue {
         if nul(job_id) {
             return Err(Error::job_not_found(job_id));
         }
-        if let Some(n) = options.max_attempts
-            && !(1..=1000).contains(&n)
-        {
-            return Err(Error::validation("max_attempts", "must be 1–1000"));
+        if let Some(n) = options.max_attempts {
+            crate::request::check_max_attempts("max_attempts", n)?;
         }
         let overrides = json!({
             "job_id": job_id,
@@ -598,13 +627,7 @@ impl Queue {
     }
 
     fn binding_ref(&self, scope: &str, key: &str) -> Result<BindingRef> {
-        let probe =
-            EnqueueRequest::new("x").idempotency(crate::IdempotencyOptions::new(key).scope(scope));
-        if let Err(e) = probe.prepare(&self.hasher, self.payload_limit)
-            && !matches!(&e, Error::Validation { field, .. } if field == "idempotency.scope" && scope.starts_with("idemq."))
-        {
-            return Err(e);
-        }
+        crate::request::check_scope("scope", scope)?;
         let k = prepare_key("idempotency", key, scope, 0, &self.hasher)?;
         Ok(BindingRef {
             scope: k.scope,
@@ -629,8 +652,9 @@ impl Queue {
     /// The live dedupe binding of a key (`None` also for a type or key that
     /// no request could have bound, such as one holding U+0000).
     pub async fn dedupe_lookup(&self, job_type: &str, key: &str) -> Result<Option<ExplainDedupe>> {
-        let probe = EnqueueRequest::new(job_type).dedupe(crate::request::DedupeOptions::key(key));
-        if probe.prepare(&self.hasher, self.payload_limit).is_err() {
+        let bindable = crate::request::check_job_type("type", job_type).is_ok()
+            && crate::request::check_dedupe_key("key", key).is_ok();
+        if !bindable {
             return Ok(None);
         }
         self.store
@@ -643,31 +667,14 @@ impl Queue {
 
     /// Claims up to `limit` due jobs under a lease.
     pub async fn claim(&self, options: ClaimOptions) -> Result<Vec<ClaimedJob>> {
-        if !(1..=1000).contains(&options.limit) {
-            return Err(Error::validation("limit", "must be 1–1000"));
-        }
-        let lease_ms = ms(options.lease);
-        if !(100..=3_600_000).contains(&lease_ms) {
-            return Err(Error::validation("lease_ms", "must be from 100 ms to 1 h"));
-        }
-        if options.worker.is_empty() || options.worker.len() > 128 || options.worker.contains('\0')
-        {
-            return Err(Error::validation("worker", "must be 1–128 bytes"));
-        }
-        let names = options.queues.iter().chain(options.types.iter().flatten());
-        if names.into_iter().any(|n| nul(n)) {
-            return Err(Error::validation(
-                "queues",
-                "queue and type names must not contain U+0000",
-            ));
-        }
+        options.validate()?;
         self.store
             .job_claim(JobClaim {
+                lease_ms: ms(options.lease),
                 queues: options.queues,
                 types: options.types,
                 worker: options.worker,
                 limit: options.limit,
-                lease_ms,
             })
             .await
     }
@@ -722,27 +729,47 @@ impl Queue {
     /// recorded nothing. A result over the payload limit fails the call.
     pub async fn complete_many(&self, items: Vec<Completion>) -> Result<Vec<Result<()>>> {
         if items.len() > MAX_BATCH_ITEMS {
-            return Err(Error::validation("items", "at most 1000 items per call"));
+            return Err(Error::validation(
+                "items",
+                format!("at most {MAX_BATCH_ITEMS} items per call"),
+            ));
         }
-        let items = items
+        // A lease no claim could have minted fails its own item only.
+        let mut slots: Vec<Option<Error>> = Vec::with_capacity(items.len());
+        let mut sent = Vec::with_capacity(items.len());
+        for c in items {
+            if let Err(e) = Self::lease_text(&c.job_id, &c.lease_token) {
+                slots.push(Some(e));
+                continue;
+            }
+            sent.push(JobComplete {
+                lease: Self::lease(&c.job_id, &c.lease_token),
+                result: c
+                    .result
+                    .map(|v| encode_json("result", &v, self.payload_limit))
+                    .transpose()?,
+            });
+            slots.push(None);
+        }
+        let mut stored = if sent.is_empty() {
+            Vec::new()
+        } else {
+            self.store
+                .job_complete_many(JobCompleteMany { items: sent })
+                .await?
+        }
+        .into_iter();
+        Ok(slots
             .into_iter()
-            .map(|c| {
-                Self::lease_text(&c.job_id, &c.lease_token)?;
-                Ok(JobComplete {
-                    lease: Self::lease(&c.job_id, &c.lease_token),
-                    result: c
-                        .result
-                        .map(|v| encode_json("result", &v, self.payload_limit))
-                        .transpose()?,
-                })
+            .map(|slot| match slot {
+                Some(e) => Err(e),
+                None => stored.next().unwrap_or_else(|| {
+                    Err(Error::Backend {
+                        message: "the store answered fewer completions than it was sent".into(),
+                    })
+                }),
             })
-            .collect::<Result<Vec<_>>>()?;
-        if items.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.store
-            .job_complete_many(JobCompleteMany { items })
-            .await
+            .collect())
     }
 
     /// Fails an attempt: a retry by policy, a snooze, or the dead letters.
