@@ -177,6 +177,7 @@ interface PendingCompletion {
 }
 
 const MAX_TIMER = 2_147_483_647;
+const EMPTY_CLAIM_PAUSE_MS = 100;
 
 function wait(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
@@ -297,6 +298,7 @@ export class Worker {
       }
       const carried = this.#piggyback ? this.#take(1000) : [];
       let answer;
+      const claimedAt = Date.now();
       try {
         answer = await this.client.claim({
           queues: this.#o.queues,
@@ -330,6 +332,11 @@ export class Worker {
           this.#piggyback = false;
           this.#putBack(carried);
         }
+      }
+      if (answer.jobs.length === 0 && carried.length === 0) {
+        // An empty answer that came back at once (no long-poll): do not spin.
+        const quick = EMPTY_CLAIM_PAUSE_MS - (Date.now() - claimedAt);
+        if (quick > 0) await wait(quick, this.#stopSignal.signal);
       }
       for (const job of answer.jobs) {
         if (this.#stopping) {

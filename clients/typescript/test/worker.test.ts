@@ -14,6 +14,11 @@ after(async () => {
   await server?.stop();
 });
 
+/** A wait that does not keep the process alive once the test is over. */
+function idle(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms).unref());
+}
+
 async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 15_000): Promise<T> {
   const until = Date.now() + timeoutMs;
   for (;;) {
@@ -223,7 +228,7 @@ test("when heartbeats stop the lease is lost and the worker never completes that
           if (ctx.attempt === 1) {
             firstToken = ctx.leaseToken;
             firstSignal = ctx.signal;
-            await sleep(2_500); // ignores its signal, as a blocked handler would
+            await idle(2_500); // ignores its signal, as a blocked handler would
             firstReturned();
             return "first";
           }
@@ -304,7 +309,7 @@ test("the timeout and the deadline are enforced by the worker itself", async () 
     handlers: {
       hang: async (ctx) => {
         ctx.signal.addEventListener("abort", () => reasons.set(ctx.id, (ctx.signal.reason as JobInterrupted).reason));
-        await sleep(6_000);
+        await idle(6_000); // ignores its signal
         return "too late";
       },
     },
@@ -337,7 +342,7 @@ test("graceful shutdown lets short handlers finish and releases the rest", async
       },
       stuck: async () => {
         started++;
-        await sleep(60_000);
+        await idle(60_000);
       },
     },
   });
