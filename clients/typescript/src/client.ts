@@ -220,7 +220,7 @@ export class Client {
         if (timedOut) throw new TimeoutError(method, path, timeoutMs);
         const cause = err as { cause?: { code?: string; message?: string }; message?: string };
         const why = cause?.cause?.code ?? cause?.cause?.message ?? cause?.message ?? String(err);
-        throw new ConnectionError(`${method} ${path}: ${scrub(String(why), secrets)}`, method, path, {
+        throw new ConnectionError(`${method} ${path}: cannot reach ${this.baseUrl} (${scrub(String(why), secrets)})`, method, path, {
           cause: scrub(String(why), secrets),
         });
       }
