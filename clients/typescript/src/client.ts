@@ -192,7 +192,7 @@ export class Client {
       body = JSON.stringify(options.body);
     }
     Object.assign(headers, options.headers ?? {});
-    const timeoutMs = (options.timeoutMs ?? this.timeoutMs) + (options.waitMs ?? 0);
+    const timeoutMs = (options.requestTimeoutMs ?? this.timeoutMs) + (options.waitMs ?? 0);
     const controller = new AbortController();
     let timedOut = false;
     const timer = setTimeout(() => {
@@ -263,7 +263,7 @@ export class Client {
       idempotent: options.idempotency !== undefined || options.jobId !== undefined,
       secrets: options.idempotency ? [options.idempotency.key] : [],
       signal: options.signal,
-      timeoutMs: options.timeoutMs,
+      requestTimeoutMs: options.requestTimeoutMs,
     });
     return enqueueResultFromWire(w);
   }
@@ -293,7 +293,7 @@ export class Client {
       idempotent: keyed,
       secrets,
       signal: options.signal,
-      timeoutMs: options.timeoutMs,
+      requestTimeoutMs: options.requestTimeoutMs,
     });
     return w.results.map((r) =>
       r["error"] !== undefined
@@ -311,7 +311,7 @@ export class Client {
       idempotent: true,
       secrets: options.idempotency ? [options.idempotency.key] : [],
       signal: options.signal,
-      timeoutMs: options.timeoutMs,
+      requestTimeoutMs: options.requestTimeoutMs,
     });
     return explainFromWire(w);
   }
@@ -325,7 +325,7 @@ export class Client {
       waitMs: options.waitMs,
       idempotent: true,
       signal: options.signal,
-      timeoutMs: options.timeoutMs,
+      requestTimeoutMs: options.requestTimeoutMs,
     });
     return jobFromWire(w);
   }
@@ -353,7 +353,7 @@ export class Client {
       },
       idempotent: true,
       signal: options.signal,
-      timeoutMs: options.timeoutMs,
+      requestTimeoutMs: options.requestTimeoutMs,
     });
     return { jobs: w.jobs.map(jobFromWire), nextCursor: w.next_cursor ?? null };
   }
@@ -440,7 +440,7 @@ export class Client {
       idempotent: key !== undefined,
       secrets: key !== undefined ? [key] : [],
       signal: options.signal,
-      timeoutMs: options.timeoutMs,
+      requestTimeoutMs: options.requestTimeoutMs,
     });
     return { jobId: w["job_id"] as string, outcome: w["outcome"] as "accepted" | "replayed" };
   }
@@ -462,7 +462,7 @@ export class Client {
       body: compact({ action, filter: Object.keys(f).length > 0 ? f : undefined, limit: options.limit }),
       idempotent: action !== "redrive",
       signal: options.signal,
-      timeoutMs: options.timeoutMs,
+      requestTimeoutMs: options.requestTimeoutMs,
     });
   }
 
@@ -507,7 +507,7 @@ export class Client {
         idempotent: true,
         secrets: [key],
         signal: options.signal,
-        timeoutMs: options.timeoutMs,
+        requestTimeoutMs: options.requestTimeoutMs,
       });
       return {
         jobId: w["job_id"] as string,
@@ -528,7 +528,7 @@ export class Client {
       idempotent: true,
       secrets: [key],
       signal: options.signal,
-      timeoutMs: options.timeoutMs,
+      requestTimeoutMs: options.requestTimeoutMs,
     });
     return w.released;
   }
@@ -587,7 +587,7 @@ export class Client {
       idempotent: true,
       waitMs: options.waitMs,
       signal: options.signal,
-      timeoutMs: options.timeoutMs,
+      requestTimeoutMs: options.requestTimeoutMs,
     });
     const out: ClaimResult = { jobs: (w.jobs ?? []).map(claimedJobFromWire) };
     if (Array.isArray(w.completed)) out.completed = w.completed.map(completionResultFromWire);
@@ -632,7 +632,7 @@ export class Client {
       }),
       idempotent: true,
       signal: options.signal,
-      timeoutMs: options.timeoutMs,
+      requestTimeoutMs: options.requestTimeoutMs,
     });
     return { state: w["state"] as string, nextRunAt: (w["next_run_at"] as string | null) ?? null };
   }

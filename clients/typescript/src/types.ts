@@ -55,8 +55,8 @@ export interface EnqueueOptions {
 export interface CallOptions {
   /** Aborts the call (and its retries). */
   signal?: AbortSignal;
-  /** Overrides the client's per-attempt timeout. */
-  timeoutMs?: number;
+  /** Overrides the client's per-attempt HTTP timeout, in ms. */
+  requestTimeoutMs?: number;
 }
 
 /** One item of a batch enqueue. */

@@ -37,7 +37,7 @@ function assertNoSecret(err: unknown, secret: string) {
 
 test("a repeated idempotent enqueue is replayed with the same id", async () => {
   const key = `capture:${uid()}`;
-  const opts = { queue: "billing", idempotency: { key } };
+  const opts = { queue: `billing-${uid()}`, idempotency: { key } };
   const first = await client.enqueueWithResult("invoice.capture", { invoice_id: "inv_42" }, opts);
   const again = await client.enqueueWithResult("invoice.capture", { invoice_id: "inv_42" }, opts);
   assert.equal(first.outcome, "accepted");
@@ -207,6 +207,9 @@ test("every option is sent under its wire name and comes back on the job", async
     await client.enqueue("t.options", null, { delayMs: 60_000, retry: { kind: "exponential", initialMs: 10, factor: 3, maxMs: 99, jitter: false } }),
   );
   assert.equal(delayed.state, "scheduled");
+  // A job's timeoutMs is the job's; the HTTP timeout of the call is requestTimeoutMs.
+  const short = await client.getJob(await client.enqueue("t.options", null, { timeoutMs: 1, requestTimeoutMs: 10_000 }));
+  assert.equal(short.timeoutMs, 1);
   assert.deepEqual(delayed.retry, { kind: "exponential", initialMs: 10, factor: 3, maxMs: 99, jitter: false });
 });
 

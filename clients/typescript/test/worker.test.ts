@@ -57,6 +57,15 @@ test("the worker drains N jobs, each completed once with its result", async () =
   const ids: string[] = [];
   for (let i = 0; i < 30; i++) ids.push(await client.enqueue("math.add", { a: i, b: 1 }, { queue }));
   const seen = new Map<string, number>();
+  const sent: string[] = [];
+  const recording = new Client({
+    baseUrl: server.url,
+    fetch: (input, init) => {
+      const body = String(init?.body ?? "");
+      sent.push(`${init?.method} ${new URL(String(input)).pathname} ${body.includes('"complete":[') ? "carrying" : ""}`);
+      return fetch(input, init);
+    },
+  });
   const w = startWorker({
     queues: [queue],
     concurrency: 4,
@@ -67,9 +76,14 @@ test("the worker drains N jobs, each completed once with its result", async () =
         return { sum: p.a + p.b };
       },
     },
-  });
+  }, recording);
   const jobs = await Promise.all(ids.map((id) => terminal(id)));
   const report = await w.stop();
+  // Completions travel in batches: on claims, or together to POST /v1/jobs/complete.
+  const single = sent.filter((s) => /^POST \/v1\/jobs\/[^/]+\/complete /.test(s) && !s.startsWith("POST /v1/jobs/complete "));
+  const batched = sent.filter((s) => s.startsWith("POST /v1/jobs/complete ") || s.endsWith("carrying"));
+  assert.deepEqual(single, [], "one request per completion");
+  assert.ok(batched.length > 0 && batched.length < 30, `${batched.length} completion round trips for 30 jobs`);
   jobs.forEach((job, i) => {
     assert.equal(job.state, "completed");
     assert.deepEqual(job.result, { sum: i + 1 });
