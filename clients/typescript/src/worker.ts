@@ -65,8 +65,12 @@ export class JobInterrupted extends IdemqError {
   }
 }
 
-/** A handler: its return value completes the job (and is stored as its result); a throw fails the attempt. */
-export type Handler = (ctx: JobContext) => unknown;
+/**
+ * A handler: its return value completes the job (and is stored as its
+ * result); a throw fails the attempt. `P` types `ctx.payload`.
+ */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type Handler<P = any> = (ctx: JobContext<P>) => unknown;
 
 export interface WorkerOptions {
   /** Queues to claim from (every queue when omitted). */
@@ -100,11 +104,11 @@ export interface WorkerReport {
 }
 
 /** What a handler sees of the job it runs. */
-export class JobContext {
+export class JobContext<P = unknown> {
   readonly id: string;
   readonly type: string;
   readonly queue: string;
-  readonly payload: unknown;
+  readonly payload: P;
   readonly attempt: number;
   readonly maxAttempts: number;
   readonly deadline: string | null;
@@ -121,7 +125,7 @@ export class JobContext {
     this.id = job.id;
     this.type = job.type;
     this.queue = job.queue;
-    this.payload = job.payload;
+    this.payload = job.payload as P;
     this.attempt = job.attempt;
     this.maxAttempts = job.maxAttempts;
     this.deadline = job.deadline;

@@ -42,12 +42,25 @@ function start(file: string) {
 
 const run = (file: string) => start(file).done;
 
-test("the README has its three examples", () => {
+test("the README has its four examples", () => {
   assert.deepEqual(
     blocks.map((b) => b.lang),
-    ["js", "js", "ts"],
+    ["js", "js", "ts", "ts"],
   );
 });
+
+function typeCheck(files: string[]): string[] {
+  const program = ts.createProgram(files, {
+    module: ts.ModuleKind.NodeNext,
+    moduleResolution: ts.ModuleResolutionKind.NodeNext,
+    target: ts.ScriptTarget.ES2022,
+    strict: true,
+    noEmit: true,
+    types: ["node"],
+    skipLibCheck: true,
+  });
+  return ts.getPreEmitDiagnostics(program).map((d) => ts.flattenDiagnosticMessageText(d.messageText, "\n"));
+}
 
 test("the quick start enqueues, replays and catches the conflict", async () => {
   const file = join(dir, "quickstart.mjs");
@@ -77,17 +90,7 @@ test("the worker example runs the job and stops on SIGTERM", async () => {
 test("the TypeScript example type-checks and runs", async () => {
   const file = join(dir, "narrowing.mts");
   writeFileSync(file, blocks[2]!.code);
-  const program = ts.createProgram([file], {
-    module: ts.ModuleKind.NodeNext,
-    moduleResolution: ts.ModuleResolutionKind.NodeNext,
-    target: ts.ScriptTarget.ES2022,
-    strict: true,
-    noEmit: true,
-    types: ["node"],
-    skipLibCheck: true,
-  });
-  const diagnostics = ts.getPreEmitDiagnostics(program).map((d) => ts.flattenDiagnosticMessageText(d.messageText, "\n"));
-  assert.deepEqual(diagnostics, []);
+  assert.deepEqual(typeCheck([file]), []);
   const js = ts.transpileModule(blocks[2]!.code, {
     compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 },
   }).outputText;
@@ -96,4 +99,20 @@ test("the TypeScript example type-checks and runs", async () => {
   const r = await run(out);
   assert.equal(r.code, 0, r.stderr);
   assert.equal(r.stdout.trim(), "accepted");
+});
+
+test("a typed handler type-checks and fits the worker", () => {
+  const file = join(dir, "typed.mts");
+  writeFileSync(file, blocks[3]!.code);
+  const use = join(dir, "typed-use.mts");
+  writeFileSync(
+    use,
+    [
+      'import { Client, Worker } from "idemq";',
+      'import { capture } from "./typed.mjs";',
+      'new Worker(new Client({ baseUrl: "http://127.0.0.1:1" }), { handlers: { "invoice.capture": capture } });',
+      "",
+    ].join("\n"),
+  );
+  assert.deepEqual(typeCheck([file, use]), []);
 });
