@@ -52,6 +52,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# A snapshot of the binary, so that a rebuild while the suite runs cannot pull it away.
+cp "$IDEMQ_BIN" "$work/idemq"
+export IDEMQ_BIN="$work/idemq"
+
 overall=0
 
 # The last "# <what> N" line of node's TAP summary (0 when absent).
