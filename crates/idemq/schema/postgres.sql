@@ -1141,6 +1141,14 @@ CREATE TABLE idemq.idempotency (
     expires_at timestamp with time zone NOT NULL
 );
 
+CREATE TABLE idemq.installation (
+    id boolean DEFAULT true NOT NULL,
+    key_check text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT installation_id_check CHECK (id)
+);
+
 ALTER TABLE idemq.jobs ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
     SEQUENCE NAME idemq.jobs_seq_seq
     START WITH 1
@@ -1203,6 +1211,9 @@ ALTER TABLE ONLY idemq.events
 
 ALTER TABLE ONLY idemq.idempotency
     ADD CONSTRAINT idempotency_pkey PRIMARY KEY (scope, key_hash);
+
+ALTER TABLE ONLY idemq.installation
+    ADD CONSTRAINT installation_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY idemq.jobs
     ADD CONSTRAINT jobs_id_key UNIQUE (id);

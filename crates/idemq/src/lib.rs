@@ -61,11 +61,11 @@ pub use job::{
 };
 pub use queue::{
     BatchOptions, ClaimOptions, Completion, FailOptions, MAX_BATCH_BYTES, MAX_BATCH_ITEMS, Queue,
-    QueueOptions, RedriveOptions,
+    QueueOptions, RedriveOptions, key_secret_from_env,
 };
 pub use request::{DedupeMode, DedupeOptions, EnqueueRequest, IdempotencyOptions, RetryPolicy};
 pub use schedule::{Schedule, ScheduleDefinition, ScheduleSpec};
-pub use store::{BindingInfo, Explain, JobList, JobPage};
+pub use store::{BindingInfo, Explain, JobList, JobPage, KeyCheckChange};
 pub use worker::{HandlerContext, JobError, Worker};
 
 /// The PostgreSQL driver idemq uses, for [`Queue::enqueue_in`] on your own transactions.

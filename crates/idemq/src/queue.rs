@@ -32,7 +32,12 @@ const REDRIVE_KEY_TTL_MS: i64 = 24 * 3600 * 1000;
 /// Settings of a [`Queue`] that are not part of the database URL.
 #[derive(Clone)]
 pub struct QueueOptions {
-    /// Installation secret for HMAC-SHA-256 key hashing (`IDEMQ_KEY_SECRET`).
+    /// Installation secret for HMAC-SHA-256 key hashing. The default reads
+    /// `IDEMQ_KEY_SECRET` from the environment (unset or empty: no secret);
+    /// set it to pass a secret explicitly, or `None` for none. Every process
+    /// of one installation must hash keys alike: [`Queue::connect_with`]
+    /// refuses a process whose hashing differs from the one the store
+    /// recorded ([`Error::KeySecretMismatch`]).
     pub key_secret: Option<Vec<u8>>,
     /// Largest accepted payload, result or checkpoint value in bytes (1 MiB).
     pub payload_limit: usize,
@@ -40,10 +45,19 @@ pub struct QueueOptions {
     pub clock: Arc<dyn Clock>,
 }
 
+/// The secret `IDEMQ_KEY_SECRET` holds (unset or empty: none).
+pub fn key_secret_from_env() -> Option<Vec<u8>> {
+    std::env::var_os("IDEMQ_KEY_SECRET")
+        .filter(|s| !s.is_empty())
+        .map(|s| s.into_encoded_bytes())
+}
+
 impl Default for QueueOptions {
+    /// The default payload limit, the system clock, and the secret of
+    /// `IDEMQ_KEY_SECRET`.
     fn default() -> Self {
         Self {
-            key_secret: None,
+            key_secret: key_secret_from_env(),
             payload_limit: defaults::PAYLOAD_LIMIT,
             clock: Arc::new(SystemClock),
         }
@@ -184,6 +198,15 @@ fn nul(s: &str) -> bool {
     s.contains('\0')
 }
 
+/// How a check value hashes keys, in words for an error message.
+fn describe_hashing(check: &str) -> String {
+    match check.strip_prefix("hmac-sha256:") {
+        Some(tag) => format!("with a secret (HMAC-SHA-256, check {tag})"),
+        None if check == "sha256" => "without a secret (plain SHA-256)".to_owned(),
+        None => format!("in a way this version does not know ({check})"),
+    }
+}
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -199,6 +222,7 @@ impl Queue {
     /// Installs or upgrades the schema of the database the URL names and
     /// returns the migration versions applied. Safe to run from several
     /// processes at once. (SQLite databases are also migrated when opened.)
+    /// Records no key check: the first process that connects does.
     pub async fn migrate(url: &str) -> Result<Vec<i64>> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let pool = sqlx::postgres::PgPoolOptions::new()
@@ -212,12 +236,21 @@ impl Queue {
             pool.close().await;
             return applied;
         }
-        Self::connect(url).await?;
+        Self::open_store(url, &QueueOptions::default()).await?;
         Ok(Vec::new())
     }
 
-    /// [`connect`](Self::connect) with options.
+    /// [`connect`](Self::connect) with options. Refuses, with
+    /// [`Error::KeySecretMismatch`], a process whose key hashing differs
+    /// from the one the store recorded when the installation's first
+    /// process connected.
     pub async fn connect_with(url: &str, options: QueueOptions) -> Result<Self> {
+        let store = Self::open_store(url, &options).await?;
+        Self::open(store, options).await
+    }
+
+    /// Opens the store a URL names (no key check).
+    async fn open_store(url: &str, options: &QueueOptions) -> Result<Arc<dyn Store>> {
         let store: Arc<dyn Store> = if url == "sqlite::memory:" {
             Arc::new(SqliteStore::open(None, options.clock.clone())?)
         } else if let Some(rest) = url.strip_prefix("sqlite:") {
@@ -246,10 +279,55 @@ impl Queue {
                 "unknown database URL: use sqlite://path/to/file.db, sqlite::memory: or postgres://…",
             ));
         };
-        Ok(Self::from_store(store, options))
+        Ok(store)
     }
 
-    /// A queue over an already opened store.
+    /// A queue over an already opened store, after the key check of
+    /// [`connect_with`](Self::connect_with).
+    pub async fn open(store: Arc<dyn Store>, options: QueueOptions) -> Result<Self> {
+        let queue = Self::from_store(store, options);
+        queue.check_key_hashing().await?;
+        Ok(queue)
+    }
+
+    /// Records this queue's key hashing as the installation's when none is
+    /// recorded, and refuses it when another one is.
+    async fn check_key_hashing(&self) -> Result<()> {
+        let mine = self.hasher.check_value();
+        let stored = self
+            .store
+            .installation_key_check(KeyCheck {
+                value: mine.clone(),
+            })
+            .await?;
+        if stored == mine {
+            return Ok(());
+        }
+        Err(Error::KeySecretMismatch {
+            process: describe_hashing(&mine),
+            stored: describe_hashing(&stored),
+        })
+    }
+
+    /// Makes the hashing of `options` (its secret, by default
+    /// `IDEMQ_KEY_SECRET`) the installation's, so processes using it may
+    /// connect and others are refused. A deliberate operator action with a
+    /// cost: every live idempotency binding made with the old hashing stops
+    /// matching, so a repeat of one of those keys before it expires is
+    /// accepted as new work. Returns the previous check and that count.
+    pub async fn replace_key_secret(url: &str, options: QueueOptions) -> Result<KeyCheckChange> {
+        let store = Self::open_store(url, &options).await?;
+        let queue = Self::from_store(store, options);
+        queue
+            .store
+            .installation_key_check_replace(KeyCheck {
+                value: queue.hasher.check_value(),
+            })
+            .await
+    }
+
+    /// A queue over an already opened store, without the key check of
+    /// [`open`](Self::open) (internal plumbing and tests; prefer `open`).
     pub fn from_store(store: Arc<dyn Store>, options: QueueOptions) -> Self {
         let hasher = match options.key_secret {
             Some(s) => KeyHasher::with_secret(s),

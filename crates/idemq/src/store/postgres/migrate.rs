@@ -29,6 +29,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "complete_many",
         include_str!("../../../migrations/postgres/0004_complete_many.sql"),
     ),
+    (
+        5,
+        "installation",
+        include_str!("../../../migrations/postgres/0005_installation.sql"),
+    ),
 ];
 
 /// The lock every migrating process takes (an arbitrary constant: "idemq" in ASCII).
