@@ -7,6 +7,7 @@ mod demo;
 mod enqueue;
 mod exec;
 mod jobs;
+mod key_secret;
 mod ops;
 mod output;
 mod schedules;
@@ -16,7 +17,7 @@ mod worker;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use idemq::{Queue, QueueOptions};
+use idemq::Queue;
 
 /// A durable background-job queue whose promise is: each piece of work is accepted once.
 #[derive(Parser, Debug)]
@@ -84,6 +85,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure idemq against the database's own raw limits (fresh databases).
     Bench(Box<bench::BenchArgs>),
+    /// The installation's idempotency key secret (IDEMQ_KEY_SECRET): check or change it.
+    #[command(subcommand)]
+    KeySecret(key_secret::KeySecretCommand),
 }
 
 /// Exit codes a script can rely on.
@@ -107,15 +111,10 @@ fn exit_code(e: &idemq::Error) -> u8 {
     }
 }
 
+/// Connects with the secret of `IDEMQ_KEY_SECRET`; a process whose key
+/// hashing differs from the installation's is refused here.
 async fn connect(url: &str) -> idemq::Result<Queue> {
-    let options = QueueOptions {
-        key_secret: std::env::var("IDEMQ_KEY_SECRET")
-            .ok()
-            .filter(|s| !s.is_empty())
-            .map(String::into_bytes),
-        ..QueueOptions::default()
-    };
-    Queue::connect_with(url, options).await
+    Queue::connect(url).await
 }
 
 async fn run(cli: Cli) -> Result<(), CliError> {
@@ -177,13 +176,16 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     if let Command::Bench(args) = cli.command {
         return bench::run(*args, &cli.database, cli.json).await;
     }
+    if let Command::KeySecret(cmd) = cli.command {
+        return key_secret::run(&cli.database, cmd, cli.json).await;
+    }
     if let Command::Serve(args) = &cli.command {
         // Before connecting: a refused address must not create a database.
         return serve::run(&cli.database, (**args).clone(), cli.json).await;
     }
     let queue = connect(&cli.database).await?;
     match cli.command {
-        Command::Migrate(_) | Command::Bench(_) => Ok(()),
+        Command::Migrate(_) | Command::Bench(_) | Command::KeySecret(_) => Ok(()),
         Command::Enqueue(args) => enqueue::run(&queue, *args, cli.json).await,
         Command::Jobs(cmd) => jobs::run(&queue, cmd, cli.json).await,
         Command::Serve(_) => Ok(()),

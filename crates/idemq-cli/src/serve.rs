@@ -20,6 +20,16 @@ pub struct ServeArgs {
     /// (`Authorization: Bearer <token>`). Prefer the environment variable.
     #[arg(long, env = "IDEMQ_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// Without a token, also answer requests whose `Host` is this name
+    /// (repeatable; comma-separated in the environment). Loopback names
+    /// are always answered; any other `Host` gets 403 forbidden-host.
+    #[arg(
+        long = "allowed-host",
+        env = "IDEMQ_ALLOWED_HOSTS",
+        value_delimiter = ',',
+        value_name = "HOST"
+    )]
+    allowed_hosts: Vec<String>,
     /// Also run jobs in this process with a shell command (see `idemq worker --help`).
     #[arg(long, value_name = "CMD")]
     exec: Option<String>,
@@ -136,7 +146,10 @@ pub async fn run(database: &str, args: ServeArgs, json: bool) -> Result<(), CliE
     let mut server = tokio::spawn(idemq_server::serve(
         listener,
         queue,
-        idemq_server::ServerOptions { token },
+        idemq_server::ServerOptions {
+            token,
+            allowed_hosts: args.allowed_hosts.clone(),
+        },
         stopped(stop_rx.clone()),
     ));
     let early = tokio::select! {

@@ -106,7 +106,7 @@ fn healthy(port: u16) -> bool {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         .is_err()
     {
         return false;

@@ -21,6 +21,12 @@ pub struct ServerOptions {
     /// With a token, every request but `GET /healthz` needs
     /// `Authorization: Bearer <token>` (or the dashboard's cookie).
     pub token: Option<String>,
+    /// Without a token, the `Host` names besides the loopback ones
+    /// (`127.0.0.1`, `[::1]`, `localhost`) the server answers; any other
+    /// `Host` gets `403 forbidden-host`, so a web page cannot reach an open
+    /// local server through DNS rebinding. A name without a port matches any
+    /// port. Ignored with a token.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -28,6 +34,7 @@ impl std::fmt::Debug for ServerOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerOptions")
             .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("allowed_hosts", &self.allowed_hosts)
             .finish()
     }
 }
@@ -49,8 +56,11 @@ pub fn router(queue: Queue, options: ServerOptions) -> Router {
         .merge(api::routes(state.clone()))
         .merge(dashboard::routes(state.clone()))
         .fallback(api::not_found);
-    // The token guards everything (API, dashboard, unknown routes) but /healthz.
-    api::auth::protect(router, state)
+    // The token guards everything (API, dashboard, unknown routes) but /healthz;
+    // without one, the Host check guards everything.
+    api::auth::protect(router, state).layer(axum::middleware::map_response(
+        api::problem::method_not_allowed,
+    ))
 }
 
 /// Serves [`router`] on `listener` until `shutdown` resolves, then finishes

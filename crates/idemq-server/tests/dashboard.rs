@@ -68,6 +68,7 @@ async fn start(token: Option<&str>) -> Server {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let options = ServerOptions {
         token: token.map(str::to_owned),
+        ..Default::default()
     };
     tokio::spawn(serve(listener, queue.clone(), options, async move {
         let _ = rx.await;

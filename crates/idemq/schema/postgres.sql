@@ -1214,6 +1214,14 @@ CREATE TABLE idemq.idempotency (
     expires_at timestamp with time zone NOT NULL
 );
 
+CREATE TABLE idemq.installation (
+    id boolean DEFAULT true NOT NULL,
+    key_check text NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT installation_id_check CHECK (id)
+);
+
 CREATE TABLE idemq.queues (
     name text NOT NULL,
     paused boolean DEFAULT false NOT NULL,
@@ -1274,6 +1282,9 @@ ALTER TABLE ONLY idemq.events
 
 ALTER TABLE ONLY idemq.idempotency
     ADD CONSTRAINT idempotency_pkey PRIMARY KEY (scope, key_hash);
+
+ALTER TABLE ONLY idemq.installation
+    ADD CONSTRAINT installation_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY idemq.jobs
     ADD CONSTRAINT jobs_id_key UNIQUE (id);

@@ -107,6 +107,21 @@ pub enum Error {
         /// What happened.
         message: String,
     },
+    /// The store records another key hashing than this process's: another
+    /// `IDEMQ_KEY_SECRET`, or a secret on one side only. Connecting anyway
+    /// would accept a repeated idempotency key a second time.
+    #[error(
+        "this process hashes idempotency keys {process}, but the database was set up {stored}: \
+         set IDEMQ_KEY_SECRET to the installation's secret (every process of one installation \
+         must use the same one), or change the installation's secret deliberately with \
+         `idemq key-secret reset` (docs/idempotency.md)"
+    )]
+    KeySecretMismatch {
+        /// How this process hashes (`without a secret` or `with a secret (check …)`).
+        process: String,
+        /// How the store's installation hashes.
+        stored: String,
+    },
     /// Anything else the backend reported.
     #[error("backend error: {message}")]
     Backend {

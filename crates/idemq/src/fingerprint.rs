@@ -230,6 +230,25 @@ impl KeyHasher {
         }
         out
     }
+
+    /// The check value the store records for this hashing
+    /// (docs/idempotency.md, "One key secret per installation"): `sha256`
+    /// without a secret, else `hmac-sha256:` and 16 hex digits of
+    /// HMAC-SHA-256(secret, a fixed label). It tells hashings apart without
+    /// revealing the secret.
+    pub fn check_value(&self) -> String {
+        match &self.secret {
+            None => "sha256".to_owned(),
+            Some(secret) => {
+                let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(secret)
+                    .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+                m.update(b"idemq key check v1");
+                let tag = m.finalize().into_bytes();
+                let hex: String = tag[..8].iter().map(|b| format!("{b:02x}")).collect();
+                format!("hmac-sha256:{hex}")
+            }
+        }
+    }
 }
 
 /// The first min(8, ⌊n/2⌋) characters of an n-character key, then `…`.

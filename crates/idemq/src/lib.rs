@@ -50,6 +50,7 @@ pub mod request;
 pub mod retry;
 pub mod schedule;
 pub mod store;
+pub mod wire;
 pub mod worker;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -60,11 +61,11 @@ pub use job::{
 };
 pub use queue::{
     BatchOptions, ClaimOptions, Completion, FailOptions, MAX_BATCH_BYTES, MAX_BATCH_ITEMS, Queue,
-    QueueOptions, RedriveOptions,
+    QueueOptions, RedriveOptions, key_secret_from_env,
 };
 pub use request::{DedupeMode, DedupeOptions, EnqueueRequest, IdempotencyOptions, RetryPolicy};
 pub use schedule::{Schedule, ScheduleDefinition, ScheduleSpec};
-pub use store::{BindingInfo, Explain, JobList, JobPage, MigrationStatus};
+pub use store::{BindingInfo, Explain, JobList, JobPage, KeyCheckChange, MigrationStatus};
 pub use worker::{HandlerContext, JobError, Worker};
 
 /// The PostgreSQL driver idemq uses, for [`Queue::enqueue_in`] on your own transactions.

@@ -32,7 +32,12 @@ const REDRIVE_KEY_TTL_MS: i64 = 24 * 3600 * 1000;
 /// Settings of a [`Queue`] that are not part of the database URL.
 #[derive(Clone)]
 pub struct QueueOptions {
-    /// Installation secret for HMAC-SHA-256 key hashing (`IDEMQ_KEY_SECRET`).
+    /// Installation secret for HMAC-SHA-256 key hashing. The default reads
+    /// `IDEMQ_KEY_SECRET` from the environment (unset or empty: no secret);
+    /// set it to pass a secret explicitly, or `None` for none. Every process
+    /// of one installation must hash keys alike: [`Queue::connect_with`]
+    /// refuses a process whose hashing differs from the one the store
+    /// recorded ([`Error::KeySecretMismatch`]).
     pub key_secret: Option<Vec<u8>>,
     /// Largest accepted payload, result or checkpoint value in bytes (1 MiB).
     pub payload_limit: usize,
@@ -40,10 +45,19 @@ pub struct QueueOptions {
     pub clock: Arc<dyn Clock>,
 }
 
+/// The secret `IDEMQ_KEY_SECRET` holds (unset or empty: none).
+pub fn key_secret_from_env() -> Option<Vec<u8>> {
+    std::env::var_os("IDEMQ_KEY_SECRET")
+        .filter(|s| !s.is_empty())
+        .map(|s| s.into_encoded_bytes())
+}
+
 impl Default for QueueOptions {
+    /// The default payload limit, the system clock, and the secret of
+    /// `IDEMQ_KEY_SECRET`.
     fn default() -> Self {
         Self {
-            key_secret: None,
+            key_secret: key_secret_from_env(),
             payload_limit: defaults::PAYLOAD_LIMIT,
             clock: Arc::new(SystemClock),
         }
@@ -94,6 +108,38 @@ pub struct ClaimOptions {
     pub limit: u32,
     /// The lease (100 ms – 1 h).
     pub lease: Duration,
+}
+
+impl ClaimOptions {
+    /// Checks every bound ([`bounds::MAX_CLAIM_LIMIT`], the lease range, the
+    /// worker name) without touching the store.
+    pub fn validate(&self) -> Result<()> {
+        if !(1..=bounds::MAX_CLAIM_LIMIT).contains(&self.limit) {
+            return Err(Error::validation(
+                "limit",
+                format!("must be 1–{}", bounds::MAX_CLAIM_LIMIT),
+            ));
+        }
+        if !(bounds::MIN_LEASE_MS..=bounds::MAX_LEASE_MS).contains(&ms(self.lease)) {
+            return Err(Error::validation(
+                "lease_ms",
+                format!(
+                    "must be from {} to {} ms",
+                    bounds::MIN_LEASE_MS,
+                    bounds::MAX_LEASE_MS
+                ),
+            ));
+        }
+        crate::request::check_worker_name("worker", &self.worker)?;
+        let names = self.queues.iter().chain(self.types.iter().flatten());
+        if names.into_iter().any(|n| nul(n)) {
+            return Err(Error::validation(
+                "queues",
+                "queue and type names must not contain U+0000",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for ClaimOptions {
@@ -152,6 +198,15 @@ fn nul(s: &str) -> bool {
     s.contains('\0')
 }
 
+/// How a check value hashes keys, in words for an error message.
+fn describe_hashing(check: &str) -> String {
+    match check.strip_prefix("hmac-sha256:") {
+        Some(tag) => format!("with a secret (HMAC-SHA-256, check {tag})"),
+        None if check == "sha256" => "without a secret (plain SHA-256)".to_owned(),
+        None => format!("in a way this version does not know ({check})"),
+    }
+}
+
 fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
@@ -167,6 +222,7 @@ impl Queue {
     /// Installs or upgrades the schema of the database the URL names and
     /// returns the migration versions applied. Safe to run from several
     /// processes at once. (SQLite databases are also migrated when opened.)
+    /// Records no key check: the first process that connects does.
     pub async fn migrate(url: &str) -> Result<Vec<i64>> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             let pool = sqlx::postgres::PgPoolOptions::new()
@@ -180,7 +236,7 @@ impl Queue {
             pool.close().await;
             return applied;
         }
-        Self::connect(url).await?;
+        Self::open_store(url, &QueueOptions::default()).await?;
         Ok(Vec::new())
     }
 
@@ -216,8 +272,17 @@ impl Queue {
         }
     }
 
-    /// [`connect`](Self::connect) with options.
+    /// [`connect`](Self::connect) with options. Refuses, with
+    /// [`Error::KeySecretMismatch`], a process whose key hashing differs
+    /// from the one the store recorded when the installation's first
+    /// process connected.
     pub async fn connect_with(url: &str, options: QueueOptions) -> Result<Self> {
+        let store = Self::open_store(url, &options).await?;
+        Self::open(store, options).await
+    }
+
+    /// Opens the store a URL names (no key check).
+    async fn open_store(url: &str, options: &QueueOptions) -> Result<Arc<dyn Store>> {
         let store: Arc<dyn Store> = if url == "sqlite::memory:" {
             Arc::new(SqliteStore::open(None, options.clock.clone())?)
         } else if let Some(rest) = url.strip_prefix("sqlite:") {
@@ -246,10 +311,55 @@ impl Queue {
                 "unknown database URL: use sqlite://path/to/file.db, sqlite::memory: or postgres://…",
             ));
         };
-        Ok(Self::from_store(store, options))
+        Ok(store)
     }
 
-    /// A queue over an already opened store.
+    /// A queue over an already opened store, after the key check of
+    /// [`connect_with`](Self::connect_with).
+    pub async fn open(store: Arc<dyn Store>, options: QueueOptions) -> Result<Self> {
+        let queue = Self::from_store(store, options);
+        queue.check_key_hashing().await?;
+        Ok(queue)
+    }
+
+    /// Records this queue's key hashing as the installation's when none is
+    /// recorded, and refuses it when another one is.
+    async fn check_key_hashing(&self) -> Result<()> {
+        let mine = self.hasher.check_value();
+        let stored = self
+            .store
+            .installation_key_check(KeyCheck {
+                value: mine.clone(),
+            })
+            .await?;
+        if stored == mine {
+            return Ok(());
+        }
+        Err(Error::KeySecretMismatch {
+            process: describe_hashing(&mine),
+            stored: describe_hashing(&stored),
+        })
+    }
+
+    /// Makes the hashing of `options` (its secret, by default
+    /// `IDEMQ_KEY_SECRET`) the installation's, so processes using it may
+    /// connect and others are refused. A deliberate operator action with a
+    /// cost: every live idempotency binding made with the old hashing stops
+    /// matching, so a repeat of one of those keys before it expires is
+    /// accepted as new work. Returns the previous check and that count.
+    pub async fn replace_key_secret(url: &str, options: QueueOptions) -> Result<KeyCheckChange> {
+        let store = Self::open_store(url, &options).await?;
+        let queue = Self::from_store(store, options);
+        queue
+            .store
+            .installation_key_check_replace(KeyCheck {
+                value: queue.hasher.check_value(),
+            })
+            .await
+    }
+
+    /// A queue over an already opened store, without the key check of
+    /// [`open`](Self::open) (internal plumbing and tests; prefer `open`).
     pub fn from_store(store: Arc<dyn Store>, options: QueueOptions) -> Self {
         let hasher = match options.key_secret {
             Some(s) => KeyHasher::with_secret(s),
@@ -566,8 +676,7 @@ impl Queue {
     }
 
     async fn set_paused(&self, queue: &str, paused: bool) -> Result<bool> {
-        let check = EnqueueRequest::new("x").queue(queue);
-        check.prepare(&self.hasher, self.payload_limit)?;
+        crate::request::check_queue_name("queue", queue)?;
         self.store
             .queue_pause(QueuePause {
                 queue: queue.into(),
@@ -586,10 +695,8 @@ impl Queue {
         if nul(job_id) {
             return Err(Error::job_not_found(job_id));
         }
-        if let Some(n) = options.max_attempts
-            && !(1..=1000).contains(&n)
-        {
-            return Err(Error::validation("max_attempts", "must be 1–1000"));
+        if let Some(n) = options.max_attempts {
+            crate::request::check_max_attempts("max_attempts", n)?;
         }
         let overrides = json!({
             "job_id": job_id,
@@ -630,13 +737,7 @@ impl Queue {
     }
 
     fn binding_ref(&self, scope: &str, key: &str) -> Result<BindingRef> {
-        let probe =
-            EnqueueRequest::new("x").idempotency(crate::IdempotencyOptions::new(key).scope(scope));
-        if let Err(e) = probe.prepare(&self.hasher, self.payload_limit)
-            && !matches!(&e, Error::Validation { field, .. } if field == "idempotency.scope" && scope.starts_with("idemq."))
-        {
-            return Err(e);
-        }
+        crate::request::check_scope("scope", scope)?;
         let k = prepare_key("idempotency", key, scope, 0, &self.hasher)?;
         Ok(BindingRef {
             scope: k.scope,
@@ -661,8 +762,9 @@ impl Queue {
     /// The live dedupe binding of a key (`None` also for a type or key that
     /// no request could have bound, such as one holding U+0000).
     pub async fn dedupe_lookup(&self, job_type: &str, key: &str) -> Result<Option<ExplainDedupe>> {
-        let probe = EnqueueRequest::new(job_type).dedupe(crate::request::DedupeOptions::key(key));
-        if probe.prepare(&self.hasher, self.payload_limit).is_err() {
+        let bindable = crate::request::check_job_type("type", job_type).is_ok()
+            && crate::request::check_dedupe_key("key", key).is_ok();
+        if !bindable {
             return Ok(None);
         }
         self.store
@@ -675,10 +777,8 @@ impl Queue {
 
     /// Claims up to `limit` due jobs under a lease.
     pub async fn claim(&self, options: ClaimOptions) -> Result<Vec<ClaimedJob>> {
-        if !(1..=1000).contains(&options.limit) {
-            return Err(Error::validation("limit", "must be 1–1000"));
-        }
-        self.store.job_claim(Self::claim_params(options)?).await
+        options.validate()?;
+        self.store.job_claim(Self::claim_params(options)).await
     }
 
     /// Records `completed` (as [`complete_many`](Self::complete_many)), then
@@ -693,39 +793,32 @@ impl Queue {
         completed: Vec<Completion>,
         options: ClaimOptions,
     ) -> Result<(Vec<Result<()>>, Result<Vec<ClaimedJob>>)> {
-        if options.limit > 1000 {
-            return Err(Error::validation("limit", "must be 0–1000"));
+        if options.limit == 0 {
+            // Every other bound still holds.
+            ClaimOptions {
+                limit: 1,
+                ..options.clone()
+            }
+            .validate()?;
+        } else {
+            options.validate()?;
         }
-        let items = self.completions(completed)?;
-        let claim = Self::claim_params(options)?;
-        self.store
-            .job_complete_and_claim(JobCompleteMany { items }, claim)
-            .await
+        let (slots, sent) = self.completions(completed)?;
+        let (stored, claimed) = self
+            .store
+            .job_complete_and_claim(JobCompleteMany { items: sent }, Self::claim_params(options))
+            .await?;
+        Ok((Self::completion_results(slots, stored), claimed))
     }
 
-    fn claim_params(options: ClaimOptions) -> Result<JobClaim> {
-        let lease_ms = ms(options.lease);
-        if !(100..=3_600_000).contains(&lease_ms) {
-            return Err(Error::validation("lease_ms", "must be from 100 ms to 1 h"));
-        }
-        if options.worker.is_empty() || options.worker.len() > 128 || options.worker.contains('\0')
-        {
-            return Err(Error::validation("worker", "must be 1–128 bytes"));
-        }
-        let names = options.queues.iter().chain(options.types.iter().flatten());
-        if names.into_iter().any(|n| nul(n)) {
-            return Err(Error::validation(
-                "queues",
-                "queue and type names must not contain U+0000",
-            ));
-        }
-        Ok(JobClaim {
+    fn claim_params(options: ClaimOptions) -> JobClaim {
+        JobClaim {
+            lease_ms: ms(options.lease),
             queues: options.queues,
             types: options.types,
             worker: options.worker,
             limit: options.limit,
-            lease_ms,
-        })
+        }
     }
 
     /// A lease no claim could have minted is a lost one.
@@ -777,30 +870,60 @@ impl Queue {
     /// (`LeaseLost`, nothing written for it); an `Err` of the whole call
     /// recorded nothing. A result over the payload limit fails the call.
     pub async fn complete_many(&self, items: Vec<Completion>) -> Result<Vec<Result<()>>> {
-        let items = self.completions(items)?;
-        if items.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.store
-            .job_complete_many(JobCompleteMany { items })
-            .await
+        let (slots, sent) = self.completions(items)?;
+        let stored = if sent.is_empty() {
+            Vec::new()
+        } else {
+            self.store
+                .job_complete_many(JobCompleteMany { items: sent })
+                .await?
+        };
+        Ok(Self::completion_results(slots, stored))
     }
 
-    fn completions(&self, items: Vec<Completion>) -> Result<Vec<JobComplete>> {
+    /// The completions to send, and per item the error of one that fails
+    /// alone before it is sent (a lease no claim could have minted).
+    fn completions(
+        &self,
+        items: Vec<Completion>,
+    ) -> Result<(Vec<Option<Error>>, Vec<JobComplete>)> {
         if items.len() > MAX_BATCH_ITEMS {
-            return Err(Error::validation("items", "at most 1000 items per call"));
+            return Err(Error::validation(
+                "items",
+                format!("at most {MAX_BATCH_ITEMS} items per call"),
+            ));
         }
-        items
+        let mut slots: Vec<Option<Error>> = Vec::with_capacity(items.len());
+        let mut sent = Vec::with_capacity(items.len());
+        for c in items {
+            if let Err(e) = Self::lease_text(&c.job_id, &c.lease_token) {
+                slots.push(Some(e));
+                continue;
+            }
+            sent.push(JobComplete {
+                lease: Self::lease(&c.job_id, &c.lease_token),
+                result: c
+                    .result
+                    .map(|v| encode_json("result", &v, self.payload_limit))
+                    .transpose()?,
+            });
+            slots.push(None);
+        }
+        Ok((slots, sent))
+    }
+
+    /// One result per item, in order: the early failures and the store's answers.
+    fn completion_results(slots: Vec<Option<Error>>, stored: Vec<Result<()>>) -> Vec<Result<()>> {
+        let mut stored = stored.into_iter();
+        slots
             .into_iter()
-            .map(|c| {
-                Self::lease_text(&c.job_id, &c.lease_token)?;
-                Ok(JobComplete {
-                    lease: Self::lease(&c.job_id, &c.lease_token),
-                    result: c
-                        .result
-                        .map(|v| encode_json("result", &v, self.payload_limit))
-                        .transpose()?,
-                })
+            .map(|slot| match slot {
+                Some(e) => Err(e),
+                None => stored.next().unwrap_or_else(|| {
+                    Err(Error::Backend {
+                        message: "the store answered fewer completions than it was sent".into(),
+                    })
+                }),
             })
             .collect()
     }

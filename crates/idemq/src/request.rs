@@ -51,6 +51,30 @@ pub mod bounds {
     pub const MAX_TIMEOUT_MS: i64 = 24 * 3600 * 1000;
     /// Most tags on a job.
     pub const MAX_TAGS: usize = 16;
+    /// Longest job type in bytes.
+    pub const MAX_TYPE_BYTES: usize = 128;
+    /// Longest queue name in bytes.
+    pub const MAX_QUEUE_BYTES: usize = 64;
+    /// Longest explicit job id in bytes.
+    pub const MAX_JOB_ID_BYTES: usize = 128;
+    /// Longest idempotency key, dedupe key, concurrency key and checkpoint name in bytes.
+    pub const MAX_KEY_BYTES: usize = 255;
+    /// Longest idempotency scope in bytes.
+    pub const MAX_SCOPE_BYTES: usize = 64;
+    /// Longest tag in bytes.
+    pub const MAX_TAG_BYTES: usize = 64;
+    /// Longest worker name in bytes.
+    pub const MAX_WORKER_BYTES: usize = 128;
+    /// Most jobs one claim hands out.
+    pub const MAX_CLAIM_LIMIT: u32 = 1000;
+    /// Shortest lease (100 ms).
+    pub const MIN_LEASE_MS: i64 = 100;
+    /// Longest lease (1 h).
+    pub const MAX_LEASE_MS: i64 = 3600 * 1000;
+    /// Most attempts of a job.
+    pub const MAX_ATTEMPTS: i64 = 1000;
+    /// Shortest idempotency retention (1 s).
+    pub const MIN_IDEMPOTENCY_TTL_MS: i64 = 1000;
 }
 
 /// The backoff between failed attempts.
@@ -61,16 +85,16 @@ pub enum RetryPolicy {
     /// drawn uniformly from `[0, that]`.
     Exponential {
         /// First delay in milliseconds.
-        #[serde(default = "d_initial")]
+        #[serde(default = "d_initial", deserialize_with = "null_initial")]
         initial_ms: i64,
         /// Growth factor (≥ 1).
-        #[serde(default = "d_factor")]
+        #[serde(default = "d_factor", deserialize_with = "null_factor")]
         factor: f64,
         /// Largest delay in milliseconds.
-        #[serde(default = "d_max")]
+        #[serde(default = "d_max", deserialize_with = "null_max")]
         max_ms: i64,
         /// Full jitter.
-        #[serde(default = "d_jitter")]
+        #[serde(default = "d_jitter", deserialize_with = "null_jitter")]
         jitter: bool,
     },
     /// The same delay after every failure.
@@ -94,6 +118,21 @@ fn d_max() -> i64 {
 fn d_jitter() -> bool {
     true
 }
+
+/// `null` for an exponential policy's member is its default, as when omitted.
+macro_rules! null_is {
+    ($($name:ident: $ty:ty = $default:ident),* $(,)?) => {$(
+        fn $name<'de, D: Deserializer<'de>>(d: D) -> Result<$ty, D::Error> {
+            Ok(Option::<$ty>::deserialize(d)?.unwrap_or_else($default))
+        }
+    )*};
+}
+null_is!(
+    null_initial: i64 = d_initial,
+    null_factor: f64 = d_factor,
+    null_max: i64 = d_max,
+    null_jitter: bool = d_jitter,
+);
 
 impl Default for RetryPolicy {
     fn default() -> Self {
@@ -162,25 +201,35 @@ impl<'de> Deserialize<'de> for DedupeOptions {
             #[serde(default)]
             max_wait_ms: Option<i64>,
         }
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Form {
-            Key(String),
-            Full(Full),
+        // A string or an object, told apart by the visitor rather than an
+        // untagged enum, so an error inside the object names its member.
+        struct Form;
+        impl<'de> serde::de::Visitor<'de> for Form {
+            type Value = DedupeOptions;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a dedupe key (string) or an object {key, ttl_ms, extend, replace, max_wait_ms}")
+            }
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<DedupeOptions, E> {
+                Ok(DedupeOptions {
+                    key: key.to_owned(),
+                    ..DedupeOptions::default()
+                })
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<DedupeOptions, A::Error> {
+                let f = Full::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(DedupeOptions {
+                    key: f.key,
+                    ttl_ms: f.ttl_ms,
+                    extend: f.extend.unwrap_or(false),
+                    replace: f.replace.unwrap_or(false),
+                    max_wait_ms: f.max_wait_ms,
+                })
+            }
         }
-        Ok(match Form::deserialize(d)? {
-            Form::Key(key) => Self {
-                key,
-                ..Self::default()
-            },
-            Form::Full(f) => Self {
-                key: f.key,
-                ttl_ms: f.ttl_ms,
-                extend: f.extend.unwrap_or(false),
-                replace: f.replace.unwrap_or(false),
-                max_wait_ms: f.max_wait_ms,
-            },
-        })
+        d.deserialize_any(Form)
     }
 }
 
@@ -260,7 +309,7 @@ pub struct EnqueueRequest {
     #[serde(default)]
     pub concurrency_key: Option<String>,
     /// Labels for operators (≤ 16 distinct, 1–64 bytes each).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::null_as_default")]
     pub tags: Vec<String>,
     /// Retention after the job turns terminal, in milliseconds.
     #[serde(default)]
@@ -495,6 +544,33 @@ pub struct PreparedEnqueue {
     pub fingerprint: Fingerprint,
 }
 
+/// A job type: 1–[`bounds::MAX_TYPE_BYTES`] bytes of `[A-Za-z0-9._:-]`.
+pub fn check_job_type(field: &str, v: &str) -> Result<()> {
+    check_name(field, v, bounds::MAX_TYPE_BYTES, "")
+}
+
+/// A queue name: 1–[`bounds::MAX_QUEUE_BYTES`] bytes of `[A-Za-z0-9._:-]`.
+pub fn check_queue_name(field: &str, v: &str) -> Result<()> {
+    check_name(field, v, bounds::MAX_QUEUE_BYTES, "")
+}
+
+/// An idempotency scope as a lookup names it: 1–[`bounds::MAX_SCOPE_BYTES`]
+/// bytes of `[A-Za-z0-9._:-]` (the reserved `idemq.` scopes included; only
+/// enqueue refuses them).
+pub fn check_scope(field: &str, v: &str) -> Result<()> {
+    check_name(field, v, bounds::MAX_SCOPE_BYTES, "")
+}
+
+/// A dedupe key: 1–[`bounds::MAX_KEY_BYTES`] bytes, no U+0000.
+pub fn check_dedupe_key(field: &str, v: &str) -> Result<()> {
+    check_text(field, v, bounds::MAX_KEY_BYTES)
+}
+
+/// A worker name: 1–[`bounds::MAX_WORKER_BYTES`] bytes, no U+0000.
+pub fn check_worker_name(field: &str, v: &str) -> Result<()> {
+    check_text(field, v, bounds::MAX_WORKER_BYTES)
+}
+
 fn check_name(field: &str, v: &str, max: usize, extra: &str) -> Result<()> {
     let ok_len = !v.is_empty() && v.len() <= max;
     let ok_chars = v.bytes().all(|b| {
@@ -516,6 +592,17 @@ fn check_text(field: &str, v: &str, max: usize) -> Result<()> {
     }
     if v.contains('\0') {
         return Err(Error::validation(field, "must not contain U+0000"));
+    }
+    Ok(())
+}
+
+/// An attempt budget: 1–[`bounds::MAX_ATTEMPTS`].
+pub fn check_max_attempts(field: &str, n: i64) -> Result<()> {
+    if !(1..=bounds::MAX_ATTEMPTS).contains(&n) {
+        return Err(Error::validation(
+            field,
+            format!("must be 1–{}", bounds::MAX_ATTEMPTS),
+        ));
     }
     Ok(())
 }
@@ -593,7 +680,7 @@ fn validate_retry(p: &RetryPolicy) -> Result<()> {
 }
 
 fn prepare_dedupe(d: &DedupeOptions) -> Result<PreparedDedupe> {
-    check_text("dedupe.key", &d.key, 255)?;
+    check_dedupe_key("dedupe.key", &d.key)?;
     let window = "from 1 ms to 30 days";
     if let Some(t) = d.ttl_ms {
         check_ms("dedupe.ttl_ms", t, 1, bounds::THIRTY_DAYS_MS, window)?;
@@ -646,10 +733,10 @@ pub(crate) fn prepare_key(
     ttl_ms: i64,
     hasher: &KeyHasher,
 ) -> Result<PreparedKey> {
-    if key.is_empty() || key.len() > 255 {
+    if key.is_empty() || key.len() > bounds::MAX_KEY_BYTES {
         return Err(Error::validation(
             format!("{field}.key"),
-            "must be 1–255 bytes of UTF-8",
+            format!("must be 1–{} bytes of UTF-8", bounds::MAX_KEY_BYTES),
         ));
     }
     // Its preview is stored as text, which PostgreSQL cannot hold with U+0000.
@@ -673,12 +760,12 @@ impl EnqueueRequest {
     /// against the clock (a deadline in the future) are left to the store,
     /// which applies them only when the request would create or replace a job.
     pub fn prepare(&self, hasher: &KeyHasher, payload_limit: usize) -> Result<PreparedEnqueue> {
-        check_name("type", &self.job_type, 128, "")?;
+        check_job_type("type", &self.job_type)?;
         let payload = encode_json("payload", &self.payload, payload_limit)?;
         let queue = self.queue.as_deref().unwrap_or(defaults::QUEUE);
-        check_name("queue", queue, 64, "")?;
+        check_queue_name("queue", queue)?;
         if let Some(id) = &self.job_id {
-            check_name("job_id", id, 128, "~")?;
+            check_name("job_id", id, bounds::MAX_JOB_ID_BYTES, "~")?;
         }
         let priority = match self.priority {
             None => 0,
@@ -701,9 +788,7 @@ impl EnqueueRequest {
             )?;
         }
         let max_attempts = self.max_attempts.unwrap_or(defaults::MAX_ATTEMPTS);
-        if !(1..=1000).contains(&max_attempts) {
-            return Err(Error::validation("max_attempts", "must be 1–1000"));
-        }
+        check_max_attempts("max_attempts", max_attempts)?;
         let retry = self.retry.clone().unwrap_or_default();
         validate_retry(&retry)?;
         let timeout_ms = self.timeout_ms.unwrap_or(defaults::TIMEOUT_MS);
@@ -720,16 +805,19 @@ impl EnqueueRequest {
             return Err(Error::validation("run_at", "must be before the deadline"));
         }
         if let Some(k) = &self.concurrency_key {
-            check_text("concurrency_key", k, 255)?;
+            check_text("concurrency_key", k, bounds::MAX_KEY_BYTES)?;
         }
         let mut tags = self.tags.clone();
         tags.sort();
         tags.dedup();
         if tags.len() > bounds::MAX_TAGS {
-            return Err(Error::validation("tags", "at most 16 distinct tags"));
+            return Err(Error::validation(
+                "tags",
+                format!("at most {} distinct tags", bounds::MAX_TAGS),
+            ));
         }
         for t in &tags {
-            check_text("tags", t, 64)?;
+            check_text("tags", t, bounds::MAX_TAG_BYTES)?;
         }
         if let Some(k) = self.keep_ms {
             check_ms(
@@ -744,7 +832,7 @@ impl EnqueueRequest {
             None => None,
             Some(o) => {
                 let scope = o.scope.as_deref().unwrap_or(defaults::SCOPE);
-                check_name("idempotency.scope", scope, 64, "")?;
+                check_scope("idempotency.scope", scope)?;
                 if scope.starts_with("idemq.") {
                     return Err(Error::validation(
                         "idempotency.scope",
@@ -756,7 +844,7 @@ impl EnqueueRequest {
                 check_ms(
                     "idempotency.ttl_ms",
                     ttl,
-                    1000,
+                    bounds::MIN_IDEMPOTENCY_TTL_MS,
                     bounds::THIRTY_DAYS_MS,
                     bound,
                 )?;

@@ -328,7 +328,7 @@ pub struct ScheduleDefinition {
     /// key, `job_id`, `run_at` or `deadline` (use `delay_ms`).
     pub job: EnqueueRequest,
     /// A paused schedule does not fire.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::null_as_default")]
     pub paused: bool,
 }
 

@@ -36,7 +36,19 @@ pub(crate) async fn require_token(
     next: Next,
 ) -> Response {
     let Some(token) = state.options.token.as_deref() else {
-        return next.run(req).await;
+        if req.extensions().get::<Authenticated>().is_some()
+            || host_allowed(req.headers(), &state.options.allowed_hosts)
+        {
+            req.extensions_mut().insert(Authenticated);
+            return next.run(req).await;
+        }
+        return Problem::new(
+            "forbidden-host",
+            "this server has no token, so it answers only requests whose Host is a loopback \
+             name (127.0.0.1, [::1], localhost) or a host given with --allowed-host \
+             (IDEMQ_ALLOWED_HOSTS)",
+        )
+        .into_response();
     };
     let path = req.uri().path();
     // The dashboard's login form and its assets are reachable before the
@@ -61,6 +73,47 @@ pub(crate) async fn require_token(
         "this server needs a token: send Authorization: Bearer <token>",
     )
     .into_response()
+}
+
+/// True when the `Host` header names a loopback address or an allowed host.
+/// A request without one (HTTP/1.0) cannot be told from a rebound name and
+/// is refused.
+fn host_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let host = host.trim().to_ascii_lowercase();
+    let name = split_port(&host);
+    if is_loopback(name) {
+        return true;
+    }
+    allowed.iter().any(|a| {
+        let a = a.trim().to_ascii_lowercase();
+        a == host || (split_port(&a) == a && a == name)
+    })
+}
+
+/// The host part of `host[:port]` (brackets of an IPv6 literal kept).
+fn split_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return match host.find(']') {
+            Some(i) => &host[..=i],
+            None => host,
+        };
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+/// `localhost`, `[::1]` or an address of 127.0.0.0/8.
+fn is_loopback(name: &str) -> bool {
+    name == "localhost"
+        || name == "[::1]"
+        || name
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// True for a browser navigation (`Accept: text/html…`).
@@ -104,6 +157,40 @@ fn equal(presented: &[u8], token: &str) -> bool {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
+
+    #[test]
+    fn loopback_and_allowed_hosts() {
+        let host = |v: &'static str, allowed: &[&str]| {
+            let mut h = HeaderMap::new();
+            h.insert(header::HOST, HeaderValue::from_static(v));
+            let allowed: Vec<String> = allowed.iter().map(|a| a.to_string()).collect();
+            host_allowed(&h, &allowed)
+        };
+        for ok in [
+            "127.0.0.1:8080",
+            "127.0.0.1",
+            "localhost:1",
+            "LOCALHOST",
+            "[::1]:9",
+            "127.1.2.3",
+        ] {
+            assert!(host(ok, &[]), "{ok}");
+        }
+        for bad in [
+            "evil.example:8080",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io",
+            "[::2]:1",
+            "0.0.0.0",
+        ] {
+            assert!(!host(bad, &[]), "{bad}");
+        }
+        assert!(host("queue.internal:8080", &["queue.internal"]));
+        assert!(host("queue.internal:8080", &["Queue.Internal:8080"]));
+        assert!(!host("queue.internal:9090", &["queue.internal:8080"]));
+        assert!(!HeaderMap::new().contains_key(header::HOST));
+        assert!(!host_allowed(&HeaderMap::new(), &[]));
+    }
 
     #[test]
     fn finds_bearer_and_cookie() {

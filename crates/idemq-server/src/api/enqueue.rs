@@ -20,7 +20,7 @@ use super::schema::{BatchDoc, BatchResultsDoc, EnqueueDoc, EnqueuedDoc, ExplainD
 #[serde(deny_unknown_fields)]
 pub(crate) struct BatchBody {
     jobs: Vec<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "idemq::wire::null_as_default")]
     atomic: bool,
 }
 

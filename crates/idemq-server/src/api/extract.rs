@@ -22,6 +22,9 @@ pub(crate) const BODY_OVERHEAD: usize = 64 * 1024;
 /// The body limit of `POST /v1/jobs/batch` (16 MiB of payloads plus room for the rest).
 pub(crate) const BATCH_BODY_LIMIT: usize = idemq::MAX_BATCH_BYTES + BODY_OVERHEAD;
 
+/// The paths whose body may hold many payloads or results.
+pub(crate) const BATCH_PATHS: &[&str] = &["/v1/jobs/batch", "/v1/jobs/complete", "/v1/claim"];
+
 /// A JSON object body, deserialized into `T`.
 pub(crate) struct Json<T>(pub(crate) T);
 
@@ -38,27 +41,36 @@ pub(crate) struct Query<T>(pub(crate) T);
 /// Path parameters deserialized into `T`.
 pub(crate) struct Path<T>(pub(crate) T);
 
-/// Refuses a declared content type other than JSON (a missing one is accepted).
-fn check_content_type(headers: &HeaderMap) -> Result<(), Problem> {
-    match headers.get(header::CONTENT_TYPE) {
-        None => Ok(()),
-        Some(v) => {
-            let v = v.to_str().unwrap_or("").to_ascii_lowercase();
-            let essence = v.split(';').next().unwrap_or("").trim();
-            if essence == "application/json" || essence.ends_with("+json") {
-                Ok(())
-            } else {
-                Err(Problem::bad_request(
-                    "the body must be JSON (Content-Type: application/json)",
-                ))
-            }
-        }
+/// How to send a JSON body, for the `detail` of a refused one.
+const SEND_JSON: &str = "the body must be JSON sent with Content-Type: application/json \
+     (with curl: --json '{...}', or -H 'Content-Type: application/json' -d '{...}')";
+
+/// Refuses a body whose content type is not JSON. A missing type is refused
+/// too: a page on another site can send a body without one and without a
+/// CORS preflight, which is exactly what this check keeps out.
+fn check_content_type(headers: &HeaderMap, bytes: &[u8]) -> Result<(), Problem> {
+    let essence = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).to_ascii_lowercase());
+    let essence = essence
+        .as_deref()
+        .map(|v| v.split(';').next().unwrap_or("").trim());
+    match essence {
+        Some(e) if e == "application/json" || e.ends_with("+json") => Ok(()),
+        // Nothing to read: the operations whose body is optional accept none.
+        None if is_blank(bytes) => Ok(()),
+        Some(other) => Err(Problem::bad_request(format!(
+            "{SEND_JSON}; this request declared Content-Type {other}"
+        ))),
+        None => Err(Problem::bad_request(format!(
+            "{SEND_JSON}; this request declared no Content-Type"
+        ))),
     }
 }
 
 async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Problem> {
-    check_content_type(req.headers())?;
-    Bytes::from_request(req, state).await.map_err(|rejection| {
+    let headers = req.headers().clone();
+    let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
         if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             Problem::new(
                 "payload-too-large",
@@ -68,7 +80,9 @@ async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Pro
         } else {
             Problem::bad_request("the request body could not be read")
         }
-    })
+    })?;
+    check_content_type(&headers, &bytes)?;
+    Ok(bytes)
 }
 
 /// True when the body is only whitespace.
@@ -85,10 +99,14 @@ fn check_object(bytes: &[u8]) -> Result<(), Problem> {
     }
 }
 
-/// Parses a JSON object body into `T` (400 `bad-request` on any failure).
+/// Parses a JSON object body into `T` (400 `bad-request` on any failure,
+/// naming the member at fault by its dotted path).
 pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     check_object(bytes)?;
-    serde_json::from_slice(bytes).map_err(Problem::bad_request)
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(body_error)?;
+    de.end().map_err(Problem::bad_request)?;
+    Ok(value)
 }
 
 /// Deserializes an already parsed JSON value into `T` (400 on failure).
@@ -96,7 +114,50 @@ pub(crate) fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, Problem
     if !value.is_object() {
         return Err(Problem::bad_request("the request must be a JSON object"));
     }
-    serde_json::from_value(value).map_err(Problem::bad_request)
+    serde_path_to_error::deserialize(value).map_err(body_error)
+}
+
+/// A parse error as a problem whose `detail` and `field` name the member by
+/// its dotted path (`dedupe.mode`), never the parser's internal types.
+fn body_error<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> Problem {
+    let mut path: Vec<String> = e
+        .path()
+        .iter()
+        .filter_map(|seg| match seg {
+            serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+            serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+            serde_path_to_error::Segment::Enum { variant } => Some(variant.clone()),
+            serde_path_to_error::Segment::Unknown => None,
+        })
+        .collect();
+    let message = e.inner().to_string();
+    // serde names the member itself in these two messages: "unknown field
+    // `x`, expected …" and "missing field `x`".
+    let named = |prefix: &str| {
+        let rest = message.strip_prefix(prefix)?;
+        Some(rest.split('`').next().unwrap_or("").to_owned())
+    };
+    let (what, member) = if let Some(m) = named("unknown field `") {
+        ("unknown member", Some(m))
+    } else if let Some(m) = named("missing field `") {
+        ("missing member", Some(m))
+    } else {
+        ("invalid member", None)
+    };
+    if let Some(m) = member
+        && path.last() != Some(&m)
+    {
+        path.push(m);
+    }
+    let field = path.join(".");
+    if field.is_empty() {
+        return Problem::bad_request(message);
+    }
+    let detail = match what {
+        "invalid member" => format!("{what} `{field}`: {message}"),
+        _ => format!("{what} `{field}`"),
+    };
+    Problem::bad_request(detail).with("field", field)
 }
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
@@ -210,7 +271,7 @@ pub(crate) async fn limit_declared_length(
     next: Next,
 ) -> Response {
     let (general, batch) = limits;
-    let limit = if req.uri().path() == "/v1/jobs/batch" {
+    let limit = if BATCH_PATHS.contains(&req.uri().path()) {
         batch
     } else {
         general

@@ -262,7 +262,7 @@ pub(crate) struct RedriveBody {
     #[serde(default)]
     run_at: Option<DateTime<Utc>>,
     /// Drop the stored checkpoints.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "idemq::wire::null_as_default")]
     reset_checkpoints: bool,
 }
 
@@ -339,7 +339,7 @@ pub(crate) struct BulkBody {
     /// What to do to each matching job.
     action: BulkAction,
     /// Which jobs (every job when omitted).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "idemq::wire::null_as_default")]
     filter: BulkFilter,
     /// At most this many jobs (1–10,000; 1,000 when omitted).
     #[serde(default)]

@@ -58,6 +58,10 @@ pub(crate) fn routes(state: AppState) -> Router {
         )
         .route("/v1/jobs/explain", post(enqueue::explain))
         .route("/v1/jobs/bulk", post(jobs::bulk))
+        .route(
+            "/v1/jobs/complete",
+            post(worker::complete_many).layer(DefaultBodyLimit::max(extract::BATCH_BODY_LIMIT)),
+        )
         // Jobs.
         .route("/v1/jobs/{id}", get(jobs::get_job))
         .route("/v1/jobs/{id}/events", get(jobs::events))
@@ -77,7 +81,10 @@ pub(crate) fn routes(state: AppState) -> Router {
         .route("/v1/queues/{name}/pause", post(keys::pause))
         .route("/v1/queues/{name}/resume", post(keys::resume))
         // Worker protocol.
-        .route("/v1/claim", post(worker::claim))
+        .route(
+            "/v1/claim",
+            post(worker::claim).layer(DefaultBodyLimit::max(extract::BATCH_BODY_LIMIT)),
+        )
         .route("/v1/jobs/{id}/heartbeat", post(worker::heartbeat))
         .route("/v1/jobs/{id}/complete", post(worker::complete))
         .route("/v1/jobs/{id}/fail", post(worker::fail))

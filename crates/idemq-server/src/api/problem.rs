@@ -60,6 +60,22 @@ pub(crate) const TYPES: &[(&str, u16, &str, &str)] = &[
         "This server needs a token: send `Authorization: Bearer <token>`.",
     ),
     (
+        "forbidden-host",
+        403,
+        "Forbidden host",
+        "This server has no token, so it answers only requests whose `Host` header is a \
+         loopback name (`127.0.0.1`, `[::1]`, `localhost`) or a host given with \
+         `--allowed-host` (`IDEMQ_ALLOWED_HOSTS`). This keeps a web page from reaching an \
+         open local server through DNS rebinding.",
+    ),
+    (
+        "method-not-allowed",
+        405,
+        "Method not allowed",
+        "The path exists but does not serve this method; the `Allow` header lists the \
+         methods it serves.",
+    ),
+    (
         "payload-too-large",
         413,
         "Payload too large",
@@ -312,6 +328,21 @@ fn html_escape(s: &str) -> String {
         }
     }
     out
+}
+
+/// Turns the router's bare 405 (a known path, another method) into a
+/// `method-not-allowed` problem, keeping its `Allow` header.
+pub(crate) async fn method_not_allowed(response: Response) -> Response {
+    if response.status() != StatusCode::METHOD_NOT_ALLOWED {
+        return response;
+    }
+    let allow = response.headers().get(header::ALLOW).cloned();
+    let detail = "this path does not serve this method; the Allow header lists those it serves";
+    let mut problem = Problem::new("method-not-allowed", detail).into_response();
+    if let Some(allow) = allow {
+        problem.headers_mut().insert(header::ALLOW, allow);
+    }
+    problem
 }
 
 /// The 404 of every unknown route.

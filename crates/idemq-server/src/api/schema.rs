@@ -455,6 +455,30 @@ pub(crate) struct ClaimedJobDoc {
 #[schema(as = Claimed)]
 pub(crate) struct ClaimedDoc {
     jobs: Vec<ClaimedJobDoc>,
+    /// With a `complete` member only: one result per completion, in order.
+    completed: Option<Vec<CompletionItemDoc>>,
+}
+
+/// One completion's result.
+#[derive(Serialize, ToSchema)]
+#[schema(as = CompletionItem)]
+#[serde(untagged)]
+pub(crate) enum CompletionItemDoc {
+    /// `{"state": "completed"}`.
+    Completed(StateDoc),
+    /// The item's error (`lease-lost` for a stale token).
+    Error {
+        /// The problem document.
+        error: Box<ProblemDoc>,
+    },
+}
+
+/// The answer of `POST /v1/jobs/complete`.
+#[derive(Serialize, ToSchema)]
+#[schema(as = CompletionResults)]
+pub(crate) struct CompletedDoc {
+    /// One per item, in request order.
+    results: Vec<CompletionItemDoc>,
 }
 
 /// The answer of a heartbeat.
@@ -585,6 +609,7 @@ impl Modify for BearerToken {
         super::keys::pause,
         super::keys::resume,
         super::worker::claim,
+        super::worker::complete_many,
         super::worker::heartbeat,
         super::worker::complete,
         super::worker::fail,

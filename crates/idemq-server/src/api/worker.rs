@@ -12,10 +12,10 @@ use tokio::sync::{Notify, OnceCell};
 use utoipa::ToSchema;
 
 use super::ApiState;
-use super::extract::{Json, Path};
+use super::extract::{Json, OptionalJson, Path};
 use super::jobs::MAX_WAIT_MS;
 use super::problem::{ApiResult, Problem};
-use super::schema::{ClaimedDoc, FailDoc, HeartbeatDoc, ProblemDoc, StateDoc};
+use super::schema::{ClaimedDoc, CompletedDoc, FailDoc, HeartbeatDoc, ProblemDoc, StateDoc};
 
 /// How often a long-polling claim looks again without a wake-up: wake-ups
 /// can be lost, and a scheduled job turning due sends none.
@@ -61,39 +61,116 @@ impl WakeHub {
     }
 }
 
-fn default_limit() -> u32 {
-    1
-}
-fn default_lease_ms() -> u64 {
-    30_000
-}
+/// The worker name of a claim that gives none.
+const DEFAULT_WORKER: &str = "http";
+/// Jobs per claim when `limit` is omitted.
+const DEFAULT_LIMIT: u32 = 1;
+/// The lease when `lease_ms` is omitted (30 s).
+const DEFAULT_LEASE_MS: u64 = 30_000;
 
-/// The body of `POST /v1/claim`.
-#[derive(Deserialize, ToSchema)]
+/// The body of `POST /v1/claim`. Every member is optional; `null` means omitted.
+#[derive(Deserialize, ToSchema, Default)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ClaimBody {
     /// Queues to claim from (every queue when empty, `null` or omitted).
-    #[serde(default, deserialize_with = "null_as_empty")]
-    queues: Vec<String>,
-    /// The worker's name (1–128 bytes), kept in the run ledger.
-    worker: String,
+    #[serde(default)]
+    queues: Option<Vec<String>>,
+    /// The worker's name (1–128 bytes), kept in the run ledger; `http` when omitted.
+    #[serde(default)]
+    worker: Option<String>,
     /// At most this many jobs (1–1000; 1 when omitted).
-    #[serde(default = "default_limit")]
-    limit: u32,
+    #[serde(default)]
+    limit: Option<u32>,
     /// The lease in milliseconds (100 – 3,600,000; 30,000 when omitted).
-    #[serde(default = "default_lease_ms")]
-    lease_ms: u64,
+    #[serde(default)]
+    lease_ms: Option<u64>,
     /// Job types to claim (`null`: any type).
     #[serde(default)]
     types: Option<Vec<String>>,
     /// Hold the request up to this many milliseconds (≤ 60,000) until work arrives.
     #[serde(default)]
-    wait_ms: u64,
+    wait_ms: Option<u64>,
+    /// Attempts to complete first, in the same round trip (≤ 1,000); their
+    /// results come back as `completed`.
+    #[serde(default)]
+    complete: Option<Vec<CompleteItem>>,
 }
 
-/// `null` reads as an empty list.
-fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    Ok(<Option<Vec<String>> as serde::Deserialize>::deserialize(d)?.unwrap_or_default())
+/// One attempt to complete (`POST /v1/jobs/complete`, claim's `complete`).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CompleteItem {
+    /// The job.
+    id: String,
+    /// The token the claim minted.
+    lease_token: String,
+    /// Any JSON result (≤ the payload limit), stored with the job.
+    #[serde(default)]
+    result: Option<Value>,
+}
+
+/// The body of `POST /v1/jobs/complete`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CompleteManyBody {
+    /// The attempts to complete (≤ 1,000), decided in one commit.
+    jobs: Vec<CompleteItem>,
+}
+
+/// Records `items` in one round trip and one commit: one result per item,
+/// in order (`{"state": "completed"}` or `{"error": problem}`).
+async fn complete_items(
+    s: &ApiState,
+    field: &str,
+    items: Vec<CompleteItem>,
+) -> ApiResult<Vec<Value>> {
+    if items.len() > idemq::MAX_BATCH_ITEMS {
+        return Err(Problem::validation(
+            field,
+            &format!("at most {} items per call", idemq::MAX_BATCH_ITEMS),
+        ));
+    }
+    let completions = items
+        .into_iter()
+        .map(|c| idemq::Completion {
+            job_id: c.id,
+            lease_token: c.lease_token,
+            result: c.result,
+        })
+        .collect();
+    let results = s.queue().complete_many(completions).await?;
+    Ok(results
+        .into_iter()
+        .map(|r| match r {
+            Ok(()) => {
+                s.metrics.completion();
+                serde_json::json!({ "state": "completed" })
+            }
+            Err(e) => serde_json::json!({ "error": Problem::from(e).to_json() }),
+        })
+        .collect())
+}
+
+/// Completes many attempts in one round trip and one commit; a stale lease
+/// fails only its own item (`lease-lost`).
+#[utoipa::path(
+    post,
+    path = "/v1/jobs/complete",
+    tag = "worker",
+    request_body = CompleteManyBody,
+    responses(
+        (status = 200, description = "One result per item, in request order", body = CompletedDoc),
+        (status = 400, description = "Malformed body", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 413, description = "A result is over the payload limit", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+    )
+)]
+pub(crate) async fn complete_many(
+    State(s): State<ApiState>,
+    Json(body): Json<CompleteManyBody>,
+) -> ApiResult<axum::Json<Value>> {
+    let results = complete_items(&s, "jobs", body.jobs).await?;
+    Ok(axum::Json(serde_json::json!({ "results": results })))
 }
 
 /// Claims up to `limit` due jobs under a lease, waiting up to `wait_ms` for
@@ -111,20 +188,38 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, 
 )]
 pub(crate) async fn claim(
     State(s): State<ApiState>,
-    Json(body): Json<ClaimBody>,
+    OptionalJson(body): OptionalJson<ClaimBody>,
 ) -> ApiResult<axum::Json<Value>> {
-    if body.wait_ms > MAX_WAIT_MS {
-        return Err(Problem::validation("wait_ms", "must be at most 60000"));
+    let wait_ms = body.wait_ms.unwrap_or(0);
+    if wait_ms > MAX_WAIT_MS {
+        return Err(Problem::validation(
+            "wait_ms",
+            &format!("must be at most {MAX_WAIT_MS}"),
+        ));
     }
     let options = ClaimOptions {
-        queues: body.queues,
+        queues: body.queues.unwrap_or_default(),
         types: body.types,
-        worker: body.worker,
-        limit: body.limit,
-        lease: Duration::from_millis(body.lease_ms),
+        worker: body.worker.unwrap_or_else(|| DEFAULT_WORKER.to_owned()),
+        limit: body.limit.unwrap_or(DEFAULT_LIMIT),
+        lease: Duration::from_millis(body.lease_ms.unwrap_or(DEFAULT_LEASE_MS)),
     };
-    let until = Instant::now() + Duration::from_millis(body.wait_ms);
-    let notify = if body.wait_ms > 0 {
+    options.validate()?;
+    // Completions first: a worker acknowledges what it finished while it
+    // asks for more, and the jobs it frees may be the ones it claims next.
+    let completed = match body.complete {
+        Some(items) => Some(complete_items(&s, "complete", items).await?),
+        None => None,
+    };
+    let answer = |jobs: Vec<idemq::ClaimedJob>| {
+        let mut doc = serde_json::json!({ "jobs": jobs });
+        if let Some(completed) = &completed {
+            doc["completed"] = Value::from(completed.clone());
+        }
+        axum::Json(doc)
+    };
+    let until = Instant::now() + Duration::from_millis(wait_ms);
+    let notify = if wait_ms > 0 {
         s.wakeups.get(s.queue()).await
     } else {
         None
@@ -141,7 +236,7 @@ pub(crate) async fn claim(
         s.metrics.claim(jobs.len(), started.elapsed());
         let now = Instant::now();
         if !jobs.is_empty() || now >= until {
-            return Ok(axum::Json(serde_json::json!({ "jobs": jobs })));
+            return Ok(answer(jobs));
         }
         let nap = (until - now).min(POLL_INTERVAL);
         match notified.as_mut().as_pin_mut() {
@@ -172,10 +267,6 @@ pub(crate) struct CompleteBody {
     result: Option<Value>,
 }
 
-fn default_true() -> bool {
-    true
-}
-
 /// The body of `fail`.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -184,10 +275,10 @@ pub(crate) struct FailBody {
     lease_token: String,
     /// What went wrong (kept truncated to 8 KiB).
     #[serde(default)]
-    error: String,
-    /// `false`: a permanent failure, the job goes dead at once.
-    #[serde(default = "default_true")]
-    retryable: bool,
+    error: Option<String>,
+    /// `false`: a permanent failure, the job goes dead at once (`true` when omitted).
+    #[serde(default)]
+    retryable: Option<bool>,
     /// Overrides the backoff for this retry.
     #[serde(default)]
     retry_after_ms: Option<u64>,
@@ -290,8 +381,8 @@ pub(crate) async fn fail(
     Json(body): Json<FailBody>,
 ) -> ApiResult<axum::Json<idemq::FailOutcome>> {
     let options = FailOptions {
-        error: body.error,
-        permanent: !body.retryable,
+        error: body.error.unwrap_or_default(),
+        permanent: !body.retryable.unwrap_or(true),
         retry_after: body.retry_after_ms.map(Duration::from_millis),
         snooze: body.snooze_ms.map(Duration::from_millis),
     };

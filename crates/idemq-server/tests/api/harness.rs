@@ -77,6 +77,22 @@ impl Server {
 
     /// A server, with a token if given.
     pub async fn start_with(backend: Backend, token: Option<&str>) -> Self {
+        Self::start_with_options(
+            backend,
+            idemq_server::ServerOptions {
+                token: token.map(str::to_owned),
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    /// A server with these options.
+    pub async fn start_with_options(
+        backend: Backend,
+        options: idemq_server::ServerOptions,
+    ) -> Self {
+        let token = options.token.clone();
         let (queue, pg_db, dir, db_file) = match backend {
             Backend::Sqlite => {
                 let dir = tempfile::tempdir().expect("temp dir");
@@ -97,9 +113,6 @@ impl Server {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let options = idemq_server::ServerOptions {
-            token: token.map(str::to_owned),
-        };
         let task = tokio::spawn(idemq_server::serve(
             listener,
             queue.clone(),
@@ -116,7 +129,7 @@ impl Server {
                 .expect("client"),
             queue,
 
-            token: token.map(str::to_owned),
+            token,
             shutdown: Some(tx),
             task: Some(task),
             pg_db,
@@ -211,6 +224,30 @@ impl Server {
             sock.read_to_end(&mut out),
         )
         .await;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status line: {text:?}"));
+        (status, text)
+    }
+
+    /// Sends `request` (a whole HTTP/1.1 request, `{addr}` replaced by the
+    /// server's address) over a raw socket and returns the status and the
+    /// raw response: headers such as `Host` exactly as written.
+    pub async fn raw(&self, request: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = self.base.strip_prefix("http://").expect("http");
+        let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        sock.write_all(request.replace("{addr}", addr).as_bytes())
+            .await
+            .expect("write");
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), sock.read_to_end(&mut out))
+            .await
+            .expect("the server answers")
+            .expect("read");
         let text = String::from_utf8_lossy(&out).into_owned();
         let status = text
             .split_whitespace()

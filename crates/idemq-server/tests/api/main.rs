@@ -34,6 +34,7 @@ macro_rules! instantiate {
 }
 
 mod auth;
+mod contract;
 mod enqueue;
 mod jobs;
 mod keys;

@@ -97,7 +97,10 @@ async fn claim_and_finish(b: Backend) {
     s.post("/v1/claim", json!({"worker": "w", "wait_ms": 60001}))
         .await
         .problem(422, "validation");
-    s.post("/v1/claim", json!({"limit": 1}))
+    // `worker` is optional (`http`); an unknown member is still refused.
+    let a = s.post("/v1/claim", json!({"limit": 1})).await;
+    assert_eq!(a.ok(200)["jobs"].as_array().map(Vec::len), Some(1));
+    s.post("/v1/claim", json!({"limit": 1, "workers": "w"}))
         .await
         .problem(400, "bad-request");
     s.stop().await;

@@ -464,6 +464,29 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Record a fired tick and the next fire; false when the schedule is
     /// gone, paused, retimed, or already past that tick.
     async fn schedule_mark_fired(&self, p: ScheduleMarkFired) -> Result<bool>;
+    /// Record `p.value` as the installation's key check when none is
+    /// recorded yet, and return the recorded one (the first writer wins).
+    async fn installation_key_check(&self, p: KeyCheck) -> Result<String>;
+    /// Replace the installation's key check (an operator's deliberate act)
+    /// and say what it costs.
+    async fn installation_key_check_replace(&self, p: KeyCheck) -> Result<KeyCheckChange>;
+}
+
+/// The check value of a key hashing ([`crate::fingerprint::KeyHasher::check_value`]).
+#[derive(Clone, Debug)]
+pub struct KeyCheck {
+    /// `sha256` or `hmac-sha256:<16 hex>`.
+    pub value: String,
+}
+
+/// What replacing the installation's key check did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyCheckChange {
+    /// The check recorded before (`None` on a fresh database).
+    pub previous: Option<String>,
+    /// Live idempotency bindings, made with the previous hashing, that no
+    /// request hashed the new way will match again.
+    pub live_bindings: u64,
 }
 
 /// `schedule_put`: a validated definition.

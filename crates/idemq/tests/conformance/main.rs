@@ -37,6 +37,7 @@ mod batch;
 mod dedupe;
 mod execution;
 mod idempotency;
+mod installation;
 mod operations;
 mod races;
 mod schedules;

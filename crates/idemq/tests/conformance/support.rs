@@ -165,10 +165,11 @@ impl Harness {
             clock: clock.clone(),
             ..QueueOptions::default()
         };
-        let url = format!("sqlite://{}", path.display());
-        let queue = Queue::connect_with(&url, options)
-            .await
+        // The store is opened without the key check, as on PostgreSQL, so a
+        // case sees a fresh installation (no hashing recorded yet).
+        let store = idemq::store::sqlite::SqliteStore::open(Some(&path), clock.clone())
             .expect("open sqlite");
+        let queue = Queue::from_store(Arc::new(store), options);
         Self {
             queue,
             backend: "sqlite",
@@ -278,6 +279,14 @@ impl Harness {
     }
 
     /// (jobs, events) in the whole database.
+    /// Another fresh database on the same backend as `other`.
+    pub async fn fresh_like(other: &Harness) -> Self {
+        match other.backend {
+            "postgres" => Self::postgres().await,
+            _ => Self::sqlite().await,
+        }
+    }
+
     pub async fn totals(&self) -> (usize, usize) {
         let jobs = self.jobs().await;
         let mut events = 0;

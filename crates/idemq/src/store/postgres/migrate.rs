@@ -36,6 +36,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../../../migrations/postgres/0004_complete_many.sql"),
     ),
     (
+        5,
+        "installation",
+        include_str!("../../../migrations/postgres/0005_installation.sql"),
+    ),
+    (
         6,
         "derived_history",
         include_str!("../../../migrations/postgres/0006_derived_history.sql"),

@@ -13,6 +13,7 @@
 //! clock.
 
 mod enqueue;
+mod installation;
 mod migrate;
 mod query;
 mod schedule;
@@ -579,6 +580,14 @@ impl Store for PgStore {
 
     async fn schedule_delete(&self, p: ScheduleRef) -> Result<bool> {
         schedule::delete(&self.pool, &p.name).await
+    }
+
+    async fn installation_key_check(&self, p: KeyCheck) -> Result<String> {
+        installation::key_check(&self.pool, &p.value).await
+    }
+
+    async fn installation_key_check_replace(&self, p: KeyCheck) -> Result<KeyCheckChange> {
+        installation::key_check_replace(&self.pool, &p.value).await
     }
 
     async fn schedule_list(&self) -> Result<Vec<crate::schedule::Schedule>> {

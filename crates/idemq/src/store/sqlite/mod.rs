@@ -27,6 +27,7 @@
 mod admin;
 mod enqueue;
 mod exec;
+mod installation;
 mod query;
 mod schedule;
 
@@ -65,6 +66,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "schedules",
         include_str!("../../../migrations/sqlite/0002_schedules.sql"),
+    ),
+    (
+        3,
+        "installation",
+        include_str!("../../../migrations/sqlite/0003_installation.sql"),
     ),
     (
         4,
@@ -762,6 +768,16 @@ impl Store for SqliteStore {
 
     async fn schedule_delete(&self, p: ScheduleRef) -> Result<bool> {
         self.write(move |cx| schedule::delete(cx, &p.name)).await
+    }
+
+    async fn installation_key_check(&self, p: KeyCheck) -> Result<String> {
+        self.write(move |cx| installation::key_check(cx, &p.value))
+            .await
+    }
+
+    async fn installation_key_check_replace(&self, p: KeyCheck) -> Result<KeyCheckChange> {
+        self.write(move |cx| installation::key_check_replace(cx, &p.value))
+            .await
     }
 
     async fn schedule_list(&self) -> Result<Vec<crate::schedule::Schedule>> {

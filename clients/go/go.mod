@@ -1,0 +1,3 @@
+module github.com/idemq/idemq/clients/go
+
+go 1.19

@@ -1,0 +1,550 @@
+package idemq
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os"
+	"runtime/debug"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// HandlerFunc runs one job. Return a JSON-encodable result (nil: none) to
+// complete it, or an error to fail the attempt: any error is retryable by the
+// job's policy; wrap it with Permanent, RetryAfter or return Snooze for the
+// other outcomes. ctx is cancelled when the handler must stop (see
+// ClaimedJob.StopReason). A panic is a retryable failure.
+type HandlerFunc func(ctx context.Context, job *ClaimedJob) (any, error)
+
+// JobError is an error that tells the worker how to fail the attempt.
+type JobError struct {
+	Err        error
+	Permanent  bool
+	RetryAfter *time.Duration
+	Snooze     *time.Duration
+}
+
+func (e *JobError) Error() string {
+	switch {
+	case e.Snooze != nil:
+		return fmt.Sprintf("snoozed for %v", *e.Snooze)
+	case e.Err == nil:
+		return "job failed"
+	}
+	return e.Err.Error()
+}
+
+func (e *JobError) Unwrap() error { return e.Err }
+
+// Permanent fails the job for good: it goes dead at once.
+func Permanent(err error) error { return &JobError{Err: err, Permanent: true} }
+
+// RetryAfter fails the attempt and retries it after d (unless the job's
+// policy is "none").
+func RetryAfter(err error, d time.Duration) error { return &JobError{Err: err, RetryAfter: &d} }
+
+// Snooze runs the job again after d without consuming the attempt.
+func Snooze(d time.Duration) error { return &JobError{Snooze: &d} }
+
+// WorkerOptions configure a Worker. Only Handlers is required.
+type WorkerOptions struct {
+	// Queues to claim from (nil: every queue).
+	Queues []string
+	// Handlers by job type; the worker claims only these types.
+	Handlers map[string]HandlerFunc
+	// Concurrency is how many jobs run at once (default 10).
+	Concurrency int
+	// Name is the worker's name in the run ledger (default go-<host>-<pid>).
+	Name string
+	// Lease of each claimed job (default 30s); heartbeats every Lease/3.
+	Lease time.Duration
+	// HeartbeatInterval overrides Lease/3.
+	HeartbeatInterval time.Duration
+	// PollWait is how long a claim waits for work (default 2s, at most 60s).
+	// A shutdown waits for the claim in flight, and releases what it got.
+	PollWait time.Duration
+	// ShutdownGrace is how long running handlers may go on after ctx is
+	// cancelled before they are stopped and their leases released (default 30s).
+	ShutdownGrace time.Duration
+	// CompleteBatch is the most completions sent in one round trip (default 100).
+	CompleteBatch int
+	// ErrorBackoff is the pause after a claim failed with a transient error (default 1s).
+	ErrorBackoff time.Duration
+	// OnError receives errors the worker handles itself (a failed heartbeat,
+	// claim or acknowledgement). Nil ignores them.
+	OnError func(error)
+}
+
+// WorkerStats counts what a worker did.
+type WorkerStats struct {
+	Completed int64 // attempts completed
+	Failed    int64 // attempts failed (retried, dead or snoozed)
+	Released  int64 // leases released unfinished (shutdown)
+	Lost      int64 // leases lost: the result was not recorded
+}
+
+// Worker runs handlers for claimed jobs over the worker protocol.
+type Worker struct {
+	c    *Client
+	opts WorkerOptions
+	// types is the sorted list of handled types.
+	types []string
+
+	completed, failed, released, lost int64
+
+	running   sync.WaitGroup
+	slots     chan struct{}
+	abort     chan struct{}
+	completer chan *ack
+	batchOff  int32
+}
+
+type ack struct {
+	c     Completion
+	reply chan error
+}
+
+// NewWorker returns a worker of client. Run starts it.
+func NewWorker(client *Client, opts WorkerOptions) *Worker {
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = 10
+	}
+	if opts.Lease <= 0 {
+		opts.Lease = 30 * time.Second
+	}
+	if opts.HeartbeatInterval <= 0 {
+		opts.HeartbeatInterval = opts.Lease / 3
+	}
+	if opts.PollWait <= 0 {
+		opts.PollWait = 2 * time.Second
+	}
+	if opts.PollWait > 60*time.Second {
+		opts.PollWait = 60 * time.Second
+	}
+	if opts.ShutdownGrace <= 0 {
+		opts.ShutdownGrace = 30 * time.Second
+	}
+	if opts.CompleteBatch <= 0 || opts.CompleteBatch > 1000 {
+		opts.CompleteBatch = 100
+	}
+	if opts.ErrorBackoff <= 0 {
+		opts.ErrorBackoff = time.Second
+	}
+	if opts.Name == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "host"
+		}
+		opts.Name = fmt.Sprintf("go-%s-%d", host, os.Getpid())
+		if len(opts.Name) > 128 {
+			opts.Name = opts.Name[:128]
+		}
+	}
+	w := &Worker{c: client, opts: opts}
+	for t := range opts.Handlers {
+		w.types = append(w.types, t)
+	}
+	sort.Strings(w.types)
+	return w
+}
+
+// Stats returns what the worker did so far.
+func (w *Worker) Stats() WorkerStats {
+	return WorkerStats{
+		Completed: atomic.LoadInt64(&w.completed), Failed: atomic.LoadInt64(&w.failed),
+		Released: atomic.LoadInt64(&w.released), Lost: atomic.LoadInt64(&w.lost),
+	}
+}
+
+func (w *Worker) report(err error) {
+	if err != nil && w.opts.OnError != nil {
+		w.opts.OnError(err)
+	}
+}
+
+// Run claims and runs jobs until ctx is cancelled, then shuts down
+// gracefully: it stops claiming, lets running handlers finish for up to
+// ShutdownGrace, stops the rest and releases their leases, and returns nil.
+// It returns early with an error when a claim fails for good (e.g. an
+// *UnauthorizedError or a *ValidationError), after the same shutdown.
+func (w *Worker) Run(ctx context.Context) error {
+	if len(w.types) == 0 {
+		return errors.New("idemq: a worker needs at least one handler")
+	}
+	w.slots = make(chan struct{}, w.opts.Concurrency)
+	w.abort = make(chan struct{})
+	w.completer = make(chan *ack)
+	completerDone := make(chan struct{})
+	go func() { defer close(completerDone); w.runCompleter() }()
+
+	err := w.claimLoop(ctx)
+
+	// Shutdown: running handlers get the grace period, then are stopped.
+	drained := make(chan struct{})
+	go func() { w.running.Wait(); close(drained) }()
+	grace := time.NewTimer(w.opts.ShutdownGrace)
+	select {
+	case <-drained:
+		grace.Stop()
+	case <-grace.C:
+		close(w.abort)
+		<-drained
+	}
+	close(w.completer)
+	<-completerDone
+	return err
+}
+
+func (w *Worker) claimLoop(ctx context.Context) error {
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		select {
+		case w.slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		// One slot is ours; take every other free one for this claim.
+		free := 1
+	more:
+		for free < w.opts.Concurrency {
+			select {
+			case w.slots <- struct{}{}:
+				free++
+			default:
+				break more
+			}
+		}
+		// The claim is not cancelled by ctx: a claim cut off mid-flight may
+		// have leased jobs this worker would never see. It is bounded by
+		// PollWait; what it returns during a shutdown is released.
+		sent := time.Now()
+		resp, err := w.c.Claim(context.Background(), ClaimRequest{
+			Queues: w.opts.Queues, Types: w.types, Worker: w.opts.Name, Limit: free,
+			Lease: w.opts.Lease, Wait: w.opts.PollWait,
+		})
+		if err != nil {
+			for i := 0; i < free; i++ {
+				<-w.slots
+			}
+			if b := baseOf(err); b == nil || !b.Retryable() {
+				return err
+			}
+			w.report(err)
+			pause := w.opts.ErrorBackoff/2 + time.Duration(rand.Int63n(int64(w.opts.ErrorBackoff)))
+			t := time.NewTimer(pause)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			case <-t.C:
+			}
+			continue
+		}
+		for i := len(resp.Jobs); i < free; i++ {
+			<-w.slots
+		}
+		for _, job := range resp.Jobs {
+			if ctx.Err() != nil {
+				w.releaseLease(job)
+				<-w.slots
+				continue
+			}
+			w.running.Add(1)
+			go func(job *ClaimedJob) {
+				defer func() { <-w.slots; w.running.Done() }()
+				w.runJob(job, sent)
+			}(job)
+		}
+	}
+}
+
+func (w *Worker) releaseLease(job *ClaimedJob) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := w.c.Release(ctx, job.ID, job.LeaseToken); err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			atomic.AddInt64(&w.lost, 1)
+			return
+		}
+		w.report(err)
+		return
+	}
+	atomic.AddInt64(&w.released, 1)
+}
+
+type handlerResult struct {
+	value any
+	err   error
+}
+
+// runJob runs one claimed job to its end: completed, failed, released or lost.
+// claimed is when the claim was sent: the lease is counted from then.
+func (w *Worker) runJob(job *ClaimedJob, claimed time.Time) {
+	hctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	job.mu.Lock()
+	job.cancel = cancel
+	job.lost = make(chan struct{})
+	lost := job.lost
+	job.mu.Unlock()
+
+	handler := w.opts.Handlers[job.Type]
+	done := make(chan handlerResult, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				done <- handlerResult{err: fmt.Errorf("panic: %v\n%s", p, debug.Stack())}
+			}
+		}()
+		if handler == nil {
+			done <- handlerResult{err: Permanent(fmt.Errorf("no handler for job type %q", job.Type))}
+			return
+		}
+		v, err := handler(hctx, job)
+		done <- handlerResult{v, err}
+	}()
+
+	// Local enforcement of the timeout and the deadline.
+	var timeoutC, deadlineC <-chan time.Time
+	if t := job.Timeout(); t > 0 {
+		timer := time.NewTimer(t)
+		defer timer.Stop()
+		timeoutC = timer.C
+	}
+	if job.Deadline != nil {
+		timer := time.NewTimer(time.Until(*job.Deadline))
+		defer timer.Stop()
+		deadlineC = timer.C
+	}
+	beat := newHeartbeater(w, job, claimed)
+	defer beat.stop()
+
+	for {
+		select {
+		case r := <-done:
+			w.finish(job, beat, lost, r)
+			return
+		case <-lost:
+			atomic.AddInt64(&w.lost, 1)
+			return
+		case <-timeoutC:
+			job.setStop(ErrJobTimeout)
+			w.fail(job, FailOptions{Error: fmt.Sprintf("timed out after %v", job.Timeout())})
+			return
+		case <-deadlineC:
+			job.setStop(ErrJobDeadline)
+			w.fail(job, FailOptions{Error: "the deadline passed", Permanent: true})
+			return
+		case <-w.abort:
+			job.setStop(ErrShutdown)
+			w.releaseLease(job)
+			return
+		}
+	}
+}
+
+// finish records what the handler returned.
+func (w *Worker) finish(job *ClaimedJob, beat *heartbeater, lost <-chan struct{}, r handlerResult) {
+	if errors.Is(job.StopReason(), ErrLeaseLost) {
+		atomic.AddInt64(&w.lost, 1)
+		return
+	}
+	if r.err != nil {
+		opts := FailOptions{Error: r.err.Error()}
+		var je *JobError
+		if errors.As(r.err, &je) {
+			opts.Permanent, opts.RetryAfter, opts.Snooze = je.Permanent, je.RetryAfter, je.Snooze
+		}
+		w.fail(job, opts)
+		return
+	}
+	var result json.RawMessage
+	if r.value != nil {
+		raw, err := json.Marshal(r.value)
+		if err != nil {
+			w.fail(job, FailOptions{Error: "the result cannot be encoded as JSON: " + err.Error(), Permanent: true})
+			return
+		}
+		result = raw
+	}
+	// Hand the completion to the completer; the heartbeat goes on until it
+	// is acknowledged, so the lease cannot lapse while it waits in a batch.
+	for {
+		a := &ack{c: Completion{ID: job.ID, LeaseToken: job.LeaseToken}, reply: make(chan error, 1)}
+		if result != nil {
+			a.c.Result = result
+		}
+		select {
+		case w.completer <- a:
+		case <-lost:
+			atomic.AddInt64(&w.lost, 1)
+			return
+		}
+		var err error
+		select {
+		case err = <-a.reply:
+		case <-lost:
+			atomic.AddInt64(&w.lost, 1)
+			return
+		}
+		if err == nil {
+			atomic.AddInt64(&w.completed, 1)
+			return
+		}
+		if errors.Is(err, ErrLeaseLost) {
+			atomic.AddInt64(&w.lost, 1)
+			return
+		}
+		w.report(err)
+		if b := baseOf(err); b == nil || !b.Retryable() || !beat.alive() {
+			atomic.AddInt64(&w.lost, 1)
+			return
+		}
+		select {
+		case <-time.After(w.opts.ErrorBackoff):
+		case <-lost:
+			atomic.AddInt64(&w.lost, 1)
+			return
+		}
+	}
+}
+
+func (w *Worker) fail(job *ClaimedJob, opts FailOptions) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := w.c.Fail(ctx, job.ID, job.LeaseToken, opts); err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			atomic.AddInt64(&w.lost, 1)
+			return
+		}
+		w.report(err)
+		return
+	}
+	atomic.AddInt64(&w.failed, 1)
+}
+
+// runCompleter sends completions in batches: whatever has queued up while
+// the previous batch was in flight goes in the next one.
+func (w *Worker) runCompleter() {
+	for first := range w.completer {
+		batch := []*ack{first}
+	fill:
+		for len(batch) < w.opts.CompleteBatch {
+			select {
+			case a, ok := <-w.completer:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, a)
+			default:
+				break fill
+			}
+		}
+		w.sendBatch(batch)
+	}
+}
+
+func (w *Worker) sendBatch(batch []*ack) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if atomic.LoadInt32(&w.batchOff) == 0 {
+		items := make([]Completion, len(batch))
+		for i, a := range batch {
+			items[i] = a.c
+		}
+		results, err := w.c.CompleteMany(ctx, items)
+		if err == nil {
+			for i, a := range batch {
+				a.reply <- results[i].Err
+			}
+			return
+		}
+		// A server without the batch endpoint: complete one by one from now on.
+		if !errors.Is(err, ErrMethodNotAllowed) && !errors.Is(err, ErrNotFound) {
+			for _, a := range batch {
+				a.reply <- err
+			}
+			return
+		}
+		atomic.StoreInt32(&w.batchOff, 1)
+	}
+	for _, a := range batch {
+		_, err := w.c.Complete(ctx, a.c.ID, a.c.LeaseToken, a.c.Result)
+		a.reply <- err
+	}
+}
+
+// heartbeater renews one job's lease every HeartbeatInterval.
+type heartbeater struct {
+	w      *Worker
+	job    *ClaimedJob
+	quit   chan struct{}
+	done   chan struct{}
+	mu     sync.Mutex
+	lastOK time.Time
+}
+
+func newHeartbeater(w *Worker, job *ClaimedJob, since time.Time) *heartbeater {
+	h := &heartbeater{w: w, job: job, quit: make(chan struct{}), done: make(chan struct{}), lastOK: since}
+	go h.loop()
+	return h
+}
+
+func (h *heartbeater) stop() { close(h.quit); <-h.done }
+
+// alive reports whether the lease may still be this worker's.
+func (h *heartbeater) alive() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return time.Since(h.lastOK) < h.w.opts.Lease
+}
+
+func (h *heartbeater) loop() {
+	defer close(h.done)
+	interval := h.w.opts.HeartbeatInterval
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	// The lease is measured from the last acknowledged renewal; past it, the
+	// job may belong to another worker already, so the handler is stopped.
+	expiry := time.NewTimer(h.w.opts.Lease - time.Since(h.lastOK))
+	defer expiry.Stop()
+	for {
+		select {
+		case <-h.quit:
+			return
+		case <-expiry.C:
+			h.job.setStop(ErrLeaseLost)
+			return
+		case <-tick.C:
+		}
+		sent := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), interval)
+		r, err := h.w.c.Heartbeat(ctx, h.job.ID, h.job.LeaseToken)
+		cancel()
+		if err != nil {
+			if errors.Is(err, ErrLeaseLost) {
+				h.job.setStop(ErrLeaseLost)
+				return
+			}
+			h.w.report(err)
+			continue
+		}
+		h.mu.Lock()
+		h.lastOK = sent
+		h.mu.Unlock()
+		if !expiry.Stop() {
+			<-expiry.C
+		}
+		expiry.Reset(h.w.opts.Lease - time.Since(sent))
+		if r.CancelRequested {
+			h.job.setStop(ErrJobCancelled)
+		}
+	}
+}

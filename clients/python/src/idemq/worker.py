@@ -1,0 +1,548 @@
+"""A worker for the idemq worker protocol: claim, heartbeat, complete or fail.
+
+``Worker(client, queues=[...], handlers={"type": fn}, concurrency=N).run()``
+blocks until :meth:`Worker.stop` is called (from another thread, or a signal
+handler). Each handler gets a :class:`JobContext` and returns the job's result
+(any JSON value) or raises: a plain exception is a retryable failure,
+:class:`JobFailure` says how to fail (permanent, retry after, snooze).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import inspect
+import json
+import logging
+import os
+import queue as _queue
+import socket
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+from .client import Client
+from .errors import (
+    ApiError,
+    IdemqError,
+    LeaseLostError,
+    MethodNotAllowedError,
+    NotFoundError,
+)
+from .models import ClaimedJob, CompleteItem
+
+__all__ = ["Worker", "WorkerReport", "JobContext", "JobFailure", "Handler"]
+
+log = logging.getLogger("idemq.worker")
+
+Handler = Callable[["JobContext"], Any]
+
+
+class JobFailure(Exception):
+    """Raised by a handler to fail the attempt in a chosen way.
+
+    ``JobFailure("msg")`` is retryable (the job's retry policy decides when);
+    ``JobFailure.permanent(msg)`` sends the job to ``dead`` at once;
+    ``JobFailure.retry_after(msg, ms)`` retries after ``ms``;
+    ``JobFailure.snooze(ms)`` runs the job again after ``ms`` without consuming the attempt.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool = True,
+        retry_after_ms: Optional[int] = None,
+        snooze_ms: Optional[int] = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.retry_after_ms = retry_after_ms
+        self.snooze_ms = snooze_ms
+
+    @classmethod
+    def permanent(cls, message: str) -> "JobFailure":
+        return cls(message, retryable=False)
+
+    @classmethod
+    def retry_after(cls, message: str, ms: int) -> "JobFailure":
+        return cls(message, retry_after_ms=ms)
+
+    @classmethod
+    def snooze(cls, ms: int, message: str = "snoozed") -> "JobFailure":
+        return cls(message, snooze_ms=ms)
+
+
+@dataclass
+class WorkerReport:
+    """What a worker did between ``run()`` and its return."""
+
+    completed: int = 0
+    failed: int = 0
+    released: int = 0
+    lost: int = 0
+    cancelled: int = 0
+    timed_out: int = 0
+
+
+class JobContext:
+    """A claimed job, as a handler sees it."""
+
+    def __init__(self, worker: "Worker", job: ClaimedJob) -> None:
+        self._worker = worker
+        self._client = worker.client
+        self.job = job
+        self.id = job.id
+        self.type = job.type
+        self.queue = job.queue
+        self.payload: Any = job.payload
+        self.attempt = job.attempt
+        self.max_attempts = job.max_attempts
+        self.deadline: Optional[_dt.datetime] = job.deadline
+        self.timeout_ms: Optional[int] = job.timeout_ms
+        self.tags: List[str] = list(job.tags)
+        self._stopped = threading.Event()
+        self._stop_reason: Optional[str] = None
+        self._on_stop: List[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._checkpoints: Optional[Dict[str, Any]] = None
+
+    def __repr__(self) -> str:
+        return f"JobContext(id={self.id!r}, type={self.type!r}, attempt={self.attempt})"
+
+    @property
+    def lease_token(self) -> str:
+        return self.job.lease_token
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the handler should stop: cancel requested, lease lost, timeout,
+        deadline or the worker's shutdown grace over (``stop_reason`` says which)."""
+        return self._stopped.is_set()
+
+    @property
+    def stop_reason(self) -> Optional[str]:
+        return self._stop_reason
+
+    def wait_cancelled(self, timeout: Optional[float] = None) -> bool:
+        """Sleeps up to ``timeout`` seconds, waking early when the handler should stop."""
+        return self._stopped.wait(timeout)
+
+    def _stop(self, reason: str) -> None:
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            self._stop_reason = reason
+            self._stopped.set()
+            hooks = list(self._on_stop)
+        for hook in hooks:
+            try:
+                hook()
+            except Exception:  # pragma: no cover - a hook never stops the worker
+                log.exception("stop hook failed")
+
+    def _stored(self, name: str) -> tuple[bool, Any]:
+        if self._checkpoints is None:
+            self._checkpoints = self._client.checkpoints(self.id)
+        if name in self._checkpoints:
+            return True, self._checkpoints[name]
+        return False, None
+
+    def _store(self, name: str, value: Any) -> Any:
+        if self.cancelled and self._stop_reason == "lease_lost":
+            raise LeaseLostError(f"job {self.id}: the lease was lost", status=409, problem={"job_id": self.id})
+        stored = self._client.put_checkpoint(self.id, name, self.lease_token, value)
+        if stored:
+            assert self._checkpoints is not None
+            self._checkpoints[name] = value
+            return value
+        # Another attempt stored one first: the first value wins.
+        self._checkpoints = self._client.checkpoints(self.id)
+        return self._checkpoints.get(name, value)
+
+    def checkpoint(self, name: str, fn: Callable[[], Any]) -> Any:
+        """A durable step: the first attempt that reaches it runs ``fn`` and stores its
+        JSON result; later attempts of the job get the stored value without running ``fn``."""
+        found, value = self._stored(name)
+        if found:
+            return value
+        return self._store(name, fn())
+
+    async def acheckpoint(self, name: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """:meth:`checkpoint` for an async step (in an ``async def`` handler)."""
+        found, value = self._stored(name)
+        if found:
+            return value
+        return self._store(name, await fn())
+
+
+@dataclass
+class _Outcome:
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: Optional[BaseException] = None
+
+
+@dataclass
+class _Ack:
+    job: ClaimedJob
+    result: Any
+    lease_until: float
+
+
+class Worker:
+    """Runs handlers for claimed jobs, ``concurrency`` at a time.
+
+    :param client: a sync :class:`Client`.
+    :param queues: the queues to claim from (``None``: every queue).
+    :param handlers: job type -> handler; only these types are claimed.
+    :param concurrency: jobs run at once.
+    :param lease_ms: the lease of each claim; heartbeats every ``lease_ms / 3``.
+    :param poll_wait_ms: how long one claim long-polls for work.
+    :param shutdown_grace: seconds :meth:`stop` lets running handlers finish
+        before their leases are released.
+    :param cancel_grace: seconds a handler gets to return after a cancel was requested.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        queues: Optional[Sequence[str]] = None,
+        handlers: Optional[Mapping[str, Handler]] = None,
+        concurrency: int = 4,
+        *,
+        lease_ms: int = 30_000,
+        poll_wait_ms: int = 2_000,
+        shutdown_grace: float = 30.0,
+        cancel_grace: float = 1.0,
+        name: Optional[str] = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if not handlers:
+            raise ValueError("a worker needs at least one handler")
+        self.client = client
+        self.queues = list(queues) if queues is not None else None
+        self.handlers: Dict[str, Handler] = dict(handlers)
+        self.concurrency = concurrency
+        self.lease_ms = lease_ms
+        self.poll_wait_ms = poll_wait_ms
+        self.shutdown_grace = shutdown_grace
+        self.cancel_grace = cancel_grace
+        self.name = name or f"python-{socket.gethostname()}-{os.getpid()}"
+        self.report = WorkerReport()
+        self._stopping = threading.Event()
+        self._grace_until: Optional[float] = None
+        self._slots = threading.Condition()
+        self._active = 0
+        self._acks: "_queue.Queue[_Ack]" = _queue.Queue()
+        self._batch_complete = True
+        self._report_lock = threading.Lock()
+        self._running = False
+
+    # ------------------------------------------------------------------ control
+
+    def stop(self, grace: Optional[float] = None) -> None:
+        """Stops claiming; running handlers get ``grace`` seconds (default
+        ``shutdown_grace``) to finish, then their leases are released. Safe to call
+        from any thread or a signal handler; ``run()`` returns when all is done."""
+        g = self.shutdown_grace if grace is None else grace
+        until = time.monotonic() + g
+        if self._grace_until is None or until < self._grace_until:
+            self._grace_until = until
+        self._stopping.set()
+        with self._slots:
+            self._slots.notify_all()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def run(self) -> WorkerReport:
+        """Claims and runs jobs until :meth:`stop`; returns what it did."""
+        if self._running:
+            raise RuntimeError("this worker is already running")
+        self._running = True
+        acker = threading.Thread(target=self._ack_loop, name="idemq-completer", daemon=True)
+        acker.start()
+        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="idemq-job")
+        types = sorted(self.handlers)
+        failures = 0
+        try:
+            while not self._stopping.is_set():
+                with self._slots:
+                    while self._active >= self.concurrency and not self._stopping.is_set():
+                        self._slots.wait(0.5)
+                    free = self.concurrency - self._active
+                if self._stopping.is_set():
+                    break
+                try:
+                    jobs = self.client.claim(
+                        queues=self.queues,
+                        worker=self.name,
+                        limit=free,
+                        lease_ms=self.lease_ms,
+                        types=types,
+                        wait_ms=self.poll_wait_ms,
+                    )
+                    failures = 0
+                except IdemqError as exc:
+                    failures += 1
+                    log.warning("claim failed: %s", exc)
+                    self._stopping.wait(min(5.0, 0.2 * (2 ** min(failures, 5))))
+                    continue
+                for job in jobs:
+                    if self._stopping.is_set():
+                        self._release(job)
+                        continue
+                    with self._slots:
+                        self._active += 1
+                    pool.submit(self._slot, job, time.monotonic())
+        finally:
+            self._stopping.set()
+            with self._slots:
+                while self._active > 0:
+                    self._slots.wait(0.2)
+            pool.shutdown(wait=True)
+            self._acks.put(_Ack(job=None, result=None, lease_until=0.0))  # type: ignore[arg-type]
+            acker.join()
+            self._running = False
+        return self.report
+
+    # ------------------------------------------------------------------ one job
+
+    def _count(self, what: str) -> None:
+        with self._report_lock:
+            setattr(self.report, what, getattr(self.report, what) + 1)
+
+    def _slot(self, job: ClaimedJob, claimed_at: float) -> None:
+        try:
+            self._execute(job, claimed_at)
+        except Exception:  # pragma: no cover - a bug here must not kill the worker
+            log.exception("job %s: the worker failed around its handler", job.id)
+        finally:
+            with self._slots:
+                self._active -= 1
+                self._slots.notify_all()
+
+    def _invoke(self, handler: Handler, ctx: JobContext, out: _Outcome) -> None:
+        try:
+            if inspect.iscoroutinefunction(handler):
+                loop = asyncio.new_event_loop()
+                try:
+                    task = loop.create_task(handler(ctx))
+
+                    def interrupt() -> None:
+                        loop.call_soon_threadsafe(task.cancel)
+
+                    ctx._on_stop.append(interrupt)
+                    if ctx.cancelled:
+                        task.cancel()
+                    out.result = loop.run_until_complete(task)
+                finally:
+                    loop.close()
+            else:
+                out.result = handler(ctx)
+        except BaseException as exc:  # noqa: B902 - every outcome is reported
+            out.error = exc
+        finally:
+            out.done.set()
+
+    def _execute(self, job: ClaimedJob, claimed_at: float) -> None:
+        handler = self.handlers.get(job.type)
+        if handler is None:
+            self._fail(job, f"no handler for job type {job.type!r}", retryable=False)
+            return
+        ctx = JobContext(self, job)
+        out = _Outcome()
+        thread = threading.Thread(target=self._invoke, args=(handler, ctx, out), daemon=True, name=f"idemq-{job.id}")
+        thread.start()
+
+        lease_s = self.lease_ms / 1000.0
+        every = lease_s / 3.0
+        start = time.monotonic()
+        lease_until = claimed_at + lease_s
+        next_beat = start + every
+        timeout_at = start + job.timeout_ms / 1000.0 if job.timeout_ms else None
+        deadline_at: Optional[float] = None
+        if job.deadline is not None:
+            left = (job.deadline - _dt.datetime.now(_dt.timezone.utc)).total_seconds()
+            deadline_at = start + left
+        reason: Optional[str] = None
+
+        while True:
+            if out.done.wait(0.05):
+                break
+            now = time.monotonic()
+            if self._grace_until is not None and now >= self._grace_until:
+                reason = "shutdown"
+            elif timeout_at is not None and now >= timeout_at:
+                reason = "timeout"
+            elif deadline_at is not None and now >= deadline_at:
+                reason = "deadline"
+            elif now >= lease_until:
+                reason = "lease_lost"  # no heartbeat got through in time
+            elif now >= next_beat:
+                try:
+                    beat = self.client.heartbeat(job.id, job.lease_token)
+                except (LeaseLostError, NotFoundError):
+                    reason = "lease_lost"  # another attempt owns it, or it was purged
+                except IdemqError as exc:
+                    log.warning("job %s: heartbeat failed: %s", job.id, exc)
+                    next_beat = now + min(1.0, every)
+                else:
+                    lease_until = now + lease_s
+                    next_beat = now + every
+                    if beat.cancel_requested:
+                        reason = "cancelled"
+            if reason is not None:
+                break
+
+        if reason is None:
+            self._finish(job, ctx, out, lease_until)
+            return
+        ctx._stop(reason)
+        if reason == "cancelled":
+            # The handler may clean up and return: a completion then records the effect.
+            if out.done.wait(self.cancel_grace):
+                self._finish(job, ctx, out, lease_until)
+            else:
+                self._fail(job, "cancelled while running", retryable=True)
+            self._count("cancelled")
+        elif reason == "lease_lost":
+            log.warning("job %s: lease lost; the attempt's result is dropped", job.id)
+            self._count("lost")
+        elif reason == "timeout":
+            self._fail(job, f"timeout: the attempt ran past {job.timeout_ms} ms", retryable=True)
+            self._count("timed_out")
+        elif reason == "deadline":
+            self._fail(job, "deadline: the job ran past its deadline", retryable=False)
+        else:
+            self._release(job)
+
+    def _finish(self, job: ClaimedJob, ctx: JobContext, out: _Outcome, lease_until: float) -> None:
+        err = out.error
+        if err is None:
+            try:
+                json.dumps(out.result)
+            except (TypeError, ValueError) as exc:
+                self._fail(job, f"the handler's result is not JSON: {exc}", retryable=False)
+                return
+            self._acks.put(_Ack(job=job, result=out.result, lease_until=lease_until))
+        elif isinstance(err, LeaseLostError):
+            log.warning("job %s: lease lost; the attempt's result is dropped", job.id)
+            self._count("lost")
+        elif isinstance(err, JobFailure):
+            self._fail(
+                job, err.message, retryable=err.retryable, retry_after_ms=err.retry_after_ms, snooze_ms=err.snooze_ms
+            )
+        elif isinstance(err, asyncio.CancelledError):
+            self._fail(job, f"interrupted ({ctx.stop_reason or 'cancelled'})", retryable=True)
+        else:
+            text = "".join(traceback.format_exception_only(type(err), err)).strip()
+            self._fail(job, text, retryable=True)
+
+    def _fail(
+        self,
+        job: ClaimedJob,
+        error: str,
+        *,
+        retryable: bool,
+        retry_after_ms: Optional[int] = None,
+        snooze_ms: Optional[int] = None,
+    ) -> None:
+        try:
+            self.client.fail(
+                job.id,
+                job.lease_token,
+                error[-8192:],
+                retryable=retryable,
+                retry_after_ms=retry_after_ms,
+                snooze_ms=snooze_ms,
+            )
+        except LeaseLostError:
+            self._count("lost")
+        except IdemqError as exc:
+            log.warning("job %s: fail could not be recorded: %s", job.id, exc)
+        else:
+            self._count("failed")
+
+    def _release(self, job: ClaimedJob) -> None:
+        try:
+            self.client.release(job.id, job.lease_token)
+        except LeaseLostError:
+            self._count("lost")
+        except IdemqError as exc:
+            log.warning("job %s: release failed: %s", job.id, exc)
+        else:
+            self._count("released")
+
+    # ------------------------------------------------------------------ completions
+
+    def _ack_loop(self) -> None:
+        """Records completions, many per round trip (``POST /v1/jobs/complete``)."""
+        closing = False
+        while True:
+            try:
+                first = self._acks.get(timeout=0.2)
+            except _queue.Empty:
+                continue
+            batch: List[_Ack] = []
+            if first.job is None:
+                closing = True
+            else:
+                batch.append(first)
+            while len(batch) < 1000:
+                try:
+                    nxt = self._acks.get_nowait()
+                except _queue.Empty:
+                    break
+                if nxt.job is None:
+                    closing = True
+                else:
+                    batch.append(nxt)
+            if batch:
+                self._ack(batch)
+            if closing and self._acks.empty():
+                return
+
+    def _ack(self, batch: List[_Ack]) -> None:
+        while batch:
+            try:
+                if self._batch_complete:
+                    answers: List[Union[str, ApiError]] = self.client.complete_many(
+                        [CompleteItem(a.job.id, a.job.lease_token, a.result) for a in batch]
+                    )
+                else:
+                    answers = []
+                    for a in batch:
+                        try:
+                            answers.append(self.client.complete(a.job.id, a.job.lease_token, a.result))
+                        except ApiError as exc:
+                            answers.append(exc)
+            except (NotFoundError, MethodNotAllowedError):
+                # A server without batch completion: one call per job.
+                self._batch_complete = False
+                continue
+            except IdemqError as exc:
+                now = time.monotonic()
+                expired = [a for a in batch if a.lease_until <= now]
+                for a in expired:
+                    log.warning("job %s: completion not recorded before the lease ran out: %s", a.job.id, exc)
+                    self._count("lost")
+                batch = [a for a in batch if a.lease_until > now]
+                time.sleep(0.2)
+                continue
+            for a, ans in zip(batch, answers):
+                if isinstance(ans, LeaseLostError):
+                    self._count("lost")
+                elif isinstance(ans, ApiError):
+                    log.warning("job %s: completion refused: %s", a.job.id, ans)
+                    self._count("failed")
+                else:
+                    self._count("completed")
+            return

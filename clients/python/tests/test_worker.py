@@ -1,0 +1,402 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Callable, Dict, List
+
+import httpx
+
+import idemq
+from conftest import Server, run_worker, wait_for
+
+
+def _worker(client: idemq.Client, q: str, handlers: Dict[str, Any], **kw: Any) -> idemq.Worker:
+    kw.setdefault("concurrency", 4)
+    kw.setdefault("poll_wait_ms", 300)
+    kw.setdefault("lease_ms", 3000)
+    return idemq.Worker(client, queues=[q], handlers=handlers, **kw)
+
+
+def _terminal(client: idemq.Client, job_id: str, timeout: float = 20.0) -> idemq.Job:
+    deadline = time.monotonic() + timeout
+    while True:
+        job = client.get_job(job_id, wait_ms=1000)
+        if job.terminal or time.monotonic() > deadline:
+            return job
+
+
+def test_worker_drains_jobs_with_results(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("drain")
+    seen: List[int] = []
+    lock = threading.Lock()
+
+    def add(ctx: idemq.JobContext) -> Dict[str, int]:
+        with lock:
+            seen.append(ctx.payload["i"])
+        return {"sum": ctx.payload["a"] + ctx.payload["b"]}
+
+    ids = [client.enqueue("math.add", {"i": i, "a": i, "b": 1}, queue=q) for i in range(30)]
+    w = _worker(client, q, {"math.add": add}, concurrency=5)
+    t = run_worker(w)
+    try:
+        for i, jid in enumerate(ids):
+            job = _terminal(client, jid)
+            assert job.state == "completed", job
+            assert job.result == {"sum": i + 1}
+    finally:
+        w.stop()
+        t.join(20)
+    assert not t.is_alive()
+    assert sorted(seen) == list(range(30))
+    assert w.report.completed == 30
+    assert (w.report.failed, w.report.lost) == (0, 0)
+
+
+def test_worker_retries_a_failing_job_and_failure_kinds(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("retry")
+    attempts: Dict[str, List[int]] = {}
+
+    def flaky(ctx: idemq.JobContext) -> str:
+        attempts.setdefault(ctx.id, []).append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise RuntimeError("transient trouble")
+        return "ok"
+
+    def permanent(ctx: idemq.JobContext) -> None:
+        raise idemq.JobFailure.permanent("bad input")
+
+    def snoozer(ctx: idemq.JobContext) -> str:
+        if ctx.attempt == 1:
+            raise idemq.JobFailure.snooze(100)
+        return "after snooze"
+
+    def later(ctx: idemq.JobContext) -> str:
+        if ctx.attempt == 1:
+            raise idemq.JobFailure.retry_after("come back", 100)
+        return "retried"
+
+    flaky_id = client.enqueue("flaky", None, queue=q, retry=idemq.FixedRetry(delay_ms=100))
+    perm_id = client.enqueue("permanent", None, queue=q, max_attempts=5)
+    snooze_id = client.enqueue("snoozer", None, queue=q, max_attempts=1)
+    later_id = client.enqueue("later", None, queue=q, retry=idemq.FixedRetry(delay_ms=3_600_000))
+    w = _worker(client, q, {"flaky": flaky, "permanent": permanent, "snoozer": snoozer, "later": later})
+    t = run_worker(w)
+    try:
+        job = _terminal(client, flaky_id)
+        assert (job.state, job.result, job.attempt) == ("completed", "ok", 2)
+        assert [r.outcome for r in client.runs(flaky_id)] == ["failed", "completed"]
+        assert "transient trouble" in (client.runs(flaky_id)[0].error or "")
+        dead = _terminal(client, perm_id)
+        assert (dead.state, dead.attempt) == ("dead", 1)
+        assert "bad input" in (dead.last_error or "")
+        snoozed = _terminal(client, snooze_id)
+        assert (snoozed.state, snoozed.result) == ("completed", "after snooze")
+        assert [r.outcome for r in client.runs(snooze_id)] == ["snoozed", "completed"]
+        retried = _terminal(client, later_id)
+        assert (retried.state, retried.result) == ("completed", "retried")
+    finally:
+        w.stop()
+        t.join(20)
+    assert attempts[flaky_id] == [1, 2]
+
+
+def test_worker_stops_a_handler_on_cancel(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("cancel")
+    started = threading.Event()
+    reasons: List[Any] = []
+
+    def long(ctx: idemq.JobContext) -> str:
+        started.set()
+        while not ctx.wait_cancelled(0.05):
+            pass
+        reasons.append(ctx.stop_reason)
+        raise RuntimeError("stopped")
+
+    jid = client.enqueue("long", None, queue=q)
+    w = _worker(client, q, {"long": long}, lease_ms=900)
+    t = run_worker(w)
+    try:
+        assert started.wait(10)
+        assert client.cancel(jid)["cancelled"] is True
+        job = _terminal(client, jid)
+        assert job.state == "cancelled"
+        assert reasons == ["cancelled"]
+    finally:
+        w.stop()
+        t.join(20)
+    assert w.report.cancelled == 1
+
+
+def test_async_handler_is_interrupted_on_cancel(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("async")
+    started = threading.Event()
+    interrupted = threading.Event()
+
+    async def handler(ctx: idemq.JobContext) -> str:
+        if ctx.payload == "quick":
+            return "done"
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            interrupted.set()
+            raise
+        return "never"
+
+    quick = client.enqueue("aio", "quick", queue=q)
+    slow = client.enqueue("aio", "slow", queue=q)
+    w = _worker(client, q, {"aio": handler}, lease_ms=900, cancel_grace=0.2)
+    t = run_worker(w)
+    try:
+        assert _terminal(client, quick).result == "done"
+        assert started.wait(10)
+        client.cancel(slow)
+        assert _terminal(client, slow).state == "cancelled"
+        assert interrupted.wait(5)
+    finally:
+        w.stop()
+        t.join(20)
+
+
+class DropHeartbeats(httpx.BaseTransport):
+    """Loopback traffic as usual, except that every heartbeat is lost on the way."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.dropped = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/heartbeat"):
+            self.dropped += 1
+            raise httpx.ConnectError("dropped", request=request)
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_lost_lease_never_completes(server: Server, client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("lease")
+    finished = threading.Event()
+    reasons: List[Any] = []
+
+    def slow(ctx: idemq.JobContext) -> str:
+        time.sleep(2.5)
+        reasons.append(ctx.stop_reason)
+        finished.set()
+        return "too late"
+
+    jid = client.enqueue("slow", None, queue=q, max_attempts=1)
+    transport = DropHeartbeats()
+    with idemq.Client(server.url, transport=transport, retries=idemq.Retries(max_retries=1, initial_backoff=0.05)) as broken:
+        w = _worker(broken, q, {"slow": slow}, lease_ms=1000)
+        t = run_worker(w)
+        try:
+            assert finished.wait(20)
+            job = _terminal(client, jid)
+            time.sleep(0.5)  # let the worker act on the handler's return
+            job = client.get_job(jid)
+        finally:
+            w.stop()
+            t.join(20)
+    assert transport.dropped >= 1
+    assert reasons == ["lease_lost"]
+    assert job.state == "dead"
+    assert job.result is None
+    assert [r.outcome for r in client.runs(jid)] == ["lease_expired"]
+    assert w.report.lost == 1 and w.report.completed == 0
+
+
+def test_checkpoints_survive_a_retry(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("ckpt")
+    calls: List[int] = []
+    got: List[Any] = []
+
+    def charge(ctx: idemq.JobContext) -> Any:
+        def step() -> Dict[str, Any]:
+            calls.append(ctx.attempt)
+            return {"charge_id": f"ch_{ctx.id}", "attempt": ctx.attempt}
+
+        value = ctx.checkpoint("charge", step)
+        got.append(value)
+        if ctx.attempt == 1:
+            raise RuntimeError("crash after the charge")
+        return value
+
+    jid = client.enqueue("charge", None, queue=q, retry=idemq.FixedRetry(delay_ms=100))
+    w = _worker(client, q, {"charge": charge})
+    t = run_worker(w)
+    try:
+        job = _terminal(client, jid)
+    finally:
+        w.stop()
+        t.join(20)
+    assert job.state == "completed"
+    assert calls == [1]
+    expected = {"charge_id": f"ch_{jid}", "attempt": 1}
+    assert got == [expected, expected]
+    assert job.result == expected
+    assert client.checkpoints(jid) == {"charge": expected}
+
+
+def test_checkpoint_first_writer_wins(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("fww")
+    jid = client.enqueue("step", None, queue=q)
+    [job] = client.claim(queues=[q], worker="test", lease_ms=5000)
+    assert client.put_checkpoint(jid, "s", job.lease_token, {"v": 1}) is True
+    assert client.put_checkpoint(jid, "s", job.lease_token, {"v": 2}) is False
+    assert client.checkpoints(jid) == {"s": {"v": 1}}
+    client.complete(jid, job.lease_token, {"done": True})
+    assert client.get_job(jid).result == {"done": True}
+
+
+def test_graceful_stop_releases_unfinished_leases(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("stop")
+    started = threading.Event()
+    reasons: List[Any] = []
+
+    def stuck(ctx: idemq.JobContext) -> None:
+        started.set()
+        ctx.wait_cancelled(30)
+        reasons.append(ctx.stop_reason)
+
+    jid = client.enqueue("stuck", None, queue=q)
+    w = _worker(client, q, {"stuck": stuck})
+    t = run_worker(w)
+    assert started.wait(10)
+    stopped_at = time.monotonic()
+    w.stop(grace=0.3)
+    t.join(20)
+    assert not t.is_alive()
+    assert time.monotonic() - stopped_at < 5
+    assert reasons == ["shutdown"]
+    job = client.get_job(jid)
+    assert job.state == "ready"
+    assert job.attempts_used == 0
+    assert [r.outcome for r in client.runs(jid)] == ["released"]
+    assert w.report.released == 1
+
+
+def test_timeout_is_enforced_locally(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("timeout")
+    reasons: List[Any] = []
+
+    def sleepy(ctx: idemq.JobContext) -> str:
+        ctx.wait_cancelled(5)
+        reasons.append(ctx.stop_reason)
+        return "late"
+
+    jid = client.enqueue("sleepy", None, queue=q, timeout_ms=300, max_attempts=1)
+    w = _worker(client, q, {"sleepy": sleepy})
+    t = run_worker(w)
+    try:
+        job = _terminal(client, jid)
+    finally:
+        w.stop()
+        t.join(20)
+    assert job.state == "dead"
+    assert job.result is None
+    assert "timeout" in (job.last_error or "")
+    assert reasons == ["timeout"]
+    assert w.report.timed_out == 1
+
+
+class Recording(httpx.BaseTransport):
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.sent: List[str] = []
+        self.lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with self.lock:
+            self.sent.append(f"{request.method} {request.url.path}")
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_worker_respects_concurrency_and_batches_completions(server: Server, client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("batchack")
+    running = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def work(ctx: idemq.JobContext) -> int:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return int(ctx.payload)
+
+    ids = [r.job_id for r in client.enqueue_many([idemq.EnqueueRequest("w", i, queue=q) for i in range(40)]) if isinstance(r, idemq.EnqueueResult)]
+    assert len(ids) == 40
+    rec = Recording()
+    with idemq.Client(server.url, transport=rec) as c:
+        w = _worker(c, q, {"w": work}, concurrency=3)
+        t = run_worker(w)
+        try:
+            for i, jid in enumerate(ids):
+                assert _terminal(client, jid).result == i
+        finally:
+            w.stop()
+            t.join(20)
+    assert peak <= 3
+    assert w.report.completed == 40
+    acks = [s for s in rec.sent if s == "POST /v1/jobs/complete"]
+    singles = [s for s in rec.sent if s.endswith("/complete") and s != "POST /v1/jobs/complete"]
+    assert singles == [] and 1 <= len(acks) <= 40
+
+
+def test_deadline_is_enforced_locally(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    import datetime as dt
+
+    q = uniq("deadline")
+    reasons: List[Any] = []
+
+    def slow(ctx: idemq.JobContext) -> str:
+        ctx.wait_cancelled(10)
+        reasons.append(ctx.stop_reason)
+        return "late"
+
+    deadline = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.5)
+    jid = client.enqueue("slow", None, queue=q, deadline=deadline)
+    w = _worker(client, q, {"slow": slow}, lease_ms=30_000)
+    t = run_worker(w)
+    try:
+        job = _terminal(client, jid)
+    finally:
+        w.stop()
+        t.join(20)
+    assert reasons == ["deadline"]
+    assert job.state == "dead" and job.result is None
+
+
+def test_checkpoint_keeps_the_first_stored_value(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("race")
+    got: List[Any] = []
+
+    def handler(ctx: idemq.JobContext) -> Any:
+        def step() -> str:
+            # Another writer stores the checkpoint while this step runs.
+            assert client.put_checkpoint(ctx.id, "s", ctx.lease_token, "first") is True
+            return "second"
+
+        got.append(ctx.checkpoint("s", step))
+        return got[-1]
+
+    jid = client.enqueue("race", None, queue=q)
+    w = _worker(client, q, {"race": handler})
+    t = run_worker(w)
+    try:
+        job = _terminal(client, jid)
+    finally:
+        w.stop()
+        t.join(20)
+    assert got == ["first"]
+    assert job.result == "first"
+    assert client.checkpoints(jid) == {"s": "first"}

@@ -1,0 +1,658 @@
+import { hostname } from "node:os";
+import type { Client } from "./client.js";
+import {
+  ApiError,
+  BadRequestError,
+  ConnectionError,
+  IdemqError,
+  LeaseLostError,
+  MethodNotAllowedError,
+  NotFoundError,
+  PayloadTooLargeError,
+  UnavailableError,
+} from "./errors.js";
+import type { ClaimedJob, Completion, CompletionResult } from "./types.js";
+
+/**
+ * Throw one of these from a handler to say how the attempt failed. Any other
+ * thrown value is a retryable failure.
+ */
+export class JobError extends Error {
+  /** `false`: the job goes dead at once. */
+  readonly retryable: boolean;
+  /** Overrides the backoff for this retry. */
+  readonly retryAfterMs: number | undefined;
+  /** Run again after this delay without consuming the attempt. */
+  readonly snoozeMs: number | undefined;
+
+  constructor(message: string, options: { retryable?: boolean; retryAfterMs?: number; snoozeMs?: number; cause?: unknown } = {}) {
+    super(message, { cause: options.cause });
+    this.name = "JobError";
+    this.retryable = options.retryable ?? true;
+    this.retryAfterMs = options.retryAfterMs;
+    this.snoozeMs = options.snoozeMs;
+  }
+
+  /** A failure the retry policy retries (the default for any error). */
+  static retryable(message: string): JobError {
+    return new JobError(message);
+  }
+  /** A failure that makes the job dead at once. */
+  static permanent(message: string): JobError {
+    return new JobError(message, { retryable: false });
+  }
+  /** A failure retried after `ms` (unless the job's policy is `none`). */
+  static retryAfter(message: string, ms: number): JobError {
+    return new JobError(message, { retryAfterMs: ms });
+  }
+  /** Run again after `ms`; the attempt is not consumed. */
+  static snooze(ms: number): JobError {
+    return new JobError(`snoozed for ${ms} ms`, { snoozeMs: ms });
+  }
+}
+
+/** Why a running handler was stopped: `ctx.signal.reason` is a {@link JobInterrupted} with it. */
+export type InterruptReason = "cancelled" | "lease_lost" | "timeout" | "deadline" | "shutdown";
+
+/** The reason of an aborted `ctx.signal`. */
+export class JobInterrupted extends IdemqError {
+  readonly reason: InterruptReason;
+  readonly jobId: string;
+  constructor(jobId: string, reason: InterruptReason) {
+    super(`job ${jobId} interrupted: ${reason.replace("_", " ")}`);
+    this.jobId = jobId;
+    this.reason = reason;
+  }
+}
+
+/**
+ * A handler: its return value completes the job (and is stored as its
+ * result); a throw fails the attempt. `P` types `ctx.payload`.
+ */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type Handler<P = any> = (ctx: JobContext<P>) => unknown;
+
+export interface WorkerOptions {
+  /** Queues to claim from (every queue when omitted). */
+  queues?: string[];
+  /** Handlers by job type; the worker claims only these types. */
+  handlers: Record<string, Handler>;
+  /** Jobs run at once (10). */
+  concurrency?: number;
+  /** The worker's name in the run ledger (host and pid by default). */
+  name?: string;
+  /** Lease per claim in ms (30,000). */
+  leaseMs?: number;
+  /** Heartbeat period in ms (leaseMs / 3). */
+  heartbeatIntervalMs?: number;
+  /** How long one claim long-polls for work, in ms (5,000; at most 60,000). Shutdown waits for it. */
+  waitMs?: number;
+  /** On shutdown, how long running handlers may go on before they are stopped and released (30,000). */
+  shutdownGraceMs?: number;
+  /** How long a finished job waits to be acknowledged together with others, in ms (10). */
+  completionDelayMs?: number;
+  /** Called with errors the worker recovers from (a failed claim, heartbeat or report). */
+  onError?: (error: unknown, job?: ClaimedJob) => void;
+}
+
+export interface WorkerReport {
+  completed: number;
+  failed: number;
+  cancelled: number;
+  released: number;
+  lost: number;
+}
+
+/** What a handler sees of the job it runs. */
+export class JobContext<P = unknown> {
+  readonly id: string;
+  readonly type: string;
+  readonly queue: string;
+  readonly payload: P;
+  readonly attempt: number;
+  readonly maxAttempts: number;
+  readonly deadline: string | null;
+  readonly timeoutMs: number;
+  readonly tags: string[];
+  readonly leaseToken: string;
+  /** Aborted when the handler must stop: cancel, lost lease, timeout, deadline, shutdown. */
+  readonly signal: AbortSignal;
+  readonly #client: Client;
+  readonly #beat: () => Promise<void>;
+  #checkpoints: Record<string, unknown> | undefined;
+
+  constructor(client: Client, job: ClaimedJob, signal: AbortSignal, beat: () => Promise<void>) {
+    this.id = job.id;
+    this.type = job.type;
+    this.queue = job.queue;
+    this.payload = job.payload as P;
+    this.attempt = job.attempt;
+    this.maxAttempts = job.maxAttempts;
+    this.deadline = job.deadline;
+    this.timeoutMs = job.timeoutMs;
+    this.tags = job.tags;
+    this.leaseToken = job.leaseToken;
+    this.signal = signal;
+    this.#client = client;
+    this.#beat = beat;
+  }
+
+  /** True once a cancel was seen at a heartbeat. */
+  get cancelled(): boolean {
+    return this.signal.aborted && (this.signal.reason as JobInterrupted)?.reason === "cancelled";
+  }
+
+  /** Renews the lease now (heartbeats also run on their own every lease/3). */
+  heartbeat(): Promise<void> {
+    return this.#beat();
+  }
+
+  /**
+   * A durable step: the first attempt that reaches it runs `fn` and stores its
+   * JSON result under the job; every later attempt gets the stored value
+   * without running `fn`. The first stored value wins.
+   */
+  async checkpoint<T>(name: string, fn: () => T | Promise<T>): Promise<T> {
+    this.signal.throwIfAborted();
+    if (this.#checkpoints === undefined) this.#checkpoints = await this.#client.jobCheckpoints(this.id);
+    if (Object.prototype.hasOwnProperty.call(this.#checkpoints, name)) return this.#checkpoints[name] as T;
+    const value = await fn();
+    this.signal.throwIfAborted();
+    const json = value === undefined ? null : JSON.parse(JSON.stringify(value));
+    const stored = await this.#client.putCheckpoint(this.id, name, this.leaseToken, json);
+    if (!stored) {
+      this.#checkpoints = await this.#client.jobCheckpoints(this.id);
+      return this.#checkpoints[name] as T;
+    }
+    this.#checkpoints[name] = json;
+    return json as T;
+  }
+}
+
+type Settled = { kind: "ok"; value: unknown } | { kind: "error"; error: unknown } | { kind: "stop"; reason: InterruptReason };
+
+interface PendingCompletion {
+  completion: Completion;
+  job: ClaimedJob;
+  resolve: (r: CompletionResult) => void;
+  done: Promise<CompletionResult>;
+  settled: boolean;
+  abandoned: boolean;
+}
+
+const MAX_TIMER = 2_147_483_647;
+const EMPTY_CLAIM_PAUSE_MS = 100;
+
+function wait(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal?.aborted) return resolve();
+    const t = setTimeout(done, ms);
+    function done() {
+      clearTimeout(t);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    }
+    signal?.addEventListener("abort", done, { once: true });
+  });
+}
+
+function describe(err: unknown): string {
+  const text = err instanceof Error ? `${err.name === "Error" ? "" : `${err.name}: `}${err.message}` : String(err);
+  return text.length > 8192 ? text.slice(0, 8192) : text;
+}
+
+const transient = (err: unknown) => err instanceof ConnectionError || err instanceof UnavailableError;
+
+/**
+ * Runs handlers for claimed jobs: long-polls for as many jobs as it has free
+ * slots, heartbeats each every lease/3, enforces the timeout and the deadline
+ * locally, acknowledges completions in batches and, on shutdown, releases
+ * the leases it cannot finish.
+ */
+export class Worker {
+  readonly client: Client;
+  readonly name: string;
+  readonly #o: Required<Omit<WorkerOptions, "queues" | "name" | "onError">> & { queues: string[] | undefined };
+  readonly #onError: (error: unknown, job?: ClaimedJob) => void;
+  #running = false;
+  #stopping = false;
+  #stopSignal = new AbortController();
+  #slotFreed: (() => void) | undefined;
+  #active = new Map<string, { stop: (r: InterruptReason) => void }>();
+  #tasks = new Set<Promise<void>>();
+  #pending: PendingCompletion[] = [];
+  #flushTimer: NodeJS.Timeout | undefined;
+  #flushing: Promise<void> = Promise.resolve();
+  #piggyback = true;
+  #batchEndpoint = true;
+  #report: WorkerReport = { completed: 0, failed: 0, cancelled: 0, released: 0, lost: 0 };
+
+  constructor(client: Client, options: WorkerOptions) {
+    if (!options || !options.handlers || Object.keys(options.handlers).length === 0) {
+      throw new TypeError("new Worker(client, { handlers }) needs at least one handler");
+    }
+    this.client = client;
+    const leaseMs = options.leaseMs ?? 30_000;
+    this.#o = {
+      queues: options.queues,
+      handlers: { ...options.handlers },
+      concurrency: Math.max(1, Math.floor(options.concurrency ?? 10)),
+      leaseMs,
+      heartbeatIntervalMs: options.heartbeatIntervalMs ?? Math.max(1, Math.floor(leaseMs / 3)),
+      waitMs: Math.min(60_000, Math.max(0, options.waitMs ?? 5_000)),
+      shutdownGraceMs: options.shutdownGraceMs ?? 30_000,
+      completionDelayMs: options.completionDelayMs ?? 10,
+    };
+    this.name = (options.name ?? `ts-${hostname()}-${process.pid}`).slice(0, 128);
+    this.#onError =
+      options.onError ??
+      ((error, job) => {
+        console.error(`idemq worker ${this.name}${job ? ` (job ${job.id})` : ""}: ${describe(error)}`);
+      });
+  }
+
+  /**
+   * Claims and runs jobs until `signal` aborts, then stops claiming, lets
+   * running handlers finish for up to `shutdownGraceMs`, stops the rest and
+   * releases their leases. Resolves with what it did; rejects when a claim
+   * fails for good (e.g. unauthorized).
+   */
+  async run(options: { signal?: AbortSignal } = {}): Promise<WorkerReport> {
+    if (this.#running) throw new Error("this worker is already running");
+    this.#running = true;
+    this.#stopping = false;
+    this.#stopSignal = new AbortController();
+    this.#report = { completed: 0, failed: 0, cancelled: 0, released: 0, lost: 0 };
+    const { signal } = options;
+    let graceTimer: NodeJS.Timeout | undefined;
+    const stop = () => {
+      if (this.#stopping) return;
+      this.#stopping = true;
+      this.#stopSignal.abort();
+      this.#slotFreed?.();
+      graceTimer = setTimeout(() => {
+        for (const a of this.#active.values()) a.stop("shutdown");
+      }, this.#o.shutdownGraceMs);
+    };
+    if (signal?.aborted) stop();
+    signal?.addEventListener("abort", stop, { once: true });
+    let fatal: unknown;
+    try {
+      fatal = await this.#claimLoop();
+      if (fatal !== undefined) stop();
+      while (this.#tasks.size > 0) await Promise.all([...this.#tasks]);
+      await this.#flushAll();
+    } finally {
+      clearTimeout(graceTimer);
+      signal?.removeEventListener("abort", stop);
+      this.#running = false;
+    }
+    if (fatal !== undefined) throw fatal;
+    return { ...this.#report };
+  }
+
+  async #claimLoop(): Promise<unknown> {
+    let failures = 0;
+    while (!this.#stopping) {
+      const free = this.#o.concurrency - this.#active.size;
+      if (free <= 0) {
+        await new Promise<void>((resolve) => (this.#slotFreed = resolve));
+        this.#slotFreed = undefined;
+        continue;
+      }
+      const carried = this.#piggyback ? this.#take(1000) : [];
+      let answer;
+      const claimedAt = Date.now();
+      try {
+        answer = await this.client.claim({
+          queues: this.#o.queues,
+          worker: this.name,
+          limit: free,
+          leaseMs: this.#o.leaseMs,
+          types: Object.keys(this.#o.handlers),
+          waitMs: this.#o.waitMs,
+          complete: carried.map((p) => p.completion),
+        });
+        failures = 0;
+      } catch (err) {
+        this.#putBack(carried);
+        if (carried.length > 0 && err instanceof BadRequestError) {
+          // A server that does not take completions on a claim: acknowledge them apart.
+          this.#piggyback = false;
+          continue;
+        }
+        if (transient(err)) {
+          this.#onError(err);
+          failures++;
+          await wait(Math.min(5_000, 250 * 2 ** Math.min(failures, 5)) * (0.5 + Math.random() / 2), this.#stopSignal.signal);
+          continue;
+        }
+        return err;
+      }
+      if (carried.length > 0) {
+        if (answer.completed && answer.completed.length === carried.length) {
+          carried.forEach((p, i) => this.#settle(p, answer.completed![i]!));
+        } else {
+          this.#piggyback = false;
+          this.#putBack(carried);
+        }
+      }
+      if (answer.jobs.length === 0 && carried.length === 0) {
+        // An empty answer that came back at once (no long-poll): do not spin.
+        const quick = EMPTY_CLAIM_PAUSE_MS - (Date.now() - claimedAt);
+        if (quick > 0) await wait(quick, this.#stopSignal.signal);
+      }
+      for (const job of answer.jobs) {
+        if (this.#stopping) {
+          await this.#releaseUnstarted(job);
+        } else {
+          this.#start(job);
+        }
+      }
+    }
+    return undefined;
+  }
+
+  async #releaseUnstarted(job: ClaimedJob): Promise<void> {
+    try {
+      await this.client.release(job.id, job.leaseToken);
+      this.#report.released++;
+    } catch (err) {
+      if (err instanceof LeaseLostError) this.#report.lost++;
+      else this.#onError(err, job);
+    }
+  }
+
+  #start(job: ClaimedJob): void {
+    let stop: (r: InterruptReason) => void = () => {};
+    let handlerDone: () => void = () => {};
+    const running = new Promise<void>((resolve) => (handlerDone = resolve));
+    const slot = { stop: (r: InterruptReason) => stop(r) };
+    this.#active.set(job.id, slot);
+    void running.then(() => {
+      this.#active.delete(job.id);
+      this.#slotFreed?.();
+    });
+    const task = this.#execute(job, (fn) => (stop = fn), handlerDone)
+      .catch((err) => this.#onError(err, job))
+      .finally(() => {
+        handlerDone();
+        this.#tasks.delete(task);
+      });
+    this.#tasks.add(task);
+  }
+
+  async #execute(job: ClaimedJob, expose: (stop: (r: InterruptReason) => void) => void, handlerDone: () => void): Promise<void> {
+    const controller = new AbortController();
+    let reason: InterruptReason | undefined;
+    let onStop: (r: InterruptReason) => void = () => {};
+    const stopped = new Promise<InterruptReason>((resolve) => (onStop = resolve));
+    const stop = (r: InterruptReason) => {
+      if (reason !== undefined) return;
+      reason = r;
+      controller.abort(new JobInterrupted(job.id, r));
+      onStop(r);
+    };
+    expose(stop);
+    // Lease loss is tracked on its own: it matters after the handler too,
+    // while the completion waits for its acknowledgement.
+    let leaseLost = false;
+    let onLost: () => void = () => {};
+    const lost = new Promise<void>((resolve) => (onLost = resolve));
+    const loseLease = () => {
+      leaseLost = true;
+      onLost();
+      stop("lease_lost");
+    };
+
+    // The lease as this worker knows it: renewed by each heartbeat that
+    // succeeds, counted from the moment that heartbeat was sent.
+    let watchdog: NodeJS.Timeout | undefined;
+    const armWatchdog = (from: number) => {
+      clearTimeout(watchdog);
+      watchdog = setTimeout(loseLease, Math.max(0, from + this.#o.leaseMs - Date.now()));
+    };
+    armWatchdog(Date.now());
+    let beating = true;
+    const beat = async () => {
+      if (!beating) return;
+      const sent = Date.now();
+      try {
+        const hb = await this.client.heartbeat(job.id, job.leaseToken);
+        if (!beating) return;
+        armWatchdog(sent);
+        if (hb.cancelRequested) stop("cancelled");
+      } catch (err) {
+        if (err instanceof LeaseLostError) loseLease();
+        else this.#onError(err, job);
+      }
+    };
+    const heartbeats = setInterval(() => void beat(), this.#o.heartbeatIntervalMs);
+    const timers: NodeJS.Timeout[] = [];
+    if (job.timeoutMs > 0 && job.timeoutMs <= MAX_TIMER) timers.push(setTimeout(() => stop("timeout"), job.timeoutMs));
+    if (job.deadline) {
+      const left = Date.parse(job.deadline) - Date.now();
+      if (left <= 0) stop("deadline");
+      else if (left <= MAX_TIMER) timers.push(setTimeout(() => stop("deadline"), left));
+    }
+
+    const ctx = new JobContext(this.client, job, controller.signal, beat);
+    try {
+      let outcome: Settled;
+      if (reason !== undefined) {
+        outcome = { kind: "stop", reason };
+      } else {
+        const handler = this.#o.handlers[job.type];
+        const running = handler
+          ? Promise.resolve().then(() => handler(ctx))
+          : Promise.reject(JobError.permanent(`no handler for job type ${job.type}`));
+        running.catch(() => {});
+        outcome = await Promise.race([
+          running.then(
+            (value): Settled => ({ kind: "ok", value }),
+            (error): Settled => ({ kind: "error", error }),
+          ),
+          stopped.then((r): Settled => ({ kind: "stop", reason: r })),
+        ]);
+      }
+      for (const t of timers) clearTimeout(t);
+      handlerDone();
+      if (leaseLost) {
+        this.#report.lost++;
+        return;
+      }
+      if (outcome.kind === "ok") {
+        const record = this.#enqueueCompletion(job, outcome.value);
+        const first = await Promise.race([record.done, lost.then(() => undefined)]);
+        if (first === undefined) this.#abandon(record);
+        const ack = await record.done;
+        this.#count(ack);
+        if (!ack.ok && ack.error instanceof PayloadTooLargeError) {
+          await this.#sendFail(job, { error: `the result is too large: ${ack.error.message}`, retryable: false });
+        }
+        return;
+      }
+      if (outcome.kind === "stop") {
+        switch (outcome.reason) {
+          case "shutdown":
+            await this.#releaseStarted(job);
+            return;
+          case "cancelled":
+            await this.#sendFail(job, { error: "cancelled while running", retryable: true });
+            return;
+          case "timeout":
+            await this.#sendFail(job, { error: `timeout: the attempt ran past ${job.timeoutMs} ms`, retryable: true });
+            return;
+          case "deadline":
+            await this.#sendFail(job, { error: "deadline: the job ran past its deadline", retryable: true });
+            return;
+          case "lease_lost":
+            this.#report.lost++;
+            return;
+        }
+      }
+      const error = (outcome as { error: unknown }).error;
+      if (error instanceof JobError) {
+        await this.#sendFail(job, {
+          error: describe(error.message),
+          retryable: error.retryable,
+          retryAfterMs: error.retryAfterMs,
+          snoozeMs: error.snoozeMs,
+        });
+      } else if (error instanceof LeaseLostError) {
+        this.#report.lost++;
+      } else {
+        await this.#sendFail(job, { error: describe(error), retryable: true });
+      }
+    } finally {
+      beating = false;
+      clearInterval(heartbeats);
+      clearTimeout(watchdog);
+      for (const t of timers) clearTimeout(t);
+    }
+  }
+
+  #count(ack: CompletionResult): void {
+    if (ack.ok) this.#report.completed++;
+    else if (ack.error instanceof LeaseLostError) this.#report.lost++;
+    else this.#onError(ack.error);
+  }
+
+  async #sendFail(
+    job: ClaimedJob,
+    o: { error: string; retryable: boolean; retryAfterMs?: number; snoozeMs?: number },
+  ): Promise<void> {
+    try {
+      const r = await this.client.fail(job.id, job.leaseToken, o);
+      if (r.state === "cancelled") this.#report.cancelled++;
+      else this.#report.failed++;
+    } catch (err) {
+      if (err instanceof LeaseLostError) this.#report.lost++;
+      else this.#onError(err, job);
+    }
+  }
+
+  async #releaseStarted(job: ClaimedJob): Promise<void> {
+    try {
+      const r = await this.client.release(job.id, job.leaseToken);
+      if (r.state === "cancelled") this.#report.cancelled++;
+      else this.#report.released++;
+    } catch (err) {
+      if (err instanceof LeaseLostError) this.#report.lost++;
+      else this.#onError(err, job);
+    }
+  }
+
+  // ------------------------------------------------------------ completions
+
+  #enqueueCompletion(job: ClaimedJob, result: unknown): PendingCompletion {
+    let resolve: (r: CompletionResult) => void = () => {};
+    const done = new Promise<CompletionResult>((r) => (resolve = r));
+    const completion: Completion = { id: job.id, leaseToken: job.leaseToken };
+    if (result !== undefined) completion.result = result;
+    const record: PendingCompletion = { completion, job, resolve, done, settled: false, abandoned: false };
+    this.#pending.push(record);
+    this.#scheduleFlush();
+    return record;
+  }
+
+  /**
+   * The lease was lost before the completion was acknowledged: an unsent
+   * completion is dropped (a lost lease never completes); one in flight gets
+   * the server's answer, but is not sent again.
+   */
+  #abandon(record: PendingCompletion): void {
+    record.abandoned = true;
+    const i = this.#pending.indexOf(record);
+    if (i >= 0) {
+      this.#pending.splice(i, 1);
+      this.#settle(record, { ok: false, error: leaseLost(record.job.id) });
+    }
+  }
+
+  #take(max: number): PendingCompletion[] {
+    return this.#pending.splice(0, max);
+  }
+
+  #putBack(items: PendingCompletion[]): void {
+    const live: PendingCompletion[] = [];
+    for (const p of items) {
+      if (p.settled) continue;
+      if (p.abandoned) this.#settle(p, { ok: false, error: leaseLost(p.job.id) });
+      else live.push(p);
+    }
+    if (live.length === 0) return;
+    this.#pending.unshift(...live);
+    this.#scheduleFlush();
+  }
+
+  #settle(p: PendingCompletion, r: CompletionResult): void {
+    if (p.settled) return;
+    p.settled = true;
+    p.resolve(r);
+  }
+
+  #scheduleFlush(): void {
+    if (this.#flushTimer || this.#pending.length === 0) return;
+    this.#flushTimer = setTimeout(() => {
+      this.#flushTimer = undefined;
+      this.#flushing = this.#flushing.then(() => this.#flush());
+    }, this.#o.completionDelayMs);
+  }
+
+  async #flushAll(): Promise<void> {
+    clearTimeout(this.#flushTimer);
+    this.#flushTimer = undefined;
+    await this.#flushing;
+    while (this.#pending.length > 0) await this.#flush();
+  }
+
+  async #flush(): Promise<void> {
+    const batch = this.#take(1000);
+    if (batch.length === 0) return;
+    if (this.#batchEndpoint) {
+      try {
+        const results = await this.client.completeMany(batch.map((p) => p.completion));
+        batch.forEach((p, i) => this.#settle(p, results[i] ?? { ok: false, error: missing() }));
+        return;
+      } catch (err) {
+        if (transient(err)) {
+          this.#onError(err);
+          await wait(500);
+          this.#putBack(batch);
+          return;
+        }
+        if (err instanceof NotFoundError || err instanceof MethodNotAllowedError || err instanceof BadRequestError) {
+          this.#batchEndpoint = false;
+        }
+        // Otherwise: one completion at a time gives each its own answer.
+      }
+    }
+    await Promise.all(
+      batch.map(async (p) => {
+        try {
+          const r = await this.client.complete(p.completion.id, p.completion.leaseToken, p.completion.result);
+          this.#settle(p, { ok: true, state: r.state });
+        } catch (err) {
+          if (err instanceof ApiError) this.#settle(p, { ok: false, error: err });
+          else {
+            this.#onError(err, p.job);
+            await wait(500);
+            this.#putBack([p]);
+          }
+        }
+      }),
+    );
+  }
+}
+
+function leaseLost(jobId: string): LeaseLostError {
+  return new LeaseLostError(
+    { type: "/problems/lease-lost", title: "Lease lost", detail: "the lease expired before the completion was acknowledged", job_id: jobId },
+    409,
+  );
+}
+
+function missing(): ApiError {
+  return new ApiError({ type: "/problems/internal", detail: "the server sent fewer results than completions" }, 500);
+}

@@ -1,0 +1,429 @@
+import assert from "node:assert/strict";
+import { after, before, test } from "node:test";
+import { Client, JobError, JobInterrupted, LeaseLostError, Worker, type Job, type WorkerOptions } from "idemq";
+import { type RunningServer, sleep, startServer, uid } from "./server.js";
+
+let server: RunningServer;
+let client: Client;
+
+before(async () => {
+  server = await startServer();
+  client = new Client({ baseUrl: server.url });
+});
+after(async () => {
+  await server?.stop();
+});
+
+/** A wait that does not keep the process alive once the test is over. */
+function idle(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms).unref());
+}
+
+async function waitFor<T>(what: string, fn: () => Promise<T | undefined | false>, timeoutMs = 15_000): Promise<T> {
+  const until = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > until) throw new Error(`timed out waiting for ${what}`);
+    await sleep(50);
+  }
+}
+
+async function terminal(id: string, timeoutMs = 15_000): Promise<Job> {
+  const job = await client.waitForJob(id, { timeoutMs });
+  assert.ok(["completed", "dead", "cancelled"].includes(job.state), `job ${id} is still ${job.state}`);
+  return job;
+}
+
+/** Starts a worker; `stop()` aborts it and returns its report. */
+function startWorker(options: WorkerOptions, c: Client = client) {
+  const controller = new AbortController();
+  const errors: unknown[] = [];
+  const worker = new Worker(c, { waitMs: 500, onError: (e) => errors.push(e), ...options });
+  const running = worker.run({ signal: controller.signal });
+  return {
+    worker,
+    errors,
+    running,
+    async stop() {
+      controller.abort();
+      return running;
+    },
+  };
+}
+
+test("the worker drains N jobs, each completed once with its result", async () => {
+  const queue = `drain-${uid()}`;
+  const ids: string[] = [];
+  for (let i = 0; i < 30; i++) ids.push(await client.enqueue("math.add", { a: i, b: 1 }, { queue }));
+  const seen = new Map<string, number>();
+  const sent: string[] = [];
+  const recording = new Client({
+    baseUrl: server.url,
+    fetch: (input, init) => {
+      const body = String(init?.body ?? "");
+      sent.push(`${init?.method} ${new URL(String(input)).pathname} ${body.includes('"complete":[') ? "carrying" : ""}`);
+      return fetch(input, init);
+    },
+  });
+  const w = startWorker({
+    queues: [queue],
+    concurrency: 4,
+    handlers: {
+      "math.add": (ctx) => {
+        seen.set(ctx.id, (seen.get(ctx.id) ?? 0) + 1);
+        const p = ctx.payload as { a: number; b: number };
+        return { sum: p.a + p.b };
+      },
+    },
+  }, recording);
+  const jobs = await Promise.all(ids.map((id) => terminal(id)));
+  const report = await w.stop();
+  // Completions travel in batches: on claims, or together to POST /v1/jobs/complete.
+  const single = sent.filter((s) => /^POST \/v1\/jobs\/[^/]+\/complete /.test(s) && !s.startsWith("POST /v1/jobs/complete "));
+  const batched = sent.filter((s) => s.startsWith("POST /v1/jobs/complete ") || s.endsWith("carrying"));
+  assert.deepEqual(single, [], "one request per completion");
+  assert.ok(batched.length > 0 && batched.length < 30, `${batched.length} completion round trips for 30 jobs`);
+  jobs.forEach((job, i) => {
+    assert.equal(job.state, "completed");
+    assert.deepEqual(job.result, { sum: i + 1 });
+    assert.equal(job.attempt, 1);
+  });
+  assert.equal(report.completed, 30);
+  assert.equal(report.failed + report.lost + report.released, 0);
+  assert.deepEqual([...seen.values()], Array(30).fill(1));
+  const runs = await client.jobRuns(ids[0]!);
+  assert.equal(runs.length, 1);
+  assert.equal(runs[0]!.outcome, "completed");
+  assert.equal(runs[0]!.worker, w.worker.name);
+});
+
+test("concurrency bounds the handlers running at once", async () => {
+  const queue = `conc-${uid()}`;
+  const ids: string[] = [];
+  for (let i = 0; i < 7; i++) ids.push(await client.enqueue("slow", i, { queue }));
+  let running = 0;
+  let peak = 0;
+  const w = startWorker({
+    queues: [queue],
+    concurrency: 3,
+    handlers: {
+      slow: async () => {
+        running++;
+        peak = Math.max(peak, running);
+        await sleep(250);
+        running--;
+        return null;
+      },
+    },
+  });
+  await Promise.all(ids.map((id) => terminal(id)));
+  await w.stop();
+  assert.equal(peak, 3);
+});
+
+test("a failing job is retried, and its error recorded", async () => {
+  const queue = `retry-${uid()}`;
+  const id = await client.enqueue("flaky", null, { queue, retry: { kind: "fixed", delayMs: 100 } });
+  const w = startWorker({
+    queues: [queue],
+    handlers: {
+      flaky: (ctx) => {
+        if (ctx.attempt === 1) throw new Error("upstream said no");
+        return { attempt: ctx.attempt };
+      },
+    },
+  });
+  const job = await terminal(id);
+  const report = await w.stop();
+  assert.equal(job.state, "completed");
+  assert.deepEqual(job.result, { attempt: 2 });
+  assert.equal(job.attempt, 2);
+  const runs = await client.jobRuns(id);
+  assert.deepEqual(
+    runs.map((r) => r.outcome),
+    ["failed", "completed"],
+  );
+  assert.match(runs[0]!.error ?? "", /upstream said no/);
+  assert.equal(report.failed, 1);
+  assert.equal(report.completed, 1);
+});
+
+test("permanent, retry-after and snooze failures", async () => {
+  const queue = `fail-${uid()}`;
+  const permanent = await client.enqueue("perm", null, { queue });
+  const later = await client.enqueue("later", null, { queue, retry: { kind: "fixed", delayMs: 600_000 } });
+  const snoozy = await client.enqueue("snoozy", null, { queue, maxAttempts: 1 });
+  const w = startWorker({
+    queues: [queue],
+    handlers: {
+      perm: () => {
+        throw JobError.permanent("bad card");
+      },
+      later: (ctx) => {
+        if (ctx.attempt === 1) throw JobError.retryAfter("rate limited", 100);
+        return "done";
+      },
+      snoozy: (ctx) => {
+        if (ctx.attempt === 1) throw JobError.snooze(100);
+        return "woke";
+      },
+    },
+  });
+  const [p, l, s] = await Promise.all([terminal(permanent), terminal(later, 10_000), terminal(snoozy)]);
+  await w.stop();
+  assert.equal(p.state, "dead");
+  assert.equal(p.attemptsUsed, 1);
+  assert.match(p.lastError ?? "", /bad card/);
+  assert.equal(l.state, "completed");
+  assert.equal(l.attempt, 2);
+  // A snooze does not consume the attempt: one attempt in the budget was enough.
+  assert.equal(s.state, "completed");
+  assert.equal(s.result, "woke");
+  assert.equal(s.attemptsUsed, 1);
+  assert.equal(s.attempt, 2);
+});
+
+test("a cancel seen at a heartbeat stops the handler and the job ends cancelled", async () => {
+  const queue = `cancel-${uid()}`;
+  const id = await client.enqueue("long", null, { queue });
+  let started!: () => void;
+  const isStarted = new Promise<void>((r) => (started = r));
+  let interruptedBy: unknown;
+  const w = startWorker({
+    queues: [queue],
+    leaseMs: 1_500,
+    handlers: {
+      long: (ctx) =>
+        new Promise((_, reject) => {
+          started();
+          ctx.signal.addEventListener("abort", () => {
+            interruptedBy = ctx.signal.reason;
+            reject(ctx.signal.reason);
+          });
+        }),
+    },
+  });
+  await isStarted;
+  const answer = await client.cancel(id);
+  assert.deepEqual(answer, { cancelled: true, state: "active" });
+  const job = await terminal(id, 5_000);
+  const report = await w.stop();
+  assert.equal(job.state, "cancelled");
+  assert.ok(interruptedBy instanceof JobInterrupted);
+  assert.equal(interruptedBy.reason, "cancelled");
+  assert.equal(report.cancelled, 1);
+  assert.equal(report.completed, 0);
+});
+
+test("when heartbeats stop the lease is lost and the worker never completes that attempt", async () => {
+  const queue = `lease-${uid()}`;
+  const id = await client.enqueue("stuck", null, { queue });
+  const sent: Array<{ url: string; body: string }> = [];
+  const recording = new Client({
+    baseUrl: server.url,
+    fetch: (input, init) => {
+      sent.push({ url: String(input), body: String(init?.body ?? "") });
+      return fetch(input, init);
+    },
+  });
+  let firstToken = "";
+  let firstReturned!: () => void;
+  const firstDone = new Promise<void>((r) => (firstReturned = r));
+  let firstSignal: AbortSignal | undefined;
+  const w = startWorker(
+    {
+      queues: [queue],
+      concurrency: 1,
+      leaseMs: 600,
+      heartbeatIntervalMs: 600_000,
+      handlers: {
+        stuck: async (ctx) => {
+          if (ctx.attempt === 1) {
+            firstToken = ctx.leaseToken;
+            firstSignal = ctx.signal;
+            await idle(2_500); // ignores its signal, as a blocked handler would
+            firstReturned();
+            return "first";
+          }
+          return "second";
+        },
+      },
+    },
+    recording,
+  );
+  const job = await terminal(id, 15_000);
+  await firstDone;
+  await sleep(200);
+  const report = await w.stop();
+  assert.equal(job.state, "completed");
+  assert.equal(job.result, "second");
+  assert.equal(job.attempt, 2);
+  const runs = await client.jobRuns(id);
+  assert.equal(runs[0]!.outcome, "lease_expired");
+  assert.equal(runs[1]!.outcome, "completed");
+  assert.ok(firstSignal?.aborted);
+  assert.equal((firstSignal!.reason as JobInterrupted).reason, "lease_lost");
+  assert.ok(firstToken.length > 0);
+  const completions = sent.filter((s) => /\/complete$|\/v1\/claim$/.test(new URL(s.url).pathname) && s.body.includes(firstToken));
+  assert.deepEqual(completions, [], "the attempt whose lease was lost sent a completion");
+  assert.equal(report.lost, 1);
+  assert.equal(report.completed, 1);
+});
+
+test("checkpoints survive a retry: the step runs once, first writer wins", async () => {
+  const queue = `ckpt-${uid()}`;
+  const id = await client.enqueue("charge", { cents: 500 }, { queue, retry: { kind: "fixed", delayMs: 50 } });
+  let stepRuns = 0;
+  const w = startWorker({
+    queues: [queue],
+    handlers: {
+      charge: async (ctx) => {
+        const charge = await ctx.checkpoint("charge", async () => {
+          stepRuns++;
+          return { chargeId: `ch_${ctx.id}_${ctx.attempt}` };
+        });
+        const again = await ctx.checkpoint("charge", () => {
+          stepRuns++;
+          return { chargeId: "never" };
+        });
+        assert.deepEqual(again, charge);
+        if (ctx.attempt === 1) throw new Error("crashed after the charge");
+        return charge;
+      },
+    },
+  });
+  const job = await terminal(id);
+  await w.stop();
+  assert.equal(job.state, "completed");
+  assert.equal(job.attempt, 2);
+  assert.deepEqual(job.result, { chargeId: `ch_${id}_1` });
+  assert.equal(stepRuns, 1);
+  assert.deepEqual(await client.jobCheckpoints(id), { charge: { chargeId: `ch_${id}_1` } });
+
+  // The protocol underneath: a second PUT of the same name is refused and the first value kept.
+  const other = await client.enqueue("raw.ckpt", null, { queue: `${queue}-raw` });
+  const { jobs } = await client.claim({ queues: [`${queue}-raw`], worker: "raw" });
+  assert.equal(jobs[0]!.id, other);
+  assert.equal(await client.putCheckpoint(other, "step", jobs[0]!.leaseToken, { v: 1 }), true);
+  assert.equal(await client.putCheckpoint(other, "step", jobs[0]!.leaseToken, { v: 2 }), false);
+  assert.deepEqual(await client.jobCheckpoints(other), { step: { v: 1 } });
+  await client.complete(other, jobs[0]!.leaseToken);
+});
+
+test("the timeout and the deadline are enforced by the worker itself", async () => {
+  const queue = `timeout-${uid()}`;
+  const slow = await client.enqueue("hang", null, { queue, timeoutMs: 300, maxAttempts: 1 });
+  const late = await client.enqueue("hang", null, { queue, deadline: new Date(Date.now() + 1_000) });
+  const reasons = new Map<string, unknown>();
+  const began = Date.now();
+  const w = startWorker({
+    queues: [queue],
+    concurrency: 2,
+    handlers: {
+      hang: async (ctx) => {
+        ctx.signal.addEventListener("abort", () => reasons.set(ctx.id, (ctx.signal.reason as JobInterrupted).reason));
+        await idle(6_000); // ignores its signal
+        return "too late";
+      },
+    },
+  });
+  const [a, b] = await Promise.all([terminal(slow, 10_000), terminal(late, 10_000)]);
+  const elapsed = Date.now() - began;
+  await w.stop();
+  assert.ok(elapsed < 5_000, `took ${elapsed} ms`);
+  assert.equal(a.state, "dead");
+  assert.match(a.lastError ?? "", /timeout/);
+  assert.equal(reasons.get(slow), "timeout");
+  assert.equal(b.state, "dead");
+  assert.equal(reasons.get(late), "deadline");
+});
+
+test("graceful shutdown lets short handlers finish and releases the rest", async () => {
+  const queue = `shutdown-${uid()}`;
+  const quick = await client.enqueue("quick", null, { queue });
+  const stuck = await client.enqueue("stuck", null, { queue });
+  let started = 0;
+  const w = startWorker({
+    queues: [queue],
+    concurrency: 2,
+    shutdownGraceMs: 700,
+    handlers: {
+      quick: async () => {
+        started++;
+        await sleep(300);
+        return "finished in the grace period";
+      },
+      stuck: async () => {
+        started++;
+        await idle(60_000);
+      },
+    },
+  });
+  await waitFor("both handlers to start", async () => started === 2);
+  const report = await w.stop();
+  assert.equal(report.completed, 1);
+  assert.equal(report.released, 1);
+  const q = await client.getJob(quick);
+  assert.equal(q.state, "completed");
+  assert.equal(q.result, "finished in the grace period");
+  const s = await client.getJob(stuck);
+  assert.equal(s.state, "ready");
+  assert.equal(s.attemptsUsed, 0);
+  assert.deepEqual(
+    (await client.jobRuns(stuck)).map((r) => r.outcome),
+    ["released"],
+  );
+});
+
+test("completions acknowledged in one batch: a stale token fails only its own item", async () => {
+  const queue = `batchack-${uid()}`;
+  for (let i = 0; i < 3; i++) await client.enqueue("ack", i, { queue });
+  const { jobs } = await client.claim({ queues: [queue], worker: "batcher", limit: 3 });
+  assert.equal(jobs.length, 3);
+  const results = await client.completeMany([
+    { id: jobs[0]!.id, leaseToken: jobs[0]!.leaseToken, result: "r0" },
+    { id: jobs[1]!.id, leaseToken: "not-the-token" },
+    { id: jobs[2]!.id, leaseToken: jobs[2]!.leaseToken },
+  ]);
+  assert.equal(results.length, 3);
+  assert.deepEqual(results[0], { ok: true, state: "completed" });
+  assert.ok(!results[1]!.ok && results[1]!.error instanceof LeaseLostError);
+  assert.deepEqual(results[2], { ok: true, state: "completed" });
+  assert.equal((await client.getJob(jobs[0]!.id)).result, "r0");
+  assert.equal((await client.getJob(jobs[1]!.id)).state, "active");
+});
+
+test("a claim carries the completions of what the worker finished", async () => {
+  const queue = `carry-${uid()}`;
+  const first = await client.enqueue("carry", 1, { queue });
+  const second = await client.enqueue("carry", 2, { queue });
+  const one = await client.claim({ queues: [queue], worker: "carrier" });
+  assert.equal(one.jobs[0]!.id, first);
+  const two = await client.claim({
+    queues: [queue],
+    worker: "carrier",
+    complete: [{ id: first, leaseToken: one.jobs[0]!.leaseToken, result: { ok: 1 } }],
+  });
+  assert.deepEqual(two.completed, [{ ok: true, state: "completed" }]);
+  assert.equal(two.jobs[0]!.id, second);
+  assert.deepEqual((await client.getJob(first)).result, { ok: 1 });
+  await client.complete(second, two.jobs[0]!.leaseToken);
+});
+
+test("worker calls with a stale lease token raise LeaseLostError", async () => {
+  const queue = `stale-${uid()}`;
+  const id = await client.enqueue("stale", null, { queue });
+  await client.claim({ queues: [queue], worker: "w" });
+  for (const call of [
+    () => client.heartbeat(id, "stale-token"),
+    () => client.complete(id, "stale-token", 1),
+    () => client.fail(id, "stale-token", { error: "x" }),
+    () => client.release(id, "stale-token"),
+    () => client.putCheckpoint(id, "n", "stale-token", 1),
+  ]) {
+    const err = await call().catch((e: unknown) => e);
+    assert.ok(err instanceof LeaseLostError, String(err));
+    assert.equal(err.status, 409);
+  }
+});
