@@ -539,7 +539,7 @@ BEGIN
                 c.max_attempts, c.retry, c.timeout_ms, idemq.us(c.deadline), c.concurrency_key,
                 CASE WHEN jsonb_array_length(c.tags) = 0 THEN '{}'::text[]
                      ELSE ARRAY(SELECT jsonb_array_elements_text(c.tags)) END,
-                c.keep_ms, c.fingerprint, v_now, v_now, nullif(c.due, v_now)
+                c.keep_ms, idemq.fp_pack(c.fingerprint), v_now, v_now, nullif(c.due, v_now)
             FROM checked c WHERE c.err IS NULL ORDER BY c.i
         )
         SELECT c.i,
@@ -612,7 +612,8 @@ BEGIN
 
     -- 2. An existing record with the explicit id: replay or conflict.
     IF it ? 'job_id' THEN
-        SELECT j.fingerprint INTO v_stored FROM idemq.jobs j WHERE j.id = it ->> 'job_id';
+        SELECT idemq.fp_unpack(j.fingerprint) INTO v_stored
+        FROM idemq.jobs j WHERE j.id = it ->> 'job_id';
         IF FOUND THEN
             v_fields := idemq.fp_diff(v_fp, v_stored, true);
             IF cardinality(v_fields) > 0 THEN
@@ -652,7 +653,8 @@ BEGIN
                             deadline = idemq.us((it ->> 'deadline')::bigint),
                             concurrency_key = it ->> 'concurrency_key',
                             tags = ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')),
-                            keep_ms = (it ->> 'keep_ms')::bigint, fingerprint = v_fp,
+                            keep_ms = (it ->> 'keep_ms')::bigint,
+                            fingerprint = idemq.fp_pack(v_fp),
                             updated_at = v_now
                         WHERE j.id = d.job_id AND j.state = 'waiting' AND j.attempt = 0
                           AND j.run_at > v_now;
@@ -721,7 +723,8 @@ BEGIN
         it ->> 'concurrency_key',
         CASE WHEN jsonb_array_length(it -> 'tags') = 0 THEN '{}'::text[]
              ELSE ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')) END,
-        (it ->> 'keep_ms')::bigint, v_fp, v_idem ->> 'scope', decode(v_idem ->> 'hash', 'hex'),
+        (it ->> 'keep_ms')::bigint, idemq.fp_pack(v_fp), v_idem ->> 'scope',
+        decode(v_idem ->> 'hash', 'hex'),
         v_idem ->> 'preview', v_dd ->> 'key', v_dd ->> 'mode', v_now, v_now,
         nullif(v_run_at, v_now));
     IF v_idem IS NOT NULL THEN
@@ -782,6 +785,44 @@ CREATE FUNCTION idemq.fp_diff(a jsonb, b jsonb, p_against_job boolean) RETURNS t
           UNION SELECT k FROM jsonb_object_keys(b) AS t(k)) ks
     WHERE (a ->> k) IS DISTINCT FROM (b ->> k)
       AND NOT (p_against_job AND k IN ('idempotency.ttl_ms', 'job_id'))
+$$;
+
+CREATE FUNCTION idemq.fp_pack(p_fp jsonb) RETURNS bytea
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT decode(
+        coalesce(p_fp ->> 'concurrency_key', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'deadline', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'delay_ms', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'idempotency.ttl_ms', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'job_id', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'max_attempts', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'payload', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'queue', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'retry', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'run_at', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'tags', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'timeout_ms', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'type', '00000000000000000000000000000000'), 'hex')
+$$;
+
+CREATE FUNCTION idemq.fp_unpack(p bytea) RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT jsonb_build_object(
+        'concurrency_key', encode(substring(p FROM 1 FOR 16), 'hex'),
+        'deadline', encode(substring(p FROM 17 FOR 16), 'hex'),
+        'delay_ms', encode(substring(p FROM 33 FOR 16), 'hex'),
+        'idempotency.ttl_ms', encode(substring(p FROM 49 FOR 16), 'hex'),
+        'job_id', encode(substring(p FROM 65 FOR 16), 'hex'),
+        'max_attempts', encode(substring(p FROM 81 FOR 16), 'hex'),
+        'payload', encode(substring(p FROM 97 FOR 16), 'hex'),
+        'queue', encode(substring(p FROM 113 FOR 16), 'hex'),
+        'retry', encode(substring(p FROM 129 FOR 16), 'hex'),
+        'run_at', encode(substring(p FROM 145 FOR 16), 'hex'),
+        'tags', encode(substring(p FROM 161 FOR 16), 'hex'),
+        'timeout_ms', encode(substring(p FROM 177 FOR 16), 'hex'),
+        'type', encode(substring(p FROM 193 FOR 16), 'hex'))
 $$;
 
 CREATE FUNCTION idemq.heartbeat(p_id text, p_token text) RETURNS TABLE(ok boolean, lease_expires_at timestamp with time zone, cancel_requested boolean)
@@ -896,7 +937,7 @@ CREATE TABLE idemq.jobs (
     concurrency_key text,
     tags text[] DEFAULT '{}'::text[] NOT NULL,
     keep_ms bigint,
-    fingerprint jsonb NOT NULL,
+    fingerprint bytea NOT NULL,
     idem_scope text,
     idem_key_hash bytea,
     idem_key_preview text,

@@ -36,6 +36,9 @@ fn item(req: &EnqueueRequest, id: &str) -> Value {
         "tags": p.tags,
         "fingerprint": serde_json::from_str::<Value>(&p.fingerprint.to_json()).unwrap(),
     });
+    if let Some(j) = &p.job_id {
+        it["job_id"] = json!(j);
+    }
     if let Some(d) = p.delay_ms {
         it["delay_ms"] = json!(d);
     }
@@ -204,6 +207,10 @@ async fn migrate_brings_a_version_4_database_forward_with_its_data() {
         )
         .await;
     }
+    let explicit = EnqueueRequest::new("upgrade.explicit")
+        .job_id("job-explicit")
+        .payload(json!({"n": 1}));
+    old_enqueue(&mut conn, &explicit, "job-explicit").await;
     let active_token = old_claim(&mut conn, "upgrade.active").await;
     let done_token = old_claim(&mut conn, "upgrade.completed").await;
     sqlx::query("SELECT * FROM idemq.complete_many($1, $2, $3)")
@@ -240,6 +247,7 @@ async fn migrate_brings_a_version_4_database_forward_with_its_data() {
         "job-completed",
         "job-dead",
         "job-cancelled",
+        "job-explicit",
     ];
     let mut before = Vec::new();
     for id in ids {
@@ -290,6 +298,20 @@ async fn migrate_brings_a_version_4_database_forward_with_its_data() {
         (coalesced.outcome, coalesced.job_id.as_str()),
         (Outcome::Coalesced, "job-scheduled")
     );
+    // The job's own fingerprint, stored in another form now, still decides
+    // a request naming its id: the same request replays, another conflicts.
+    let again = q.enqueue_with_result(explicit.clone()).await.unwrap();
+    assert_eq!(
+        (again.outcome, again.job_id.as_str()),
+        (Outcome::Replayed, "job-explicit")
+    );
+    match q.enqueue(explicit.payload(json!({"n": 2}))).await {
+        Err(idemq::Error::EnqueueIdempotencyConflict(c)) => {
+            assert_eq!(c.job_id, "job-explicit");
+            assert_eq!(c.fields, ["payload"]);
+        }
+        other => panic!("a changed payload on an existing id must conflict: {other:?}"),
+    }
     let schedules = q.schedules().await.unwrap();
     assert_eq!(schedules.len(), 1);
     assert_eq!(schedules[0].name, "nightly");
@@ -315,7 +337,7 @@ async fn migrate_brings_a_version_4_database_forward_with_its_data() {
         .unwrap();
     let mut claimed_ids: Vec<&str> = claimed.iter().map(|j| j.id.as_str()).collect();
     claimed_ids.sort_unstable();
-    assert_eq!(claimed_ids, ["job-dead", "job-ready"]);
+    assert_eq!(claimed_ids, ["job-dead", "job-explicit", "job-ready"]);
     for job in &claimed {
         q.complete(&job.id, &job.lease_token, None).await.unwrap();
     }

@@ -26,11 +26,12 @@ BEGIN
              WHERE n.nspname = 'idemq' AND p.proname = ANY (ARRAY[
         'bind_key', 'binding_live', 'binding_release', 'binding_sweep', 'cancel',
         'cancel_by_key', 'cancel_locked', 'check_clock', 'checkpoint_put', 'claim',
-        'complete_and_claim', 'complete_many', 'debounce_window', 'delete_job', 'end_attempt', 'enqueue',
-        'enqueue_one', 'event', 'finish_attempt', 'fp_diff', 'heartbeat', 'job_events',
-        'job_runs', 'keep_until', 'key_decision', 'lease_job', 'lease_reap', 'ms', 'now',
-        'promote', 'purge', 'reap', 'redrive', 'resolve_run_at', 'retention_sweep',
-        'schedule_every_next', 'schedule_mark_fired', 'schedule_put', 'us', 'wake'])
+        'complete_and_claim', 'complete_many', 'debounce_window', 'delete_job', 'end_attempt',
+        'enqueue', 'enqueue_one', 'event', 'finish_attempt', 'fp_diff', 'fp_pack', 'fp_unpack',
+        'heartbeat', 'job_events', 'job_runs', 'keep_until', 'key_decision', 'lease_job',
+        'lease_reap', 'ms', 'now', 'promote', 'purge', 'reap', 'redrive', 'resolve_run_at',
+        'retention_sweep', 'schedule_every_next', 'schedule_mark_fired', 'schedule_put', 'us',
+        'wake'])
     LOOP
         EXECUTE 'DROP FUNCTION ' || f::text;
     END LOOP;
@@ -71,6 +72,49 @@ CREATE FUNCTION idemq.keep_until(p_keep_ms bigint, p_state text, p_now timestamp
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
     SELECT p_now + idemq.ms(coalesce(p_keep_ms,
         CASE WHEN p_state = 'dead' THEN 14 * 86400000 ELSE 86400000 END))
+$$;
+
+-- A job's fingerprint is stored packed: the 16-byte digests of its
+-- thirteen fields in the order of their names (208 bytes, where the JSON
+-- object of hex digests took about 630, rewritten with every update of the
+-- row). Requests and idempotency bindings keep the JSON form; a missing
+-- field packs as zeros, which no digest equals. Written as one expression
+-- each, so the planner inlines them.
+CREATE FUNCTION idemq.fp_pack(p_fp jsonb) RETURNS bytea
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT decode(
+        coalesce(p_fp ->> 'concurrency_key', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'deadline', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'delay_ms', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'idempotency.ttl_ms', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'job_id', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'max_attempts', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'payload', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'queue', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'retry', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'run_at', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'tags', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'timeout_ms', '00000000000000000000000000000000')
+        || coalesce(p_fp ->> 'type', '00000000000000000000000000000000'), 'hex')
+$$;
+
+-- The JSON form of a packed fingerprint.
+CREATE FUNCTION idemq.fp_unpack(p bytea) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'concurrency_key', encode(substring(p FROM 1 FOR 16), 'hex'),
+        'deadline', encode(substring(p FROM 17 FOR 16), 'hex'),
+        'delay_ms', encode(substring(p FROM 33 FOR 16), 'hex'),
+        'idempotency.ttl_ms', encode(substring(p FROM 49 FOR 16), 'hex'),
+        'job_id', encode(substring(p FROM 65 FOR 16), 'hex'),
+        'max_attempts', encode(substring(p FROM 81 FOR 16), 'hex'),
+        'payload', encode(substring(p FROM 97 FOR 16), 'hex'),
+        'queue', encode(substring(p FROM 113 FOR 16), 'hex'),
+        'retry', encode(substring(p FROM 129 FOR 16), 'hex'),
+        'run_at', encode(substring(p FROM 145 FOR 16), 'hex'),
+        'tags', encode(substring(p FROM 161 FOR 16), 'hex'),
+        'timeout_ms', encode(substring(p FROM 177 FOR 16), 'hex'),
+        'type', encode(substring(p FROM 193 FOR 16), 'hex'))
 $$;
 
 -- The sorted names of the fingerprint fields that differ. Against a job
@@ -210,7 +254,8 @@ BEGIN
 
     -- 2. An existing record with the explicit id: replay or conflict.
     IF it ? 'job_id' THEN
-        SELECT j.fingerprint INTO v_stored FROM idemq.jobs j WHERE j.id = it ->> 'job_id';
+        SELECT idemq.fp_unpack(j.fingerprint) INTO v_stored
+        FROM idemq.jobs j WHERE j.id = it ->> 'job_id';
         IF FOUND THEN
             v_fields := idemq.fp_diff(v_fp, v_stored, true);
             IF cardinality(v_fields) > 0 THEN
@@ -250,7 +295,8 @@ BEGIN
                             deadline = idemq.us((it ->> 'deadline')::bigint),
                             concurrency_key = it ->> 'concurrency_key',
                             tags = ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')),
-                            keep_ms = (it ->> 'keep_ms')::bigint, fingerprint = v_fp,
+                            keep_ms = (it ->> 'keep_ms')::bigint,
+                            fingerprint = idemq.fp_pack(v_fp),
                             updated_at = v_now
                         WHERE j.id = d.job_id AND j.state = 'waiting' AND j.attempt = 0
                           AND j.run_at > v_now;
@@ -319,7 +365,8 @@ BEGIN
         it ->> 'concurrency_key',
         CASE WHEN jsonb_array_length(it -> 'tags') = 0 THEN '{}'::text[]
              ELSE ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')) END,
-        (it ->> 'keep_ms')::bigint, v_fp, v_idem ->> 'scope', decode(v_idem ->> 'hash', 'hex'),
+        (it ->> 'keep_ms')::bigint, idemq.fp_pack(v_fp), v_idem ->> 'scope',
+        decode(v_idem ->> 'hash', 'hex'),
         v_idem ->> 'preview', v_dd ->> 'key', v_dd ->> 'mode', v_now, v_now,
         nullif(v_run_at, v_now));
     IF v_idem IS NOT NULL THEN
@@ -412,7 +459,7 @@ BEGIN
                 c.max_attempts, c.retry, c.timeout_ms, idemq.us(c.deadline), c.concurrency_key,
                 CASE WHEN jsonb_array_length(c.tags) = 0 THEN '{}'::text[]
                      ELSE ARRAY(SELECT jsonb_array_elements_text(c.tags)) END,
-                c.keep_ms, c.fingerprint, v_now, v_now, nullif(c.due, v_now)
+                c.keep_ms, idemq.fp_pack(c.fingerprint), v_now, v_now, nullif(c.due, v_now)
             FROM checked c WHERE c.err IS NULL ORDER BY c.i
         )
         SELECT c.i,
