@@ -712,6 +712,29 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn job_complete_and_claim(
+        &self,
+        done: JobCompleteMany,
+        claim: JobClaim,
+    ) -> Result<(Vec<Result<()>>, Result<Vec<ClaimedJob>>)> {
+        // One transaction: the completions first, so a concurrency key they
+        // free can be claimed at once.
+        self.write(move |cx| {
+            let completed = done
+                .items
+                .iter()
+                .map(|i| exec::complete(cx, i))
+                .collect::<Result<Vec<_>>>()?;
+            let claimed = if claim.limit == 0 {
+                Vec::new()
+            } else {
+                exec::claim(cx, &claim)?
+            };
+            Ok((completed, Ok(claimed)))
+        })
+        .await
+    }
+
     async fn job_fail(&self, p: JobFail) -> Result<FailOutcome> {
         let r = flatten(self.write(move |cx| exec::fail(cx, &p)).await)?;
         self.wake();
