@@ -224,14 +224,7 @@ impl Queue {
     /// processes at once. (SQLite databases are also migrated when opened.)
     /// Records no key check: the first process that connects does.
     pub async fn migrate(url: &str) -> Result<Vec<i64>> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect(url)
-                .await
-                .map_err(|e| Error::Unavailable {
-                    message: format!("cannot connect to PostgreSQL: {e}"),
-                })?;
+        if let Some(pool) = Self::schema_pool(url).await? {
             let applied = crate::store::postgres::migrate(&pool).await;
             pool.close().await;
             return applied;
@@ -240,17 +233,26 @@ impl Queue {
         Ok(Vec::new())
     }
 
+    /// One connection to a PostgreSQL URL for schema work; `None` for
+    /// another backend.
+    async fn schema_pool(url: &str) -> Result<Option<sqlx::PgPool>> {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Ok(None);
+        }
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await
+            .map(Some)
+            .map_err(|e| Error::Unavailable {
+                message: format!("cannot connect to PostgreSQL: {e}"),
+            })
+    }
+
     /// How the schema of the database the URL names stands against this
     /// binary's: what `idemq migrate` would apply. Changes nothing.
     pub async fn migration_status(url: &str) -> Result<crate::store::MigrationStatus> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect(url)
-                .await
-                .map_err(|e| Error::Unavailable {
-                    message: format!("cannot connect to PostgreSQL: {e}"),
-                })?;
+        if let Some(pool) = Self::schema_pool(url).await? {
             let status = crate::store::postgres::migration_status(&pool).await;
             pool.close().await;
             return status;
