@@ -13,11 +13,13 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, KeyHasher, canonical_json};
 use crate::job::{
-    CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, QueueInfo, Run,
+    CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, JobState,
+    QueueInfo, Run,
 };
 use crate::request::{
     EnqueueRequest, PreparedEnqueue, bounds, defaults, encode_json, micros, prepare_key,
 };
+use crate::stats::{Counter, Counters, Stats};
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::SqliteStore;
 use crate::store::*;
@@ -184,6 +186,7 @@ pub struct Queue {
     store: Arc<dyn Store>,
     hasher: KeyHasher,
     payload_limit: usize,
+    counters: Arc<Counters>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -337,7 +340,15 @@ impl Queue {
             store,
             hasher,
             payload_limit: options.payload_limit,
+            counters: Arc::default(),
         }
+    }
+
+    /// What this queue and its clones did in this process: claims,
+    /// completions, retries, dead letters, reaped leases, purges and
+    /// retention deletes, whichever surface (API, worker, maintenance) acted.
+    pub fn stats(&self) -> Stats {
+        self.counters.read()
     }
 
     /// The store underneath (internal plumbing; see [`crate::store`]).
@@ -614,11 +625,16 @@ impl Queue {
         if nul(job_id) {
             return Ok(false);
         }
-        self.store
+        let purged = self
+            .store
             .job_purge(JobRef {
                 job_id: job_id.into(),
             })
-            .await
+            .await?;
+        if purged {
+            self.counters.add(Counter::Purges, 1);
+        }
+        Ok(purged)
     }
 
     /// Makes a scheduled job due now; `false` when it is not scheduled.
@@ -746,7 +762,8 @@ impl Queue {
     /// Claims up to `limit` due jobs under a lease.
     pub async fn claim(&self, options: ClaimOptions) -> Result<Vec<ClaimedJob>> {
         options.validate()?;
-        self.store
+        let jobs = self
+            .store
             .job_claim(JobClaim {
                 lease_ms: ms(options.lease),
                 queues: options.queues,
@@ -754,7 +771,9 @@ impl Queue {
                 worker: options.worker,
                 limit: options.limit,
             })
-            .await
+            .await?;
+        self.counters.add(Counter::Claims, jobs.len() as u64);
+        Ok(jobs)
     }
 
     /// A lease no claim could have minted is a lost one.
@@ -798,7 +817,9 @@ impl Queue {
                 lease: Self::lease(job_id, lease_token),
                 result,
             })
-            .await
+            .await?;
+        self.counters.add(Counter::Completions, 1);
+        Ok(())
     }
 
     /// Completes many attempts in one round trip and one transaction: one
@@ -837,7 +858,7 @@ impl Queue {
                 .await?
         }
         .into_iter();
-        Ok(slots
+        let results: Vec<Result<()>> = slots
             .into_iter()
             .map(|slot| match slot {
                 Some(e) => Err(e),
@@ -847,7 +868,10 @@ impl Queue {
                     })
                 }),
             })
-            .collect())
+            .collect();
+        let done = results.iter().filter(|r| r.is_ok()).count();
+        self.counters.add(Counter::Completions, done as u64);
+        Ok(results)
     }
 
     /// Fails an attempt: a retry by policy, a snooze, or the dead letters.
@@ -866,7 +890,8 @@ impl Queue {
             }
         }
         Self::lease_text(job_id, lease_token)?;
-        self.store
+        let outcome = self
+            .store
             .job_fail(JobFail {
                 lease: Self::lease(job_id, lease_token),
                 // A worker's error text is kept, never refused: U+0000 (which
@@ -876,7 +901,13 @@ impl Queue {
                 retry_after_ms,
                 snooze_ms,
             })
-            .await
+            .await?;
+        match outcome.state {
+            JobState::Scheduled | JobState::Ready => self.counters.add(Counter::Retries, 1),
+            JobState::Dead => self.counters.add(Counter::Dead, 1),
+            _ => {}
+        }
+        Ok(outcome)
     }
 
     /// Gives a lease back: the job is ready at once and the attempt is not counted.
@@ -929,12 +960,16 @@ impl Queue {
 
     /// Maintenance: records expired leases (at most `limit`).
     pub async fn reap_leases(&self, limit: u32) -> Result<u64> {
-        self.store.lease_reap(Sweep { limit }).await
+        let n = self.store.lease_reap(Sweep { limit }).await?;
+        self.counters.add(Counter::LeaseExpiries, n);
+        Ok(n)
     }
 
     /// Maintenance: deletes terminal jobs past retention (at most `limit`).
     pub async fn sweep_retention(&self, limit: u32) -> Result<u64> {
-        self.store.job_retention_sweep(Sweep { limit }).await
+        let n = self.store.job_retention_sweep(Sweep { limit }).await?;
+        self.counters.add(Counter::RetentionDeletes, n);
+        Ok(n)
     }
 
     /// Creates or replaces the schedule `name` (1–128 bytes of
