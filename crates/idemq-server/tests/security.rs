@@ -1,4 +1,4 @@
-//! Security properties of the server (SPEC sections 4 and 11):
+//! Security properties of the server (docs/idempotency.md and README.md):
 //!
 //! - with a token, every route of the OpenAPI document and every dashboard
 //!   page answers `401` (or a redirect to `/login` for a browser) without it,

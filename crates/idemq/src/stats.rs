@@ -1,7 +1,7 @@
 //! What this process did through its queues: counters every surface of one
 //! process shares (the HTTP handlers, the built-in worker, maintenance),
 //! because they all act through [`Queue`](crate::Queue) methods, which count.
-//! The server exposes them at `/metrics` (docs/operating.md, "Metrics").
+//! The server exposes them at `/metrics` (docs/http-api.md, "Operations").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -124,7 +124,7 @@ pub(crate) enum DedupeDoc {
     Options(DedupeOptionsDoc),
 }
 
-/// An enqueue request (SPEC 3). Only `type` is required.
+/// An enqueue request (docs/http-api.md, "Enqueue"). Only `type` is required.
 #[derive(Serialize, ToSchema)]
 #[schema(as = EnqueueRequest)]
 #[serde(deny_unknown_fields)]
