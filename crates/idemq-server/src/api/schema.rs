@@ -767,3 +767,163 @@ pub(crate) fn openapi_json() -> String {
         .to_pretty_json()
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use idemq::request::bounds;
+    use serde_json::Value;
+
+    /// The bounds the document states are the library's constants: an
+    /// attribute cannot name a constant, so this pins each literal to it.
+    #[test]
+    fn stated_bounds_are_the_library_bounds() {
+        let doc: Value = serde_json::from_str(&super::openapi_json()).expect("json");
+        let schemas = &doc["components"]["schemas"];
+        let prop = |schema: &str, member: &str, key: &str| {
+            schemas[schema]["properties"][member][key]
+                .as_i64()
+                .unwrap_or_else(|| panic!("{schema}.{member} states no {key}"))
+        };
+        let n = |v: usize| v as i64;
+        let cases: &[(&str, &str, &str, i64)] = &[
+            (
+                "EnqueueRequest",
+                "type",
+                "maxLength",
+                n(bounds::MAX_TYPE_BYTES),
+            ),
+            (
+                "EnqueueRequest",
+                "queue",
+                "maxLength",
+                n(bounds::MAX_QUEUE_BYTES),
+            ),
+            (
+                "EnqueueRequest",
+                "job_id",
+                "maxLength",
+                n(bounds::MAX_JOB_ID_BYTES),
+            ),
+            (
+                "EnqueueRequest",
+                "max_attempts",
+                "maximum",
+                bounds::MAX_ATTEMPTS,
+            ),
+            (
+                "EnqueueRequest",
+                "timeout_ms",
+                "maximum",
+                bounds::MAX_TIMEOUT_MS,
+            ),
+            (
+                "EnqueueRequest",
+                "delay_ms",
+                "maximum",
+                bounds::MAX_DURATION_MS,
+            ),
+            (
+                "EnqueueRequest",
+                "keep_ms",
+                "maximum",
+                bounds::MAX_DURATION_MS,
+            ),
+            ("EnqueueRequest", "tags", "maxItems", n(bounds::MAX_TAGS)),
+            (
+                "EnqueueRequest",
+                "concurrency_key",
+                "maxLength",
+                n(bounds::MAX_KEY_BYTES),
+            ),
+            ("Idempotency", "key", "maxLength", n(bounds::MAX_KEY_BYTES)),
+            (
+                "Idempotency",
+                "scope",
+                "maxLength",
+                n(bounds::MAX_SCOPE_BYTES),
+            ),
+            (
+                "Idempotency",
+                "ttl_ms",
+                "minimum",
+                bounds::MIN_IDEMPOTENCY_TTL_MS,
+            ),
+            ("Idempotency", "ttl_ms", "maximum", bounds::THIRTY_DAYS_MS),
+            (
+                "DedupeOptions",
+                "key",
+                "maxLength",
+                n(bounds::MAX_KEY_BYTES),
+            ),
+            ("DedupeOptions", "ttl_ms", "maximum", bounds::THIRTY_DAYS_MS),
+            (
+                "DedupeOptions",
+                "max_wait_ms",
+                "maximum",
+                bounds::THIRTY_DAYS_MS,
+            ),
+            (
+                "ClaimBody",
+                "worker",
+                "maxLength",
+                n(bounds::MAX_WORKER_BYTES),
+            ),
+            (
+                "ClaimBody",
+                "limit",
+                "maximum",
+                i64::from(bounds::MAX_CLAIM_LIMIT),
+            ),
+            ("ClaimBody", "lease_ms", "minimum", bounds::MIN_LEASE_MS),
+            ("ClaimBody", "lease_ms", "maximum", bounds::MAX_LEASE_MS),
+            (
+                "ClaimBody",
+                "wait_ms",
+                "maximum",
+                super::super::jobs::MAX_WAIT_MS as i64,
+            ),
+            (
+                "ClaimBody",
+                "complete",
+                "maxItems",
+                n(idemq::MAX_BATCH_ITEMS),
+            ),
+            (
+                "CompleteManyBody",
+                "jobs",
+                "maxItems",
+                n(idemq::MAX_BATCH_ITEMS),
+            ),
+            (
+                "BatchRequest",
+                "jobs",
+                "maxItems",
+                n(idemq::MAX_BATCH_ITEMS),
+            ),
+            ("KeyBody", "key", "maxLength", n(bounds::MAX_KEY_BYTES)),
+            ("KeyBody", "scope", "maxLength", n(bounds::MAX_SCOPE_BYTES)),
+            (
+                "RedriveBody",
+                "max_attempts",
+                "maximum",
+                bounds::MAX_ATTEMPTS,
+            ),
+            ("FailBody", "snooze_ms", "maximum", bounds::MAX_DURATION_MS),
+            (
+                "FailBody",
+                "retry_after_ms",
+                "maximum",
+                bounds::MAX_DURATION_MS,
+            ),
+            (
+                "ScheduleDefinition",
+                "every_ms",
+                "minimum",
+                idemq::schedule::MIN_EVERY_MS,
+            ),
+        ];
+        for (schema, member, key, want) in cases {
+            assert_eq!(prop(schema, member, key), *want, "{schema}.{member} {key}");
+        }
+    }
+}
