@@ -1,6 +1,6 @@
 //! # idemq-server
 //!
-//! idemq's HTTP API (v1, see `API.md`) and operator dashboard, as a library.
+//! idemq's HTTP API (v1, see docs/http-api.md) and operator dashboard, as a library.
 //! It never touches SQL: every handler calls a method of [`idemq::Queue`].
 //!
 //! Mount it in your own axum application with [`router`], or run it with

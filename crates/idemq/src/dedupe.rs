@@ -1,4 +1,4 @@
-//! The dedupe decision table of SPEC 5, as pure functions over a binding and
+//! The dedupe decision table of docs/dedupe.md, as pure functions over a binding and
 //! its keyed job. The SQLite backend calls them inside its transaction; the
 //! conformance suite pins every cell on every backend.
 
@@ -65,7 +65,7 @@ pub enum Decision {
 }
 
 impl Binding {
-    /// Liveness (SPEC 5): no-ttl modes while the job is pending, ttl modes
+    /// Liveness (docs/dedupe.md): no-ttl modes while the job is pending, ttl modes
     /// while `now < window_until` (debounce's `max_wait` is folded into
     /// `window_until` when the window is armed).
     pub fn is_live(&self, job: KeyedJob, now: i64) -> bool {

@@ -28,7 +28,7 @@ impl ConflictSource {
     }
 }
 
-/// The members of an idempotency conflict (SPEC 4).
+/// The members of an idempotency conflict (docs/idempotency.md).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct IdempotencyConflict {
     /// The job that owns the key (or the explicit id).

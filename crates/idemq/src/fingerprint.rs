@@ -1,5 +1,5 @@
 //! The canonical fingerprint of an enqueue request and the hashing, preview
-//! and digest of idempotency keys (SPEC 4). Pure functions, pinned by golden
+//! and digest of idempotency keys (docs/idempotency.md). Pure functions, pinned by golden
 //! vectors in the tests below: any drift fails the build.
 
 use std::collections::BTreeMap;

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::request::{DedupeMode, RetryPolicy};
 
-/// The state of a job (SPEC 2). `Scheduled` and `Ready` are one stored state;
+/// The state of a job (docs/state-machine.md). `Scheduled` and `Ready` are one stored state;
 /// which one a job is in is derived from the clock: ready iff `run_at <= now`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -66,7 +66,7 @@ impl std::fmt::Display for JobState {
     }
 }
 
-/// Why a `replace` request could not land (SPEC 5).
+/// Why a `replace` request could not land (docs/dedupe.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NonReplaceableReason {
@@ -90,7 +90,7 @@ impl NonReplaceableReason {
     }
 }
 
-/// What an enqueue did (SPEC 5, "Outcomes").
+/// What an enqueue did (docs/dedupe.md, "Outcomes").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Outcome {
     /// A new job was created.

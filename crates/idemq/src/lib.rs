@@ -49,6 +49,7 @@ mod queue;
 pub mod request;
 pub mod retry;
 pub mod schedule;
+mod stats;
 pub mod store;
 pub mod wire;
 pub mod worker;
@@ -65,6 +66,7 @@ pub use queue::{
 };
 pub use request::{DedupeMode, DedupeOptions, EnqueueRequest, IdempotencyOptions, RetryPolicy};
 pub use schedule::{Schedule, ScheduleDefinition, ScheduleSpec};
+pub use stats::Stats;
 pub use store::{BindingInfo, Explain, JobList, JobPage, KeyCheckChange, MigrationStatus};
 pub use worker::{HandlerContext, JobError, Worker};
 

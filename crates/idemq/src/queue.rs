@@ -13,11 +13,13 @@ use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, KeyHasher, canonical_json};
 use crate::job::{
-    CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, QueueInfo, Run,
+    CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, JobState,
+    QueueInfo, Run,
 };
 use crate::request::{
     EnqueueRequest, PreparedEnqueue, bounds, defaults, encode_json, micros, prepare_key,
 };
+use crate::stats::{Counter, Counters, Stats};
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::SqliteStore;
 use crate::store::*;
@@ -184,6 +186,7 @@ pub struct Queue {
     store: Arc<dyn Store>,
     hasher: KeyHasher,
     payload_limit: usize,
+    counters: Arc<Counters>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -371,7 +374,15 @@ impl Queue {
             store,
             hasher,
             payload_limit: options.payload_limit,
+            counters: Arc::default(),
         }
+    }
+
+    /// What this queue and its clones did in this process: claims,
+    /// completions, retries, dead letters, reaped leases, purges and
+    /// retention deletes, whichever surface (API, worker, maintenance) acted.
+    pub fn stats(&self) -> Stats {
+        self.counters.read()
     }
 
     /// The store underneath (internal plumbing; see [`crate::store`]).
@@ -648,11 +659,16 @@ impl Queue {
         if nul(job_id) {
             return Ok(false);
         }
-        self.store
+        let purged = self
+            .store
             .job_purge(JobRef {
                 job_id: job_id.into(),
             })
-            .await
+            .await?;
+        if purged {
+            self.counters.add(Counter::Purges, 1);
+        }
+        Ok(purged)
     }
 
     /// Makes a scheduled job due now; `false` when it is not scheduled.
@@ -780,7 +796,9 @@ impl Queue {
     /// Claims up to `limit` due jobs under a lease.
     pub async fn claim(&self, options: ClaimOptions) -> Result<Vec<ClaimedJob>> {
         options.validate()?;
-        self.store.job_claim(Self::claim_params(options)).await
+        let jobs = self.store.job_claim(Self::claim_params(options)).await?;
+        self.counters.add(Counter::Claims, jobs.len() as u64);
+        Ok(jobs)
     }
 
     /// Records `completed` (as [`complete_many`](Self::complete_many)), then
@@ -810,7 +828,11 @@ impl Queue {
             .store
             .job_complete_and_claim(JobCompleteMany { items: sent }, Self::claim_params(options))
             .await?;
-        Ok((Self::completion_results(slots, stored), claimed))
+        let results = self.completion_results(slots, stored);
+        if let Ok(jobs) = &claimed {
+            self.counters.add(Counter::Claims, jobs.len() as u64);
+        }
+        Ok((results, claimed))
     }
 
     fn claim_params(options: ClaimOptions) -> JobClaim {
@@ -864,7 +886,9 @@ impl Queue {
                 lease: Self::lease(job_id, lease_token),
                 result,
             })
-            .await
+            .await?;
+        self.counters.add(Counter::Completions, 1);
+        Ok(())
     }
 
     /// Completes many attempts in one round trip and one transaction: one
@@ -880,7 +904,7 @@ impl Queue {
                 .job_complete_many(JobCompleteMany { items: sent })
                 .await?
         };
-        Ok(Self::completion_results(slots, stored))
+        Ok(self.completion_results(slots, stored))
     }
 
     /// The completions to send, and per item the error of one that fails
@@ -915,9 +939,13 @@ impl Queue {
     }
 
     /// One result per item, in order: the early failures and the store's answers.
-    fn completion_results(slots: Vec<Option<Error>>, stored: Vec<Result<()>>) -> Vec<Result<()>> {
+    fn completion_results(
+        &self,
+        slots: Vec<Option<Error>>,
+        stored: Vec<Result<()>>,
+    ) -> Vec<Result<()>> {
         let mut stored = stored.into_iter();
-        slots
+        let results: Vec<Result<()>> = slots
             .into_iter()
             .map(|slot| match slot {
                 Some(e) => Err(e),
@@ -927,7 +955,10 @@ impl Queue {
                     })
                 }),
             })
-            .collect()
+            .collect();
+        let done = results.iter().filter(|r| r.is_ok()).count();
+        self.counters.add(Counter::Completions, done as u64);
+        results
     }
 
     /// Fails an attempt: a retry by policy, a snooze, or the dead letters.
@@ -946,7 +977,8 @@ impl Queue {
             }
         }
         Self::lease_text(job_id, lease_token)?;
-        self.store
+        let outcome = self
+            .store
             .job_fail(JobFail {
                 lease: Self::lease(job_id, lease_token),
                 // A worker's error text is kept, never refused: U+0000 (which
@@ -956,7 +988,13 @@ impl Queue {
                 retry_after_ms,
                 snooze_ms,
             })
-            .await
+            .await?;
+        match outcome.state {
+            JobState::Scheduled | JobState::Ready => self.counters.add(Counter::Retries, 1),
+            JobState::Dead => self.counters.add(Counter::Dead, 1),
+            _ => {}
+        }
+        Ok(outcome)
     }
 
     /// Gives a lease back: the job is ready at once and the attempt is not counted.
@@ -1009,12 +1047,16 @@ impl Queue {
 
     /// Maintenance: records expired leases (at most `limit`).
     pub async fn reap_leases(&self, limit: u32) -> Result<u64> {
-        self.store.lease_reap(Sweep { limit }).await
+        let n = self.store.lease_reap(Sweep { limit }).await?;
+        self.counters.add(Counter::LeaseExpiries, n);
+        Ok(n)
     }
 
     /// Maintenance: deletes terminal jobs past retention (at most `limit`).
     pub async fn sweep_retention(&self, limit: u32) -> Result<u64> {
-        self.store.job_retention_sweep(Sweep { limit }).await
+        let n = self.store.job_retention_sweep(Sweep { limit }).await?;
+        self.counters.add(Counter::RetentionDeletes, n);
+        Ok(n)
     }
 
     /// Creates or replaces the schedule `name` (1–128 bytes of

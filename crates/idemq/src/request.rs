@@ -1,4 +1,4 @@
-//! The enqueue request (SPEC 3): its fields, its builder, its defaults and the
+//! The enqueue request (docs/http-api.md, "Enqueue"): its fields, its builder, its defaults and the
 //! validation of every bound.
 //!
 //! The request has the same shape as the HTTP API's JSON body, so the server
@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::fingerprint::{self, Fingerprint, KeyHasher};
 
-/// Defaults of SPEC 3, in one place.
+/// Defaults of the enqueue request (docs/http-api.md), in one place.
 pub mod defaults {
     /// Queue of a request that names none.
     pub const QUEUE: &str = "default";
@@ -41,7 +41,7 @@ pub mod defaults {
     pub const PAYLOAD_LIMIT: usize = 1024 * 1024;
 }
 
-/// Bounds of SPEC 3–5 that are not defaults.
+/// Bounds of docs/http-api.md, docs/idempotency.md and docs/dedupe.md that are not defaults.
 pub mod bounds {
     /// Longest accepted duration of any kind (100 years), so instants never overflow.
     pub const MAX_DURATION_MS: i64 = 100 * 366 * 24 * 3600 * 1000;
@@ -145,7 +145,7 @@ impl Default for RetryPolicy {
     }
 }
 
-/// `idempotency: { key, scope?, ttl? }` (SPEC 4).
+/// `idempotency: { key, scope?, ttl? }` (docs/idempotency.md).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdempotencyOptions {
@@ -170,7 +170,7 @@ impl std::fmt::Debug for IdempotencyOptions {
     }
 }
 
-/// `dedupe: { key, ttl?, extend?, replace?, max_wait? }` (SPEC 5). A bare
+/// `dedupe: { key, ttl?, extend?, replace?, max_wait? }` (docs/dedupe.md). A bare
 /// string deserializes as `{ key }`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct DedupeOptions {
@@ -233,7 +233,7 @@ impl<'de> Deserialize<'de> for DedupeOptions {
     }
 }
 
-/// The mode a dedupe request selects (SPEC 5).
+/// The mode a dedupe request selects (docs/dedupe.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DedupeMode {
@@ -314,10 +314,10 @@ pub struct EnqueueRequest {
     /// Retention after the job turns terminal, in milliseconds.
     #[serde(default)]
     pub keep_ms: Option<i64>,
-    /// Idempotent acceptance (SPEC 4).
+    /// Idempotent acceptance (docs/idempotency.md).
     #[serde(default)]
     pub idempotency: Option<IdempotencyOptions>,
-    /// Rate policy (SPEC 5).
+    /// Rate policy (docs/dedupe.md).
     #[serde(default)]
     pub dedupe: Option<DedupeOptions>,
 }

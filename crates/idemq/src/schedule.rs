@@ -1,11 +1,11 @@
-//! Schedules (SPEC 8): when a repeatable job fires. Pure computation, no I/O.
+//! Schedules (docs/schedules.md): when a repeatable job fires. Pure computation, no I/O.
 //!
 //! A schedule is a cron expression with seconds in an IANA time zone, or a
 //! fixed interval anchored at the schedule's creation. [`ScheduleSpec`]
 //! answers the two questions a scheduler asks: the next fire strictly after
 //! an instant, and the latest fire at or before one.
 //!
-//! Cron follows the **wall clock** of its zone, with the rules of SPEC 8 for
+//! Cron follows the **wall clock** of its zone, with the rules of docs/schedules.md for
 //! the two kinds of daylight-saving transition, for every pattern alike:
 //! - a local time inside a spring-forward gap fires once, at the first
 //!   instant after the gap (`02:30` on a day the clock jumps from `02:00` to
@@ -112,7 +112,7 @@ pub(crate) fn check_every(every_ms: i64) -> Result<()> {
     Ok(())
 }
 
-/// The instant a wall clock time of `zone` stands for under SPEC 8: itself;
+/// The instant a wall clock time of `zone` stands for under docs/schedules.md: itself;
 /// the first of two when it repeats; the first instant after the gap when
 /// it does not exist.
 fn resolve(zone: &Tz, local: NaiveDateTime) -> Option<DateTime<Utc>> {
@@ -272,7 +272,7 @@ impl ScheduleSpec {
         }
     }
 
-    /// The misfire grace of `tick` (SPEC 8): min(60 s, the time to the next
+    /// The misfire grace of `tick` (docs/schedules.md): min(60 s, the time to the next
     /// tick). It is never longer than a period, so at most one tick is ever
     /// within its grace at a pass: the latest one.
     pub fn misfire_grace(&self, tick: DateTime<Utc>) -> Duration {
@@ -419,7 +419,7 @@ pub(crate) struct CheckedDefinition {
     pub job: String,
 }
 
-/// Validates a template: every bound of SPEC 3, and none of the fields that
+/// Validates a template: every bound of docs/http-api.md ("Enqueue"), and none of the fields that
 /// would make every tick the same job or a job of the past.
 fn check_template(
     job: &EnqueueRequest,

@@ -141,7 +141,7 @@ fn croner_alone_differs_from_spec_8_for_patterns_without_a_fixed_time() {
     assert_eq!(
         next.with_timezone(&Utc),
         utc("2030-03-10T07:15:00Z"),
-        "croner skips 02:15 (SPEC 8: fire at 03:00 EDT)"
+        "croner skips 02:15 (docs/schedules.md: fire at 03:00 EDT)"
     );
     let from = ny
         .with_ymd_and_hms(2030, 11, 3, 1, 20, 0)
@@ -151,7 +151,7 @@ fn croner_alone_differs_from_spec_8_for_patterns_without_a_fixed_time() {
     assert_eq!(
         next.with_timezone(&Utc),
         utc("2030-11-03T06:15:00Z"),
-        "croner fires 01:15 again on the second pass (SPEC 8: once)"
+        "croner fires 01:15 again on the second pass (docs/schedules.md: once)"
     );
 }
 

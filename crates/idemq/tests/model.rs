@@ -1,5 +1,5 @@
 //! Model-based property test: random operation sequences run against a small
-//! in-memory reference model written from SPEC.md §2–7 and against a backend;
+//! in-memory reference model written from docs/ (state-machine, http-api, idempotency, dedupe, worker) and against a backend;
 //! every outcome, returned job id, typed error, job state and attempt count,
 //! and every live binding must agree step by step.
 //!
@@ -8,7 +8,7 @@
 //! priority), idempotency bindings (scope/key → job, the request's
 //! fingerprint fields, ttl), explicit job ids, dedupe bindings (pending,
 //! throttle, debounce, replace, with ttl and `max_wait`, by the decision table
-//! of SPEC 5), batches (plain and atomic) and the execution primitives
+//! of docs/dedupe.md), batches (plain and atomic) and the execution primitives
 //! (claim, heartbeat, complete, fail, snooze, release, lease expiry, timeout,
 //! deadline, cancel, cancel_by_key, purge, promote, redrive with a key).
 //! Values come from small pools (two types, two payloads, two keys) so keys
@@ -417,7 +417,7 @@ impl Resolved {
         r
     }
 
-    /// The fingerprint of SPEC 4, field by field, after defaults are
+    /// The fingerprint of docs/idempotency.md, field by field, after defaults are
     /// resolved (`run_at` / `delay` as given, `delay: 0` ≡ omitted).
     fn fingerprint(&self) -> Fp {
         let null = || "null".to_string();

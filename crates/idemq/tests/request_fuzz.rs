@@ -1,4 +1,4 @@
-//! Property tests of request parsing, validation and fingerprinting (SPEC 3–4).
+//! Property tests of request parsing, validation and fingerprinting (docs/http-api.md and docs/idempotency.md).
 //!
 //! - Arbitrary JSON bodies — the API's field names with random value types,
 //!   unknown fields, U+0000, huge strings, nesting up to and beyond
@@ -453,7 +453,7 @@ fn write_json(v: &Value, rng: &mut Rng, out: &mut String, in_payload: bool) {
     out.push_str(rng.ws());
 }
 
-/// Equivalent spellings of a request body (SPEC 4, "Canonical form").
+/// Equivalent spellings of a request body (docs/idempotency.md, the fingerprint).
 fn equivalent_body(body: &Value, rng: &mut Rng) -> Value {
     let mut b = body.clone();
     let o = b.as_object_mut().expect("object");

@@ -36,9 +36,20 @@ pub(crate) async fn require_token(
     next: Next,
 ) -> Response {
     let Some(token) = state.options.token.as_deref() else {
-        if req.extensions().get::<Authenticated>().is_some()
-            || host_allowed(req.headers(), &state.options.allowed_hosts)
-        {
+        if req.extensions().get::<Authenticated>().is_some() {
+            return next.run(req).await;
+        }
+        if host_allowed(req.headers(), &state.options.allowed_hosts) {
+            // A page on another site can still send a bodiless POST to a
+            // loopback server (no preflight needed); browsers say so.
+            if is_cross_site_write(&req) {
+                return Problem::new(
+                    "forbidden-host",
+                    "this server has no token, so it refuses a state-changing request another \
+                     site's page sent (Origin or Sec-Fetch-Site says so)",
+                )
+                .into_response();
+            }
             req.extensions_mut().insert(Authenticated);
             return next.run(req).await;
         }
@@ -73,6 +84,16 @@ pub(crate) async fn require_token(
         "this server needs a token: send Authorization: Bearer <token>",
     )
     .into_response()
+}
+
+/// True for an API write (not GET/HEAD/OPTIONS) whose browser headers say
+/// another site sent it. Clients that are not browsers send neither header.
+fn is_cross_site_write(req: &Request) -> bool {
+    use axum::http::Method;
+    let read = matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    !read
+        && req.uri().path().starts_with("/v1/")
+        && crate::dashboard::check_same_origin(req.headers()).is_err()
 }
 
 /// True when the `Host` header names a loopback address or an allowed host.

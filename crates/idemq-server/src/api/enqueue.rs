@@ -78,6 +78,7 @@ fn enqueued(result: &EnqueueResult) -> Response {
 #[utoipa::path(
     post,
     path = "/v1/jobs",
+    operation_id = "enqueueJob",
     tag = "enqueue",
     request_body = EnqueueDoc,
     params(("Idempotency-Key" = Option<String>, Header,
@@ -116,6 +117,7 @@ pub(crate) async fn enqueue(
 #[utoipa::path(
     post,
     path = "/v1/jobs/batch",
+    operation_id = "enqueueBatch",
     tag = "enqueue",
     request_body = BatchDoc,
     responses(
@@ -263,6 +265,7 @@ async fn atomic(s: &ApiState, parsed: Vec<Result<EnqueueRequest, Problem>>) -> A
 #[utoipa::path(
     post,
     path = "/v1/jobs/explain",
+    operation_id = "explainEnqueue",
     tag = "enqueue",
     request_body = EnqueueDoc,
     params(("Idempotency-Key" = Option<String>, Header, description = "As for enqueue")),

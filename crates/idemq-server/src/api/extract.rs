@@ -174,7 +174,8 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJ
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
         let bytes = read_body(req, state).await?;
-        if is_blank(&bytes) {
+        // No body, or `null`: every member omitted.
+        if is_blank(&bytes) || bytes.trim_ascii() == b"null" {
             return Ok(OptionalJson(T::default()));
         }
         parse(&bytes).map(OptionalJson)

@@ -32,6 +32,7 @@ const BULK_MAX: u32 = 10_000;
 #[into_params(parameter_in = Query)]
 pub(crate) struct WaitQuery {
     /// Hold the request up to this many milliseconds (≤ 60,000) until the job is terminal.
+    #[param(minimum = 0, maximum = 60000)]
     wait_ms: Option<u64>,
 }
 
@@ -39,7 +40,8 @@ pub(crate) struct WaitQuery {
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct ListQuery {
-    /// `scheduled`, `ready`, `active`, `completed`, `dead` or `cancelled`.
+    /// `scheduled`, `ready`, `active`, `completed`, `dead` or `cancelled` (empty: any).
+    #[param(pattern = r"^(|scheduled|ready|active|completed|dead|cancelled)$")]
     state: Option<String>,
     /// The queue.
     queue: Option<String>,
@@ -49,9 +51,15 @@ pub(crate) struct ListQuery {
     /// A tag.
     tag: Option<String>,
     /// Page size, 1–1000 (100 when omitted).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     cursor: Option<String>,
+}
+
+/// An empty query value (`?state=`, as an HTML form sends it) means omitted.
+fn given(v: Option<String>) -> Option<String> {
+    v.filter(|s| !s.is_empty())
 }
 
 fn parse_state(field: &str, s: Option<&str>) -> ApiResult<Option<JobState>> {
@@ -70,6 +78,7 @@ fn parse_state(field: &str, s: Option<&str>) -> ApiResult<Option<JobState>> {
 #[utoipa::path(
     get,
     path = "/v1/jobs/{id}",
+    operation_id = "getJob",
     tag = "jobs",
     params(("id" = String, Path, description = "The job id"), WaitQuery),
     responses(
@@ -102,6 +111,7 @@ pub(crate) async fn get_job(
 #[utoipa::path(
     get,
     path = "/v1/jobs",
+    operation_id = "listJobs",
     tag = "jobs",
     params(ListQuery),
     responses(
@@ -114,12 +124,12 @@ pub(crate) async fn list(
     Query(q): Query<ListQuery>,
 ) -> ApiResult<axum::Json<idemq::JobPage>> {
     let filter = JobList {
-        state: parse_state("state", q.state.as_deref())?,
-        queue: q.queue,
-        job_type: q.job_type,
-        tag: q.tag,
+        state: parse_state("state", given(q.state).as_deref())?,
+        queue: given(q.queue),
+        job_type: given(q.job_type),
+        tag: given(q.tag),
         limit: q.limit.unwrap_or(DEFAULT_LIST_LIMIT),
-        cursor: q.cursor,
+        cursor: given(q.cursor),
     };
     Ok(axum::Json(s.queue().list(filter).await?))
 }
@@ -136,6 +146,7 @@ async fn must_exist(s: &ApiState, id: &str) -> ApiResult<()> {
 #[utoipa::path(
     get,
     path = "/v1/jobs/{id}/events",
+    operation_id = "listJobEvents",
     tag = "jobs",
     params(("id" = String, Path, description = "The job id")),
     responses(
@@ -158,6 +169,7 @@ pub(crate) async fn events(
 #[utoipa::path(
     get,
     path = "/v1/jobs/{id}/runs",
+    operation_id = "listJobRuns",
     tag = "jobs",
     params(("id" = String, Path, description = "The job id")),
     responses(
@@ -180,6 +192,7 @@ pub(crate) async fn runs(
 #[utoipa::path(
     get,
     path = "/v1/jobs/{id}/checkpoints",
+    operation_id = "listJobCheckpoints",
     tag = "jobs",
     params(("id" = String, Path, description = "The job id")),
     responses(
@@ -202,6 +215,7 @@ pub(crate) async fn checkpoints(
 #[utoipa::path(
     post,
     path = "/v1/jobs/{id}/cancel",
+    operation_id = "cancelJob",
     tag = "jobs",
     params(("id" = String, Path, description = "The job id")),
     responses(
@@ -220,6 +234,7 @@ pub(crate) async fn cancel(
 #[utoipa::path(
     post,
     path = "/v1/jobs/{id}/purge",
+    operation_id = "purgeJob",
     tag = "jobs",
     params(("id" = String, Path, description = "The job id")),
     responses((status = 200, description = "`false` for an unknown or active job", body = PurgedDoc))
@@ -236,6 +251,7 @@ pub(crate) async fn purge(
 #[utoipa::path(
     post,
     path = "/v1/jobs/{id}/promote",
+    operation_id = "promoteJob",
     tag = "jobs",
     params(("id" = String, Path, description = "The job id")),
     responses((status = 200, description = "`false` when the job is not scheduled", body = PromotedDoc))
@@ -254,6 +270,7 @@ pub(crate) async fn promote(
 pub(crate) struct RedriveBody {
     /// A new attempt budget (1–1000); the job keeps its own otherwise.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000)]
     max_attempts: Option<i64>,
     /// A new deadline; a passed one is cleared otherwise.
     #[serde(default)]
@@ -270,6 +287,7 @@ pub(crate) struct RedriveBody {
 #[utoipa::path(
     post,
     path = "/v1/jobs/{id}/redrive",
+    operation_id = "redriveJob",
     tag = "jobs",
     params(
         ("id" = String, Path, description = "The dead job's id"),
@@ -317,6 +335,7 @@ pub(crate) enum BulkAction {
 pub(crate) struct BulkFilter {
     /// The derived state.
     #[serde(default)]
+    #[schema(pattern = r"^(scheduled|ready|active|completed|dead|cancelled)$")]
     state: Option<String>,
     /// The queue.
     #[serde(default)]
@@ -343,6 +362,7 @@ pub(crate) struct BulkBody {
     filter: BulkFilter,
     /// At most this many jobs (1–10,000; 1,000 when omitted).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 10000)]
     limit: Option<u32>,
 }
 
@@ -361,6 +381,7 @@ pub(crate) struct BulkDone {
 #[utoipa::path(
     post,
     path = "/v1/jobs/bulk",
+    operation_id = "bulkJobAction",
     tag = "jobs",
     request_body = BulkBody,
     responses(

@@ -29,10 +29,12 @@ pub(crate) struct DedupeKeyBody {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct KeyBody {
-    /// The scope (`default` when omitted).
+    /// The scope (`default` when omitted; the reserved `idemq.` scopes may be named).
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9._:-]+$")]
     scope: Option<String>,
-    /// The raw key.
+    /// The raw key (1–255 bytes of UTF-8).
+    #[schema(min_length = 1, max_length = 255, pattern = r"^[^\u0000]+$")]
     key: String,
 }
 
@@ -48,6 +50,7 @@ impl std::fmt::Debug for KeyBody {
 #[utoipa::path(
     post,
     path = "/v1/dedupe/cancel",
+    operation_id = "cancelByDedupeKey",
     tag = "bindings",
     request_body = DedupeKeyBody,
     responses(
@@ -67,6 +70,7 @@ pub(crate) async fn dedupe_cancel(
 #[utoipa::path(
     get,
     path = "/v1/dedupe/{type}/{key}",
+    operation_id = "lookupDedupeKey",
     tag = "bindings",
     params(
         ("type" = String, Path, description = "The job type"),
@@ -92,6 +96,7 @@ pub(crate) async fn dedupe_lookup(
 #[utoipa::path(
     post,
     path = "/v1/idempotency/lookup",
+    operation_id = "lookupIdempotencyKey",
     tag = "bindings",
     request_body = KeyBody,
     responses(
@@ -116,6 +121,7 @@ pub(crate) async fn idempotency_lookup(
 #[utoipa::path(
     post,
     path = "/v1/idempotency/release",
+    operation_id = "releaseIdempotencyKey",
     tag = "bindings",
     request_body = KeyBody,
     responses(
@@ -136,6 +142,7 @@ pub(crate) async fn idempotency_release(
 #[utoipa::path(
     get,
     path = "/v1/queues",
+    operation_id = "listQueues",
     tag = "queues",
     responses((status = 200, description = "Every queue", body = QueuesDoc))
 )]
@@ -148,8 +155,9 @@ pub(crate) async fn queues(State(s): State<ApiState>) -> ApiResult<axum::Json<Va
 #[utoipa::path(
     post,
     path = "/v1/queues/{name}/pause",
+    operation_id = "pauseQueue",
     tag = "queues",
-    params(("name" = String, Path, description = "The queue")),
+    params(("name" = String, Path, description = "The queue", min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9._:-]+$")),
     responses(
         (status = 200, description = "The queue is paused", body = PausedDoc),
         (status = 422, description = "Invalid queue name", body = ProblemDoc, content_type = "application/problem+json"),
@@ -167,8 +175,9 @@ pub(crate) async fn pause(
 #[utoipa::path(
     post,
     path = "/v1/queues/{name}/resume",
+    operation_id = "resumeQueue",
     tag = "queues",
-    params(("name" = String, Path, description = "The queue")),
+    params(("name" = String, Path, description = "The queue", min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9._:-]+$")),
     responses(
         (status = 200, description = "The queue is not paused", body = PausedDoc),
         (status = 422, description = "Invalid queue name", body = ProblemDoc, content_type = "application/problem+json"),

@@ -1,6 +1,10 @@
-//! The server's Prometheus metrics, counted by the handlers on a recorder of
-//! the router's own (no global recorder: an application embedding the router
-//! keeps its own, and several servers in one process stay apart).
+//! The server's Prometheus metrics, on a recorder of the router's own (no
+//! global recorder: an application embedding the router keeps its own, and
+//! several servers in one process stay apart). Enqueue outcomes and the
+//! latency histograms are counted by the handlers; claims, completions,
+//! retries, dead letters, reaped leases and purges are read from the
+//! queue's own counters ([`idemq::Queue::stats`]) at scrape time, so they
+//! include what this process's built-in worker and maintenance did.
 
 use std::time::Duration;
 
@@ -46,8 +50,14 @@ impl Metrics {
                 "idemq_idempotency_conflicts_total",
                 "Enqueues refused with an idempotency conflict"
             );
-            describe_counter!("idemq_claims_total", "Jobs handed out by claims");
-            describe_counter!("idemq_completions_total", "Attempts completed");
+            describe_counter!(
+                "idemq_claims_total",
+                "Jobs handed out by claims of this process (API and built-in worker)"
+            );
+            describe_counter!(
+                "idemq_completions_total",
+                "Attempts this process completed (API and built-in worker)"
+            );
             describe_counter!(
                 "idemq_retries_total",
                 "Failed attempts scheduled for a retry or snoozed"
@@ -58,7 +68,11 @@ impl Metrics {
             );
             describe_counter!(
                 "idemq_lease_expiries_total",
-                "Worker calls refused because the lease had expired or was taken over"
+                "Expired leases this process's maintenance reaped and recorded"
+            );
+            describe_counter!(
+                "idemq_purges_total",
+                "Jobs deleted by this process: reason=operator (purge) or reason=retention (the retention sweep)"
             );
             describe_gauge!(
                 "idemq_queue_depth",
@@ -96,38 +110,25 @@ impl Metrics {
         });
     }
 
-    /// One claim round trip that handed out `jobs` jobs.
-    pub(crate) fn claim(&self, jobs: usize, took: Duration) {
+    /// The time of one claim round trip.
+    pub(crate) fn claim(&self, took: Duration) {
         self.record(|| {
-            counter!("idemq_claims_total").increment(jobs as u64);
             histogram!("idemq_claim_duration_seconds").record(took.as_secs_f64());
         });
     }
 
-    /// One completed attempt.
-    pub(crate) fn completion(&self) {
-        self.record(|| counter!("idemq_completions_total").increment(1));
-    }
-
-    /// One failed attempt that ended in `state`.
-    pub(crate) fn failure(&self, state: idemq::JobState) {
-        self.record(|| match state {
-            idemq::JobState::Scheduled | idemq::JobState::Ready => {
-                counter!("idemq_retries_total").increment(1)
-            }
-            idemq::JobState::Dead => counter!("idemq_dead_total").increment(1),
-            _ => {}
-        });
-    }
-
-    /// One worker call refused with `lease-lost`.
-    pub(crate) fn lease_expiry(&self) {
-        self.record(|| counter!("idemq_lease_expiries_total").increment(1));
-    }
-
-    /// The text exposition, with the queue depths of `queues`.
-    pub(crate) fn render(&self, queues: &[QueueInfo]) -> String {
+    /// The text exposition, with the queue depths of `queues` and the
+    /// process's counters `stats`.
+    pub(crate) fn render(&self, queues: &[QueueInfo], stats: idemq::Stats) -> String {
         self.record(|| {
+            counter!("idemq_claims_total").absolute(stats.claims);
+            counter!("idemq_completions_total").absolute(stats.completions);
+            counter!("idemq_retries_total").absolute(stats.retries);
+            counter!("idemq_dead_total").absolute(stats.dead);
+            counter!("idemq_lease_expiries_total").absolute(stats.lease_expiries);
+            counter!("idemq_purges_total", "reason" => "operator").absolute(stats.purges);
+            counter!("idemq_purges_total", "reason" => "retention")
+                .absolute(stats.retention_deletes);
             for q in queues {
                 let c = &q.counts;
                 for (state, n) in [

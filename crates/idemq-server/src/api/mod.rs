@@ -1,4 +1,4 @@
-//! The HTTP API v1 (`API.md`): every route, its problem documents, the token
+//! The HTTP API v1 (docs/http-api.md): every route, its problem documents, the token
 //! check, the body limits, metrics and the OpenAPI document.
 //!
 //! Handlers only call [`idemq::Queue`] methods. Request bodies and the

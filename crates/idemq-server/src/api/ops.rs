@@ -19,6 +19,7 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 #[utoipa::path(
     get,
     path = "/healthz",
+    operation_id = "getHealth",
     tag = "operations",
     security(()),
     responses(
@@ -48,6 +49,7 @@ pub(crate) async fn healthz(State(s): State<ApiState>) -> ApiResult<Response> {
 #[utoipa::path(
     get,
     path = "/metrics",
+    operation_id = "getMetrics",
     tag = "operations",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String))
 )]
@@ -61,7 +63,7 @@ pub(crate) async fn metrics(State(s): State<ApiState>) -> Response {
             Vec::new()
         }
     };
-    let mut response = s.metrics.render(&queues).into_response();
+    let mut response = s.metrics.render(&queues, s.queue().stats()).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -73,6 +75,7 @@ pub(crate) async fn metrics(State(s): State<ApiState>) -> Response {
 #[utoipa::path(
     get,
     path = "/openapi.json",
+    operation_id = "getOpenApi",
     tag = "operations",
     responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json", body = Object))
 )]

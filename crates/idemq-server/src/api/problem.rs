@@ -292,6 +292,7 @@ pub(crate) fn unavailable(detail: &str, secs: u64) -> Problem {
 #[utoipa::path(
     get,
     path = "/problems/{name}",
+    operation_id = "getProblemType",
     tag = "operations",
     params(("name" = String, Path, description = "A problem name, e.g. `validation`")),
     responses(

@@ -15,6 +15,7 @@ use super::schema::{DeletedDoc, ProblemDoc, ScheduleDefinitionDoc, ScheduleDoc, 
 #[utoipa::path(
     get,
     path = "/v1/schedules",
+    operation_id = "listSchedules",
     tag = "schedules",
     responses((status = 200, description = "Every schedule", body = SchedulesDoc))
 )]
@@ -27,8 +28,9 @@ pub(crate) async fn list(State(s): State<ApiState>) -> ApiResult<axum::Json<Valu
 #[utoipa::path(
     put,
     path = "/v1/schedules/{name}",
+    operation_id = "putSchedule",
     tag = "schedules",
-    params(("name" = String, Path, description = "The schedule's name (1–128 bytes of [A-Za-z0-9._:-])")),
+    params(("name" = String, Path, description = "The schedule's name (1–128 bytes of [A-Za-z0-9._:-])", min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9._:-]+$")),
     request_body = ScheduleDefinitionDoc,
     responses(
         (status = 201, description = "Created; the schedule", body = ScheduleDoc),
@@ -66,8 +68,9 @@ pub(crate) async fn put(
 #[utoipa::path(
     delete,
     path = "/v1/schedules/{name}",
+    operation_id = "deleteSchedule",
     tag = "schedules",
-    params(("name" = String, Path, description = "The schedule's name")),
+    params(("name" = String, Path, description = "The schedule's name", min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9._:-]+$")),
     responses(
         (status = 200, description = "Whether a schedule was deleted", body = DeletedDoc),
         (status = 422, description = "Invalid name", body = ProblemDoc, content_type = "application/problem+json"),

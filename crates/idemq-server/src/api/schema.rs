@@ -76,28 +76,40 @@ pub(crate) enum RetryDoc {
 /// `idempotency: { key, scope?, ttl_ms? }`.
 #[derive(Serialize, ToSchema)]
 #[schema(as = Idempotency)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct IdempotencyDoc {
     /// The caller's stable id of the operation (1–255 bytes; never stored raw).
+    #[schema(min_length = 1, max_length = 255, pattern = "^[^\\u0000]+$")]
     key: String,
-    /// Namespace of keys (`default`).
+    /// Namespace of keys (`default`); 1–64 bytes, not starting with `idemq.`.
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = "^(?!idemq\\.)[A-Za-z0-9._:-]+$"
+    )]
     scope: Option<String>,
     /// Retention window, 1 s – 30 d (86400000).
+    #[schema(minimum = 1000, maximum = 2592000000_i64)]
     ttl_ms: Option<i64>,
 }
 
 /// `dedupe: { key, ttl_ms?, extend?, replace?, max_wait_ms? }`.
 #[derive(Serialize, ToSchema)]
 #[schema(as = DedupeOptions)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct DedupeOptionsDoc {
     /// The dedupe key, scoped per job type (1–255 bytes).
+    #[schema(min_length = 1, max_length = 255, pattern = "^[^\\u0000]+$")]
     key: String,
     /// Window, 1 ms – 30 d (throttle; with `extend`, debounce).
+    #[schema(minimum = 1, maximum = 2592000000_i64)]
     ttl_ms: Option<i64>,
     /// Debounce: every dropped enqueue re-arms the window.
     extend: Option<bool>,
     /// Replace: latest wins while the keyed job waits.
     replace: Option<bool>,
-    /// Cap of the window and of `run_at` from first acceptance.
+    /// Cap of the window and of `run_at` from first acceptance (with `extend` or `replace`).
+    #[schema(minimum = 1, maximum = 2592000000_i64)]
     max_wait_ms: Option<i64>,
 }
 
@@ -112,38 +124,49 @@ pub(crate) enum DedupeDoc {
     Options(DedupeOptionsDoc),
 }
 
-/// An enqueue request (SPEC 3). Only `type` is required.
+/// An enqueue request (docs/http-api.md, "Enqueue"). Only `type` is required.
 #[derive(Serialize, ToSchema)]
 #[schema(as = EnqueueRequest)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct EnqueueDoc {
     /// The job type (1–128 bytes of `[A-Za-z0-9._:-]`).
     #[serde(rename = "type")]
+    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]+$")]
     job_type: String,
     /// Any JSON value (≤ the payload limit, 1 MiB by default).
     payload: Option<Value>,
     /// The queue (`default`).
+    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9._:-]+$")]
     queue: Option<String>,
     /// An explicit job id (a UUIDv7 is generated otherwise).
+    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:~-]+$")]
     job_id: Option<String>,
     /// Higher runs first among due jobs (i16; 0).
+    #[schema(minimum = -32768, maximum = 32767)]
     priority: Option<i64>,
     /// When the job becomes due (not with `delay_ms`).
     run_at: Option<DateTime<Utc>>,
     /// Delay before the job becomes due.
+    #[schema(minimum = 0, maximum = 3162240000000_i64)]
     delay_ms: Option<i64>,
     /// Attempt budget, 1–1000 (10).
+    #[schema(minimum = 1, maximum = 1000)]
     max_attempts: Option<i64>,
     /// Backoff policy.
     retry: Option<RetryDoc>,
     /// Execution timeout of one attempt, 1 ms – 24 h (1800000).
+    #[schema(minimum = 1, maximum = 86400000)]
     timeout_ms: Option<i64>,
     /// The job must not start or go on after this instant.
     deadline: Option<DateTime<Utc>>,
     /// At most one active job per key (1–255 bytes).
+    #[schema(min_length = 1, max_length = 255, pattern = "^[^\\u0000]+$")]
     concurrency_key: Option<String>,
     /// Labels (≤ 16 of 1–64 bytes).
+    #[schema(max_items = 16)]
     tags: Option<Vec<String>>,
     /// Retention after the job turns terminal.
+    #[schema(minimum = 0, maximum = 3162240000000_i64)]
     keep_ms: Option<i64>,
     /// Idempotent acceptance.
     idempotency: Option<IdempotencyDoc>,
@@ -166,8 +189,10 @@ pub(crate) struct EnqueuedDoc {
 /// `POST /v1/jobs/batch`.
 #[derive(Serialize, ToSchema)]
 #[schema(as = BatchRequest)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct BatchDoc {
     /// At most 1,000 requests (16 MiB).
+    #[schema(max_items = 1000)]
     jobs: Vec<EnqueueDoc>,
     /// All or nothing (false).
     atomic: Option<bool>,
@@ -510,10 +535,12 @@ pub(crate) struct FailDoc {
 /// `PUT /v1/schedules/{name}`: a cron expression or an interval, and a job template.
 #[derive(Serialize, ToSchema)]
 #[schema(as = ScheduleDefinition)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ScheduleDefinitionDoc {
     /// Six fields, seconds first (`0 */5 * * * *`).
     cron: Option<String>,
     /// An interval ≥ 1000, anchored at the schedule's creation.
+    #[schema(minimum = 1000, maximum = 3162240000000_i64)]
     every_ms: Option<i64>,
     /// IANA zone of the cron expression (`UTC`).
     timezone: Option<String>,
@@ -575,6 +602,105 @@ impl Modify for BearerToken {
     }
 }
 
+/// Adds to every operation the problem responses every route can answer:
+/// the token and Host checks (401, 403), another method on the path (405),
+/// a body the server cannot read or accept (400, 413, 422), a path or query
+/// that names nothing valid (400, 404, 422), and the backend (500, 503).
+/// An operation's own description of one of these is kept.
+struct CommonResponses;
+
+impl Modify for CommonResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let problem = |text: &str| {
+            ResponseBuilder::new().description(text).content(
+                "application/problem+json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+        };
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let ops = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+            ];
+            for op in ops.into_iter().flatten() {
+                let has_body = op.request_body.is_some();
+                let has_params = op.parameters.as_ref().is_some_and(|p| !p.is_empty());
+                let mut add = |code: &str, text: &str| {
+                    op.responses
+                        .responses
+                        .entry(code.to_owned())
+                        .or_insert_with(|| problem(text).build().into());
+                };
+                if path != "/healthz" {
+                    add(
+                        "401",
+                        "`unauthorized`: the server has a token and the request did not present it",
+                    );
+                }
+                add(
+                    "403",
+                    "`forbidden-host`: the server has no token and the Host is not a loopback or allowed name",
+                );
+                add(
+                    "405",
+                    "`method-not-allowed`: another method on this path (the `Allow` header lists those served)",
+                );
+                if has_body {
+                    add(
+                        "400",
+                        "`bad-request`: the body is not JSON, not sent as application/json, or a member is unknown or of the wrong type",
+                    );
+                    add(
+                        "413",
+                        "`payload-too-large`: the body or a payload is over its limit",
+                    );
+                    add(
+                        "422",
+                        "`validation`: a member breaks a bound (members `field`, `reason`)",
+                    );
+                }
+                if has_params {
+                    add(
+                        "400",
+                        "`bad-request`: a path or query parameter cannot be read",
+                    );
+                    add("404", "`not-found`");
+                    add(
+                        "422",
+                        "`validation`: a parameter breaks a bound (members `field`, `reason`)",
+                    );
+                }
+                add(
+                    "500",
+                    "`internal`: an unexpected failure, logged by the server",
+                );
+                let unavailable = problem(
+                    "`unavailable`: the backend is down or busy; retry after `Retry-After` seconds",
+                )
+                .header(
+                    "Retry-After",
+                    utoipa::openapi::HeaderBuilder::new()
+                        .schema(Some(
+                            utoipa::openapi::ObjectBuilder::new()
+                                .schema_type(utoipa::openapi::schema::Type::Integer),
+                        ))
+                        .description(Some("Seconds to wait before retrying"))
+                        .build(),
+                );
+                op.responses
+                    .responses
+                    .entry("503".to_owned())
+                    .or_insert_with(|| unavailable.build().into());
+            }
+        }
+    }
+}
+
 /// The whole API.
 #[derive(OpenApi)]
 #[openapi(
@@ -585,7 +711,7 @@ impl Modify for BearerToken {
             Every error is an RFC 9457 problem document. With a token configured, every request \
             but GET /healthz needs `Authorization: Bearer <token>`."
     ),
-    modifiers(&BearerToken),
+    modifiers(&BearerToken, &CommonResponses),
     security(("token" = [])),
     paths(
         super::enqueue::enqueue,
@@ -640,4 +766,164 @@ pub(crate) fn openapi_json() -> String {
     ApiDoc::openapi()
         .to_pretty_json()
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use idemq::request::bounds;
+    use serde_json::Value;
+
+    /// The bounds the document states are the library's constants: an
+    /// attribute cannot name a constant, so this pins each literal to it.
+    #[test]
+    fn stated_bounds_are_the_library_bounds() {
+        let doc: Value = serde_json::from_str(&super::openapi_json()).expect("json");
+        let schemas = &doc["components"]["schemas"];
+        let prop = |schema: &str, member: &str, key: &str| {
+            schemas[schema]["properties"][member][key]
+                .as_i64()
+                .unwrap_or_else(|| panic!("{schema}.{member} states no {key}"))
+        };
+        let n = |v: usize| v as i64;
+        let cases: &[(&str, &str, &str, i64)] = &[
+            (
+                "EnqueueRequest",
+                "type",
+                "maxLength",
+                n(bounds::MAX_TYPE_BYTES),
+            ),
+            (
+                "EnqueueRequest",
+                "queue",
+                "maxLength",
+                n(bounds::MAX_QUEUE_BYTES),
+            ),
+            (
+                "EnqueueRequest",
+                "job_id",
+                "maxLength",
+                n(bounds::MAX_JOB_ID_BYTES),
+            ),
+            (
+                "EnqueueRequest",
+                "max_attempts",
+                "maximum",
+                bounds::MAX_ATTEMPTS,
+            ),
+            (
+                "EnqueueRequest",
+                "timeout_ms",
+                "maximum",
+                bounds::MAX_TIMEOUT_MS,
+            ),
+            (
+                "EnqueueRequest",
+                "delay_ms",
+                "maximum",
+                bounds::MAX_DURATION_MS,
+            ),
+            (
+                "EnqueueRequest",
+                "keep_ms",
+                "maximum",
+                bounds::MAX_DURATION_MS,
+            ),
+            ("EnqueueRequest", "tags", "maxItems", n(bounds::MAX_TAGS)),
+            (
+                "EnqueueRequest",
+                "concurrency_key",
+                "maxLength",
+                n(bounds::MAX_KEY_BYTES),
+            ),
+            ("Idempotency", "key", "maxLength", n(bounds::MAX_KEY_BYTES)),
+            (
+                "Idempotency",
+                "scope",
+                "maxLength",
+                n(bounds::MAX_SCOPE_BYTES),
+            ),
+            (
+                "Idempotency",
+                "ttl_ms",
+                "minimum",
+                bounds::MIN_IDEMPOTENCY_TTL_MS,
+            ),
+            ("Idempotency", "ttl_ms", "maximum", bounds::THIRTY_DAYS_MS),
+            (
+                "DedupeOptions",
+                "key",
+                "maxLength",
+                n(bounds::MAX_KEY_BYTES),
+            ),
+            ("DedupeOptions", "ttl_ms", "maximum", bounds::THIRTY_DAYS_MS),
+            (
+                "DedupeOptions",
+                "max_wait_ms",
+                "maximum",
+                bounds::THIRTY_DAYS_MS,
+            ),
+            (
+                "ClaimBody",
+                "worker",
+                "maxLength",
+                n(bounds::MAX_WORKER_BYTES),
+            ),
+            (
+                "ClaimBody",
+                "limit",
+                "maximum",
+                i64::from(bounds::MAX_CLAIM_LIMIT),
+            ),
+            ("ClaimBody", "lease_ms", "minimum", bounds::MIN_LEASE_MS),
+            ("ClaimBody", "lease_ms", "maximum", bounds::MAX_LEASE_MS),
+            (
+                "ClaimBody",
+                "wait_ms",
+                "maximum",
+                super::super::jobs::MAX_WAIT_MS as i64,
+            ),
+            (
+                "ClaimBody",
+                "complete",
+                "maxItems",
+                n(idemq::MAX_BATCH_ITEMS),
+            ),
+            (
+                "CompleteManyBody",
+                "jobs",
+                "maxItems",
+                n(idemq::MAX_BATCH_ITEMS),
+            ),
+            (
+                "BatchRequest",
+                "jobs",
+                "maxItems",
+                n(idemq::MAX_BATCH_ITEMS),
+            ),
+            ("KeyBody", "key", "maxLength", n(bounds::MAX_KEY_BYTES)),
+            ("KeyBody", "scope", "maxLength", n(bounds::MAX_SCOPE_BYTES)),
+            (
+                "RedriveBody",
+                "max_attempts",
+                "maximum",
+                bounds::MAX_ATTEMPTS,
+            ),
+            ("FailBody", "snooze_ms", "maximum", bounds::MAX_DURATION_MS),
+            (
+                "FailBody",
+                "retry_after_ms",
+                "maximum",
+                bounds::MAX_DURATION_MS,
+            ),
+            (
+                "ScheduleDefinition",
+                "every_ms",
+                "minimum",
+                idemq::schedule::MIN_EVERY_MS,
+            ),
+        ];
+        for (schema, member, key, want) in cases {
+            assert_eq!(prop(schema, member, key), *want, "{schema}.{member} {key}");
+        }
+    }
 }

@@ -77,22 +77,27 @@ pub(crate) struct ClaimBody {
     queues: Option<Vec<String>>,
     /// The worker's name (1–128 bytes), kept in the run ledger; `http` when omitted.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 128, pattern = "^[^\\u0000]+$")]
     worker: Option<String>,
     /// At most this many jobs (1–1000; 1 when omitted).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
     /// The lease in milliseconds (100 – 3,600,000; 30,000 when omitted).
     #[serde(default)]
+    #[schema(minimum = 100, maximum = 3600000)]
     lease_ms: Option<u64>,
     /// Job types to claim (`null`: any type).
     #[serde(default)]
     types: Option<Vec<String>>,
     /// Hold the request up to this many milliseconds (≤ 60,000) until work arrives.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 60000)]
     wait_ms: Option<u64>,
     /// Attempts to complete first, in the same round trip (≤ 1,000); their
     /// results come back as `completed`.
     #[serde(default)]
+    #[schema(max_items = 1000)]
     complete: Option<Vec<CompleteItem>>,
 }
 
@@ -114,41 +119,38 @@ pub(crate) struct CompleteItem {
 #[serde(deny_unknown_fields)]
 pub(crate) struct CompleteManyBody {
     /// The attempts to complete (≤ 1,000), decided in one commit.
+    #[schema(max_items = 1000)]
     jobs: Vec<CompleteItem>,
 }
 
-/// Records `items` in one round trip and one commit: one result per item,
-/// in order (`{"state": "completed"}` or `{"error": problem}`).
-async fn complete_items(
-    s: &ApiState,
-    field: &str,
-    items: Vec<CompleteItem>,
-) -> ApiResult<Vec<Value>> {
+/// The completions a body names, within the batch bound.
+fn completions(field: &str, items: Vec<CompleteItem>) -> ApiResult<Vec<idemq::Completion>> {
     if items.len() > idemq::MAX_BATCH_ITEMS {
         return Err(Problem::validation(
             field,
             &format!("at most {} items per call", idemq::MAX_BATCH_ITEMS),
         ));
     }
-    let completions = items
+    Ok(items
         .into_iter()
         .map(|c| idemq::Completion {
             job_id: c.id,
             lease_token: c.lease_token,
             result: c.result,
         })
-        .collect();
-    let results = s.queue().complete_many(completions).await?;
-    Ok(results
+        .collect())
+}
+
+/// One answer per completion, in order (`{"state": "completed"}` or
+/// `{"error": problem}`).
+fn completion_answers(results: Vec<idemq::Result<()>>) -> Vec<Value> {
+    results
         .into_iter()
         .map(|r| match r {
-            Ok(()) => {
-                s.metrics.completion();
-                serde_json::json!({ "state": "completed" })
-            }
+            Ok(()) => serde_json::json!({ "state": "completed" }),
             Err(e) => serde_json::json!({ "error": Problem::from(e).to_json() }),
         })
-        .collect())
+        .collect()
 }
 
 /// Completes many attempts in one round trip and one commit; a stale lease
@@ -156,6 +158,7 @@ async fn complete_items(
 #[utoipa::path(
     post,
     path = "/v1/jobs/complete",
+    operation_id = "completeJobs",
     tag = "worker",
     request_body = CompleteManyBody,
     responses(
@@ -169,8 +172,13 @@ pub(crate) async fn complete_many(
     State(s): State<ApiState>,
     Json(body): Json<CompleteManyBody>,
 ) -> ApiResult<axum::Json<Value>> {
-    let results = complete_items(&s, "jobs", body.jobs).await?;
-    Ok(axum::Json(serde_json::json!({ "results": results })))
+    let results = s
+        .queue()
+        .complete_many(completions("jobs", body.jobs)?)
+        .await?;
+    Ok(axum::Json(
+        serde_json::json!({ "results": completion_answers(results) }),
+    ))
 }
 
 /// Claims up to `limit` due jobs under a lease, waiting up to `wait_ms` for
@@ -178,6 +186,7 @@ pub(crate) async fn complete_many(
 #[utoipa::path(
     post,
     path = "/v1/claim",
+    operation_id = "claimJobs",
     tag = "worker",
     request_body = ClaimBody,
     responses(
@@ -205,19 +214,14 @@ pub(crate) async fn claim(
         lease: Duration::from_millis(body.lease_ms.unwrap_or(DEFAULT_LEASE_MS)),
     };
     options.validate()?;
-    // Completions first: a worker acknowledges what it finished while it
-    // asks for more, and the jobs it frees may be the ones it claims next.
-    let completed = match body.complete {
-        Some(items) => Some(complete_items(&s, "complete", items).await?),
-        None => None,
-    };
-    let answer = |jobs: Vec<idemq::ClaimedJob>| {
-        let mut doc = serde_json::json!({ "jobs": jobs });
-        if let Some(completed) = &completed {
-            doc["completed"] = Value::from(completed.clone());
-        }
-        axum::Json(doc)
-    };
+    // Completions first, in the same transaction as the first claim (one
+    // round trip, one commit): a worker acknowledges what it finished while
+    // it asks for more, and the jobs it frees may be the ones it claims next.
+    let mut done = body
+        .complete
+        .map(|items| completions("complete", items))
+        .transpose()?;
+    let mut completed: Option<Vec<Value>> = None;
     let until = Instant::now() + Duration::from_millis(wait_ms);
     let notify = if wait_ms > 0 {
         s.wakeups.get(s.queue()).await
@@ -232,11 +236,23 @@ pub(crate) async fn claim(
             n.enable();
         }
         let started = Instant::now();
-        let jobs = s.queue().claim(options.clone()).await?;
-        s.metrics.claim(jobs.len(), started.elapsed());
+        let jobs = match done.take() {
+            Some(items) => {
+                let (results, claimed) =
+                    s.queue().complete_and_claim(items, options.clone()).await?;
+                completed = Some(completion_answers(results));
+                claimed?
+            }
+            None => s.queue().claim(options.clone()).await?,
+        };
+        s.metrics.claim(started.elapsed());
         let now = Instant::now();
         if !jobs.is_empty() || now >= until {
-            return Ok(answer(jobs));
+            let mut doc = serde_json::json!({ "jobs": jobs });
+            if let Some(completed) = completed {
+                doc["completed"] = Value::from(completed);
+            }
+            return Ok(axum::Json(doc));
         }
         let nap = (until - now).min(POLL_INTERVAL);
         match notified.as_mut().as_pin_mut() {
@@ -281,9 +297,11 @@ pub(crate) struct FailBody {
     retryable: Option<bool>,
     /// Overrides the backoff for this retry.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 3162240000000_u64)]
     retry_after_ms: Option<u64>,
     /// Reschedules after this delay without consuming the attempt.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 3162240000000_u64)]
     snooze_ms: Option<u64>,
 }
 
@@ -304,11 +322,8 @@ pub(crate) struct Stored {
     stored: bool,
 }
 
-/// Counts a refused lease before passing the error on.
-fn lease<T>(s: &ApiState, r: idemq::Result<T>) -> ApiResult<T> {
-    if let Err(idemq::Error::LeaseLost { .. }) = &r {
-        s.metrics.lease_expiry();
-    }
+/// A worker call's result as an answer.
+fn lease<T>(r: idemq::Result<T>) -> ApiResult<T> {
     r.map_err(Problem::from)
 }
 
@@ -318,6 +333,7 @@ const LEASE_LOST: &str = "A stale or unknown lease token (`lease-lost`)";
 #[utoipa::path(
     post,
     path = "/v1/jobs/{id}/heartbeat",
+    operation_id = "heartbeatJob",
     tag = "worker",
     params(("id" = String, Path, description = "The job id")),
     request_body = LeaseBody,
@@ -332,13 +348,14 @@ pub(crate) async fn heartbeat(
     Json(body): Json<LeaseBody>,
 ) -> ApiResult<axum::Json<idemq::Heartbeat>> {
     let r = s.queue().heartbeat(&id, &body.lease_token).await;
-    lease(&s, r).map(axum::Json)
+    lease(r).map(axum::Json)
 }
 
 /// Completes an attempt.
 #[utoipa::path(
     post,
     path = "/v1/jobs/{id}/complete",
+    operation_id = "completeJob",
     tag = "worker",
     params(("id" = String, Path, description = "The job id")),
     request_body = CompleteBody,
@@ -357,8 +374,7 @@ pub(crate) async fn complete(
         .queue()
         .complete(&id, &body.lease_token, body.result)
         .await;
-    lease(&s, r)?;
-    s.metrics.completion();
+    lease(r)?;
     Ok(axum::Json(serde_json::json!({ "state": "completed" })))
 }
 
@@ -366,6 +382,7 @@ pub(crate) async fn complete(
 #[utoipa::path(
     post,
     path = "/v1/jobs/{id}/fail",
+    operation_id = "failJob",
     tag = "worker",
     params(("id" = String, Path, description = "The job id")),
     request_body = FailBody,
@@ -386,8 +403,7 @@ pub(crate) async fn fail(
         retry_after: body.retry_after_ms.map(Duration::from_millis),
         snooze: body.snooze_ms.map(Duration::from_millis),
     };
-    let outcome = lease(&s, s.queue().fail(&id, &body.lease_token, options).await)?;
-    s.metrics.failure(outcome.state);
+    let outcome = lease(s.queue().fail(&id, &body.lease_token, options).await)?;
     Ok(axum::Json(outcome))
 }
 
@@ -395,6 +411,7 @@ pub(crate) async fn fail(
 #[utoipa::path(
     post,
     path = "/v1/jobs/{id}/release",
+    operation_id = "releaseJob",
     tag = "worker",
     params(("id" = String, Path, description = "The job id")),
     request_body = LeaseBody,
@@ -409,7 +426,7 @@ pub(crate) async fn release(
     Json(body): Json<LeaseBody>,
 ) -> ApiResult<axum::Json<Value>> {
     let r = s.queue().release(&id, &body.lease_token).await;
-    lease(&s, r)?;
+    lease(r)?;
     // A job whose cancel was requested turns cancelled, not ready: say so.
     let state = match s.queue().get(&id).await? {
         Some(job) if job.state == idemq::JobState::Cancelled => "cancelled",
@@ -422,6 +439,7 @@ pub(crate) async fn release(
 #[utoipa::path(
     put,
     path = "/v1/jobs/{id}/checkpoints/{name}",
+    operation_id = "putCheckpoint",
     tag = "worker",
     params(
         ("id" = String, Path, description = "The job id"),
@@ -443,6 +461,6 @@ pub(crate) async fn checkpoint(
         .queue()
         .checkpoint_put(&id, &body.lease_token, &name, &body.value)
         .await;
-    let stored = lease(&s, r)?;
+    let stored = lease(r)?;
     Ok(axum::Json(Stored { stored }))
 }

@@ -263,6 +263,36 @@ async fn foreign_host_is_refused_without_a_token(b: Backend) {
         assert_eq!(status, 403);
     }
     assert_eq!(s.job_count().await, 0, "a foreign Host writes nothing");
+    // A loopback Host, but a write another site's page sent (a bodiless
+    // POST needs no preflight): refused; the same from this origin passes.
+    let id = s.enqueue(json!({"type": "t", "delay_ms": 3600000})).await;
+    for header in [
+        "Origin: http://evil.example",
+        "Sec-Fetch-Site: cross-site",
+        "Origin: null",
+    ] {
+        let (status, text) = s
+            .raw(&format!(
+                "POST /v1/jobs/{id}/cancel HTTP/1.1\r\nHost: {{addr}}\r\n{header}\r\n\
+                 Content-Length: 0\r\nConnection: close\r\n\r\n"
+            ))
+            .await;
+        assert_eq!(status, 403, "{header}: {text}");
+        assert!(text.contains("/problems/forbidden-host"), "{text}");
+    }
+    assert_eq!(
+        s.get(&format!("/v1/jobs/{id}")).await.body["state"],
+        "scheduled"
+    );
+    let (status, text) = s
+        .raw(&format!(
+            "POST /v1/jobs/{id}/cancel HTTP/1.1\r\nHost: {{addr}}\r\nOrigin: http://{{addr}}\r\n\
+             Sec-Fetch-Site: same-origin\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        ))
+        .await;
+    assert_eq!(status, 200, "{text}");
+    let purge = s.post(&format!("/v1/jobs/{id}/purge"), json!({})).await;
+    purge.ok(200);
     for host in ["localhost:1234", "127.0.0.1", "[::1]:80", "{addr}"] {
         let (status, text) = s
             .raw(&format!(

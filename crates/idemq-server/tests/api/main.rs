@@ -38,5 +38,6 @@ mod contract;
 mod enqueue;
 mod jobs;
 mod keys;
+mod metrics;
 mod ops;
 mod worker;

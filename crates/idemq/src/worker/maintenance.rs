@@ -1,4 +1,4 @@
-//! The maintenance loop (SPEC 9): reaps expired leases, fires due schedules,
+//! The maintenance loop (docs/operating.md): reaps expired leases, fires due schedules,
 //! removes expired bindings, deletes terminal jobs past their retention. Every pass is
 //! bounded in rows, and every step is safe to run on many processes at once
 //! (each row is taken by one pass; the others skip it).

@@ -1,4 +1,4 @@
-//! Conformance cases: batch enqueue (SPEC 6). One result per request in
+//! Conformance cases: batch enqueue (docs/http-api.md, "Batches"). One result per request in
 //! order; items are decided in order, each seeing the earlier ones; a failing
 //! item stands alone unless the batch is atomic, and then nothing is written.
 

@@ -1,6 +1,6 @@
-//! Conformance cases: deduplication, the rate policy (SPEC 5).
+//! Conformance cases: deduplication, the rate policy (docs/dedupe.md).
 //!
-//! The first block pins every cell of SPEC 5's decision table, one case per
+//! The first block pins every cell of the decision table of docs/dedupe.md, one case per
 //! cell, named `<mode>_vs_<keyed job>_<outcome>`. The rest pins the notes
 //! around the table: re-arming, `max_wait`, modes meeting each other, release
 //! by cancel and purge, the generation rule, `cancel_by_key`, what jobs,

@@ -1,4 +1,4 @@
-//! Conformance cases: execution (SPEC 7) through the store-level primitives
+//! Conformance cases: execution (docs/worker.md) through the store-level primitives
 //! a worker uses: claim, heartbeat, complete, fail, release, checkpoints,
 //! cancel, promote, pause and redrive.
 
@@ -1165,7 +1165,7 @@ async fn zero_retry_after_is_ready_at_once(h: Harness) {
         },
     )
     .await;
-    // The answer carries the derived state, like every read (SPEC 2).
+    // The answer carries the derived state, like every read (docs/state-machine.md).
     assert_eq!(
         out,
         FailOutcome {

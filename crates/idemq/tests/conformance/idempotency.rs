@@ -1,4 +1,4 @@
-//! Conformance cases: idempotent enqueue (SPEC 4).
+//! Conformance cases: idempotent enqueue (docs/idempotency.md).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The conformance suite: the behaviour of SPEC 3–7, one set of cases run
+//! The conformance suite: the behaviour of docs/ (http-api, idempotency, dedupe, worker, state-machine), one set of cases run
 //! once per backend.
 //!
 //! Each case is an `async fn(Harness)` in one of the modules below. Each

@@ -1,4 +1,4 @@
-//! Conformance cases: operator queries and maintenance (SPEC 2, 4, 7, 9 and
+//! Conformance cases: operator queries and maintenance (docs/state-machine.md, docs/idempotency.md, docs/worker.md, docs/operating.md and
 //! the API's job and queue queries): get, list, queues, purge, promote,
 //! explain, retention and binding sweeps.
 

@@ -133,7 +133,7 @@ async fn all_jobs(h: &Harness) -> Vec<idemq::Job> {
 }
 
 // ---------------------------------------------------------------------------
-// Idempotent enqueue (SPEC 4).
+// Idempotent enqueue (docs/idempotency.md).
 
 async fn identical_idempotent_enqueues_make_one_job(h: Harness) {
     let clients = clients(&h, CLIENTS).await;
@@ -247,7 +247,7 @@ async fn identical_explicit_job_id_enqueues_make_one_job(h: Harness) {
 
 async fn idempotent_requests_coalesced_on_one_dedupe_key_all_bind_it(h: Harness) {
     // Each request has its own idempotency key and the same dedupe key: one
-    // job, and every key, whatever its outcome, is bound to it (SPEC 5,
+    // job, and every key, whatever its outcome, is bound to it (docs/dedupe.md,
     // "Order of checks").
     let clients = clients(&h, CLIENTS).await;
     let req = |i: usize| {
@@ -292,7 +292,7 @@ async fn idempotent_requests_coalesced_on_one_dedupe_key_all_bind_it(h: Harness)
 }
 
 // ---------------------------------------------------------------------------
-// Deduplication (SPEC 5): one job per binding generation.
+// Deduplication (docs/dedupe.md): one job per binding generation.
 
 /// 32 concurrent requests on one dedupe key, each with its own payload:
 /// exactly one is accepted and every other gets `expected` naming it.
@@ -623,7 +623,7 @@ async fn replace_racing_promote_and_claim_never_loses_a_replace(h: Harness) {
 }
 
 // ---------------------------------------------------------------------------
-// Claims (SPEC 7).
+// Claims (docs/worker.md).
 
 async fn claimers_take_every_job_exactly_once(h: Harness) {
     const JOBS: usize = 1000;
@@ -821,7 +821,7 @@ async fn claimers_never_run_two_jobs_of_one_concurrency_key(h: Harness) {
 }
 
 // ---------------------------------------------------------------------------
-// Cancel racing the end of an attempt (SPEC 7, "Cancel").
+// Cancel racing the end of an attempt (docs/worker.md, cancel).
 
 async fn cancel_racing_complete_completes(h: Harness) {
     let clients = clients(&h, 2).await;
@@ -1092,7 +1092,7 @@ async fn cancel_racing_release_or_snooze_cancels(h: Harness) {
 
 async fn complete_racing_a_reclaim_after_lease_expiry(h: Harness) {
     // The holder's token stays valid until the job is claimed again or its
-    // expiry is recorded (SPEC 7): a late complete and a claim that records
+    // expiry is recorded (docs/worker.md): a late complete and a claim that records
     // the expiry race, and exactly one of them wins.
     let clients = clients(&h, 2).await;
     let mut tally: HashMap<&'static str, usize> = HashMap::new();
@@ -1180,7 +1180,7 @@ async fn complete_racing_a_reclaim_after_lease_expiry(h: Harness) {
 }
 
 // ---------------------------------------------------------------------------
-// Batches (SPEC 6): keys locked in a canonical order.
+// Batches (docs/http-api.md, "Batches"): keys locked in a canonical order.
 
 async fn batches_with_keys_in_opposite_orders_do_not_deadlock(h: Harness) {
     const KEYS: usize = 10;
@@ -1238,7 +1238,7 @@ async fn batches_with_keys_in_opposite_orders_do_not_deadlock(h: Harness) {
 }
 
 // ---------------------------------------------------------------------------
-// Redrive (SPEC 7, "Dead letters and redrive").
+// Redrive (docs/worker.md, dead letters and redrive).
 
 /// A dead job (one attempt, failed permanently).
 async fn dead_job(h: &Harness) -> String {

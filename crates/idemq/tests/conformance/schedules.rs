@@ -1,4 +1,4 @@
-//! Conformance cases: schedules (SPEC 8).
+//! Conformance cases: schedules (docs/schedules.md).
 //!
 //! Every tick is an idempotent enqueue keyed `schedule:<name>:<tick>` in the
 //! reserved scope `idemq.schedule`; the cases find a tick's job by that key.

@@ -1,4 +1,4 @@
-//! Conformance cases: validation (SPEC 3–5). Every bound is refused with a
+//! Conformance cases: validation (docs/http-api.md, docs/idempotency.md and docs/dedupe.md). Every bound is refused with a
 //! typed error naming the field as an API dotted path, nothing is written for
 //! a refused request, and the last accepted value on each side is accepted.
 

@@ -1,4 +1,4 @@
-//! Conformance cases: the worker runtime and maintenance (SPEC 7, 9) on
+//! Conformance cases: the worker runtime and maintenance (docs/worker.md, docs/operating.md) on
 //! every backend. Handlers run in real time; the clock of record moves only
 //! when a case moves it.
 

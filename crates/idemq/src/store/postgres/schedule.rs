@@ -1,4 +1,4 @@
-//! Schedules on PostgreSQL (SPEC 8): each call one statement or one
+//! Schedules on PostgreSQL (docs/schedules.md): each call one statement or one
 //! function of `migrations/postgres/0003_schedules.sql`.
 
 use chrono::{DateTime, Utc};

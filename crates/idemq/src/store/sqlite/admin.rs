@@ -230,7 +230,7 @@ pub(super) fn redrive(cx: &Cx, p: &JobRedrive) -> Result<Result<EnqueueResult>> 
             p.deadline,
             cx.now
         ])?;
-    // Redrive does not take dedupe bindings (SPEC 7). A binding without a
+    // Redrive does not take dedupe bindings (docs/worker.md). A binding without a
     // window lives while its job is pending, so one left behind by the dead
     // job would come back to life now; it ended when the job died, so drop it.
     cx.db

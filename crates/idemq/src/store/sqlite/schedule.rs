@@ -1,4 +1,4 @@
-//! Schedules on SQLite (SPEC 8): definitions, due schedules and fired ticks.
+//! Schedules on SQLite (docs/schedules.md): definitions, due schedules and fired ticks.
 
 use rusqlite::{OptionalExtension, Row, params};
 
