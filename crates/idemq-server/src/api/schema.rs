@@ -18,8 +18,8 @@ use utoipa::{Modify, OpenApi, ToSchema};
 #[schema(as = Problem)]
 pub(crate) struct ProblemDoc {
     /// `/problems/<name>`: bad-request, validation, idempotency-conflict,
-    /// lease-lost, not-dead, not-found, unauthorized, payload-too-large,
-    /// unavailable, internal.
+    /// lease-lost, not-dead, not-found, unauthorized, forbidden-host,
+    /// method-not-allowed, payload-too-large, unavailable, internal.
     #[serde(rename = "type")]
     problem_type: String,
     /// A short summary of the type.
@@ -772,6 +772,23 @@ pub(crate) fn openapi_json() -> String {
 mod tests {
     use idemq::request::bounds;
     use serde_json::Value;
+
+    /// The document names every problem type the server answers with.
+    #[test]
+    fn every_problem_type_is_named() {
+        let doc: Value = serde_json::from_str(&super::openapi_json()).expect("json");
+        let described = doc["components"]["schemas"]["Problem"]["properties"]["type"]
+            ["description"]
+            .as_str()
+            .expect("Problem.type is described");
+        let listed = described.split_once(':').map_or("", |(_, l)| l);
+        let listed: Vec<&str> = listed
+            .split(',')
+            .map(|n| n.trim_matches(|c: char| c == '.' || c.is_whitespace()))
+            .collect();
+        let types: Vec<&str> = crate::api::problem::TYPES.iter().map(|t| t.0).collect();
+        assert_eq!(listed, types, "Problem.type lists the types of problem.rs, in order");
+    }
 
     /// The bounds the document states are the library's constants: an
     /// attribute cannot name a constant, so this pins each literal to it.
