@@ -777,17 +777,20 @@ mod tests {
     #[test]
     fn every_problem_type_is_named() {
         let doc: Value = serde_json::from_str(&super::openapi_json()).expect("json");
-        let described = doc["components"]["schemas"]["Problem"]["properties"]["type"]
-            ["description"]
-            .as_str()
-            .expect("Problem.type is described");
+        let described =
+            doc["components"]["schemas"]["Problem"]["properties"]["type"]["description"]
+                .as_str()
+                .expect("Problem.type is described");
         let listed = described.split_once(':').map_or("", |(_, l)| l);
         let listed: Vec<&str> = listed
             .split(',')
             .map(|n| n.trim_matches(|c: char| c == '.' || c.is_whitespace()))
             .collect();
         let types: Vec<&str> = crate::api::problem::TYPES.iter().map(|t| t.0).collect();
-        assert_eq!(listed, types, "Problem.type lists the types of problem.rs, in order");
+        assert_eq!(
+            listed, types,
+            "Problem.type lists the types of problem.rs, in order"
+        );
     }
 
     /// The bounds the document states are the library's constants: an

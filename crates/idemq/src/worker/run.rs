@@ -201,13 +201,19 @@ pub(super) async fn run(
         }
     }
 
-    // Shutdown: no more claims; running handlers get the grace period.
+    // Shutdown: no more claims; running handlers get the grace period. A
+    // completion is recorded as soon as its handler returns: it no longer
+    // heartbeats, so waiting for the slowest handler could let its lease run
+    // out.
     let grace = tokio::time::sleep(w.grace);
     tokio::pin!(grace);
     loop {
         tokio::select! {
             done = tasks.join_next() => match done {
-                Some(done) => count(&mut report, done.unwrap_or(Ended::Failed)),
+                Some(done) => {
+                    count(&mut report, done.unwrap_or(Ended::Failed));
+                    flush(&w, &pending, &mut report).await;
+                }
                 None => break,
             },
             () = &mut grace => {
