@@ -176,7 +176,7 @@ pub(super) async fn run(
                     if e.is_retryable() {
                         report.lost += pending.put_back(done);
                     } else {
-                        report.lost += done.len() as u64;
+                        one_by_one(&w.queue, done, &mut report).await;
                     }
                     full = false;
                     backlog = false;
@@ -236,6 +236,31 @@ pub(super) async fn run(
     Ok(report)
 }
 
+/// Records completions one at a time, after a call that carried them was
+/// refused as a whole (one result over the payload limit refuses the call).
+/// A completion the store cannot take fails its attempt permanently with
+/// the reason: the same handler would produce the same result again.
+async fn one_by_one(queue: &Queue, done: Vec<Entry>, report: &mut WorkerReport) {
+    for entry in done {
+        let c = entry.completion;
+        match queue.complete(&c.job_id, &c.lease_token, c.result).await {
+            Ok(()) => report.completed += 1,
+            Err(e @ (Error::PayloadTooLarge { .. } | Error::Validation { .. })) => {
+                let options = FailOptions {
+                    error: format!("the handler's result was refused: {e}"),
+                    permanent: true,
+                    ..FailOptions::default()
+                };
+                match queue.fail(&c.job_id, &c.lease_token, options).await {
+                    Ok(_) => report.failed += 1,
+                    Err(_) => report.lost += 1,
+                }
+            }
+            Err(_) => report.lost += 1,
+        }
+    }
+}
+
 /// Records the completions still pending at shutdown, retrying while the
 /// backend is briefly unavailable and their leases last.
 async fn flush(w: &Worker, pending: &Pending, report: &mut WorkerReport) {
@@ -257,7 +282,7 @@ async fn flush(w: &Worker, pending: &Pending, report: &mut WorkerReport) {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }
-            Err(_) => report.lost += done.len() as u64,
+            Err(_) => one_by_one(&w.queue, done, report).await,
         }
     }
 }

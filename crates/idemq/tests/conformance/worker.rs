@@ -36,6 +36,7 @@ instantiate!(
     drain_500_jobs_each_completed_once,
     concurrent_maintenance_passes_reap_each_lease_once,
     maintenance_loop_catches_up_beyond_one_batch,
+    an_oversized_result_fails_its_own_job_and_no_other,
 );
 
 #[derive(Deserialize)]
@@ -132,6 +133,51 @@ async fn permanent_error_is_dead(h: Harness) {
     });
     run_until(w, || async { state(&h, &id).await == JobState::Dead }).await;
     assert_eq!(h.job(&id).await.attempts_used, 1);
+}
+
+/// Completions travel in batches; a result over the payload limit must not
+/// take the others of its batch down with it.
+async fn an_oversized_result_fails_its_own_job_and_no_other(h: Harness) {
+    let big = h
+        .put(EnqueueRequest::new("r").payload(json!({"big": true})))
+        .await;
+    for i in 0..30 {
+        h.put(EnqueueRequest::new("r").payload(json!({"big": false, "i": i})))
+            .await;
+    }
+    let w = worker(&h)
+        .concurrency(16)
+        .handle("r", |_c: HandlerContext, p: Value| async move {
+            // Every handler waits a little so the results gather in batches.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let size = if p["big"] == json!(true) {
+                (1 << 20) + 1
+            } else {
+                10
+            };
+            Ok::<_, JobError>(json!("x".repeat(size)))
+        });
+    let report = run_until(w, || async {
+        h.jobs().await.iter().all(|j| j.state.is_terminal())
+    })
+    .await;
+    assert_eq!((report.completed, report.failed, report.lost), (30, 1, 0));
+    let jobs = h.jobs().await;
+    for j in &jobs {
+        if j.id == big {
+            assert_eq!(
+                j.state,
+                JobState::Dead,
+                "the oversized result fails its job permanently"
+            );
+            let err = j.last_error.clone().unwrap_or_default();
+            assert!(err.contains("result"), "{err}");
+            assert_eq!(j.attempts_used, 1);
+        } else {
+            assert_eq!(j.state, JobState::Completed);
+            assert_eq!(j.result, Some(json!("x".repeat(10))));
+        }
+    }
 }
 
 async fn bad_payload_is_dead(h: Harness) {
