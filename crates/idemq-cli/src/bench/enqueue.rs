@@ -39,14 +39,15 @@ fn keyed(key: usize) -> EnqueueRequest {
         .idempotency_key(format!("key-{key}"))
 }
 
-/// The targets of the issue, as minimum ratios.
+/// The targets (docs/benchmarks.md), as minimum ratios.
 fn target(workload: &str, backend: &Backend, producers: usize) -> Option<f64> {
     let pg = matches!(backend, Backend::Postgres { .. });
     match (workload, producers) {
         ("W1", 1) => Some(0.8),
         ("W1", _) if pg => Some(0.6),
         ("W2", _) if pg => Some(0.4),
-        ("W3", _) if pg => Some(0.4),
+        ("W3", _) if pg => Some(0.5),
+        ("W3", _) => Some(0.4),
         ("W4", 8) if pg => Some(1.0),
         ("W4r", _) if pg => Some(1.0),
         _ => None,
