@@ -15,8 +15,8 @@ use tokio::time::Instant;
 
 use crate::queue::Completion;
 
-/// Most completions recorded in one call.
-pub(super) const MAX_BATCH: usize = 1000;
+/// Most completions recorded in one call: the most a call takes.
+const MAX_BATCH: usize = crate::queue::MAX_BATCH_ITEMS;
 
 /// One completion and the moment its lease could have run out.
 pub(super) struct Entry {

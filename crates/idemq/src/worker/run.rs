@@ -17,6 +17,7 @@ use super::{Worker, WorkerReport};
 use crate::error::{Error, Result};
 use crate::job::ClaimedJob;
 use crate::queue::{ClaimOptions, FailOptions, Queue};
+use crate::request::bounds::MAX_CLAIM_LIMIT;
 use crate::store::Wakeups;
 
 /// How long free slots wait for more to free up before a claim, while a
@@ -128,7 +129,9 @@ pub(super) async fn run(
                 queues: w.queues.clone(),
                 types: claim_types.clone(),
                 worker: w.name.clone(),
-                limit: u32::try_from(free.min(1000)).unwrap_or(1000),
+                limit: u32::try_from(free)
+                    .unwrap_or(MAX_CLAIM_LIMIT)
+                    .min(MAX_CLAIM_LIMIT),
                 lease: w.lease,
             };
             let done = pending.take();
