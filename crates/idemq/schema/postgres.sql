@@ -984,8 +984,13 @@ CREATE FUNCTION idemq.ms(p bigint) RETURNS interval
 CREATE FUNCTION idemq.now() RETURNS timestamp with time zone
     LANGUAGE plpgsql
     AS $$
+DECLARE
+    c text := current_setting('idemq.test_clock', true);
 BEGIN
-    RETURN coalesce((SELECT at FROM idemq.test_clock), clock_timestamp());
+    IF c IS NULL OR c = '' THEN
+        RETURN clock_timestamp();
+    END IF;
+    RETURN coalesce((SELECT at FROM idemq.test_clocks WHERE id = c), clock_timestamp());
 END
 $$;
 
@@ -1160,14 +1165,18 @@ CREATE FUNCTION idemq.schedule_every_next(p_anchor timestamp with time zone, p_e
     FROM (SELECT date_trunc('second', p_anchor) AS a) anchor
 $$;
 
-CREATE FUNCTION idemq.schedule_mark_fired(p_name text, p_cron text, p_every_ms bigint, p_timezone text, p_fired timestamp with time zone, p_next timestamp with time zone) RETURNS boolean
+CREATE FUNCTION idemq.schedule_mark_fired(p_name text, p_cron text, p_every_ms bigint, p_timezone text, p_fired timestamp with time zone, p_next timestamp with time zone, p_error text) RETURNS boolean
     LANGUAGE sql
     AS $$
     WITH marked AS (
         UPDATE idemq.schedules
         SET last_fired_at = coalesce(p_fired, last_fired_at),
             next_fire_at = CASE WHEN p_next IS NULL THEN NULL
-                                ELSE greatest(next_fire_at, p_next) END
+                                ELSE greatest(next_fire_at, p_next) END,
+            last_error = CASE WHEN p_error IS NOT NULL THEN p_error
+                              WHEN p_fired IS NOT NULL THEN NULL ELSE last_error END,
+            last_error_at = CASE WHEN p_error IS NOT NULL THEN idemq.now()
+                                 WHEN p_fired IS NOT NULL THEN NULL ELSE last_error_at END
         WHERE name = p_name AND next_fire_at IS NOT NULL
           AND cron IS NOT DISTINCT FROM p_cron AND every_ms IS NOT DISTINCT FROM p_every_ms
           AND timezone = p_timezone
@@ -1290,6 +1299,8 @@ CREATE TABLE idemq.schedules (
     updated_at timestamp with time zone NOT NULL,
     last_fired_at timestamp with time zone,
     next_fire_at timestamp with time zone,
+    last_error text,
+    last_error_at timestamp with time zone,
     CONSTRAINT schedules_check CHECK (((cron IS NULL) <> (every_ms IS NULL)))
 );
 
@@ -1306,10 +1317,9 @@ CREATE TABLE idemq.schema_migrations (
     applied_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
-CREATE TABLE idemq.test_clock (
-    one boolean DEFAULT true NOT NULL,
-    at timestamp with time zone NOT NULL,
-    CONSTRAINT test_clock_one_check CHECK (one)
+CREATE TABLE idemq.test_clocks (
+    id text NOT NULL,
+    at timestamp with time zone NOT NULL
 );
 
 ALTER TABLE ONLY idemq.checkpoints
@@ -1348,8 +1358,8 @@ ALTER TABLE ONLY idemq.schema_functions
 ALTER TABLE ONLY idemq.schema_migrations
     ADD CONSTRAINT schema_migrations_pkey PRIMARY KEY (version);
 
-ALTER TABLE ONLY idemq.test_clock
-    ADD CONSTRAINT test_clock_pkey PRIMARY KEY (one);
+ALTER TABLE ONLY idemq.test_clocks
+    ADD CONSTRAINT test_clocks_pkey PRIMARY KEY (id);
 
 CREATE INDEX dedupe_job ON idemq.dedupe USING btree (job_id);
 

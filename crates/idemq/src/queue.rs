@@ -1117,16 +1117,20 @@ impl Queue {
     /// Maintenance: fires the schedules that are due (at most `limit`,
     /// 1–1000) and returns how many ticks this call fired.
     ///
-    /// Each due schedule fires its latest tick at or before now, if it is
-    /// later than the last tick fired: older missed ticks collapse into it,
-    /// so after downtime the schedule fires once, not once per missed tick.
-    /// The tick enqueues the template with the idempotency key
+    /// Fires the due schedules (docs/schedules.md). A tick fires when it is
+    /// at most its misfire grace late (min(60 s, the period)); of the older
+    /// ticks missed while the schedule was due (every process was down, or
+    /// the passes ran late) only the latest fires, once, before the on-time
+    /// one. A tick enqueues the template with the idempotency key
     /// `schedule:<name>:<tick>` in the reserved scope `idemq.schedule`, so
     /// any number of processes running this at once fire each tick exactly
     /// once; a tick another process fired (a replay, or a conflict because
     /// the template changed in between) is not counted and fails nothing.
-    /// A schedule that cannot fire (the backend failed) stays due for the
-    /// next pass; the others still fire, and the first error is returned.
+    /// A tick whose template can no longer be enqueued (over the payload
+    /// limit, refused by validation) is recorded on the schedule as its
+    /// `last_error` and passed. A schedule that cannot fire because the
+    /// backend failed stays due for the next pass; the others still fire,
+    /// and the first such error is returned.
     pub async fn fire_schedules(&self, limit: u32) -> Result<u64> {
         if !(1..=1000).contains(&limit) {
             return Err(Error::validation("limit", "must be 1–1000"));
@@ -1136,8 +1140,7 @@ impl Queue {
         let mut first_error = None;
         for schedule in &due.schedules {
             match self.fire_schedule(schedule, due.now).await {
-                Ok(true) => fired += 1,
-                Ok(false) => {}
+                Ok(n) => fired += n,
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
@@ -1149,40 +1152,32 @@ impl Queue {
         }
     }
 
-    /// Fires one due schedule's latest tick; true when this call enqueued it.
+    /// Fires one due schedule's ticks; how many this call enqueued.
     async fn fire_schedule(
         &self,
         schedule: &crate::schedule::Schedule,
         now: DateTime<Utc>,
-    ) -> Result<bool> {
+    ) -> Result<u64> {
         let spec = schedule.spec()?;
-        let tick = spec
-            .latest_at_or_before(now)
-            .filter(|t| schedule.last_fired_at.is_none_or(|last| *t > last));
-        let mut fired = false;
-        if let Some(tick) = tick {
-            let item =
-                crate::schedule::tick_request(schedule, tick, &self.hasher, self.payload_limit)?;
-            let result = self
-                .store
-                .job_enqueue(JobEnqueue {
-                    items: vec![item],
-                    atomic: false,
-                    dry_run: false,
-                })
-                .await?
-                .pop()
-                .unwrap_or_else(|| {
-                    Err(Error::Backend {
-                        message: "no result".into(),
-                    })
-                });
-            match result {
-                Ok(r) => fired = r.outcome != crate::Outcome::Replayed,
-                // Another scheduler fired this tick with the template as it
-                // was before (or after) a change: the tick is fired.
-                Err(Error::EnqueueIdempotencyConflict(_)) => {}
-                Err(e) => return Err(e),
+        let ticks = crate::schedule::ticks_to_fire(&spec, schedule, now);
+        let mut fired = 0;
+        let mut error = None;
+        for &tick in &ticks {
+            match self.fire_tick(schedule, tick).await {
+                Ok(true) => fired += 1,
+                Ok(false) => {}
+                // The backend failed: the schedule stays due, nothing is marked.
+                Err(e) if e.is_retryable() || matches!(e, Error::Backend { .. }) => return Err(e),
+                // This template cannot be enqueued, now or at any retry:
+                // record why and move past the tick.
+                Err(e) => {
+                    tracing::warn!(schedule = %schedule.name, tick = %tick, error = %e,
+                        "a schedule tick could not be enqueued; passed");
+                    error = Some(format!(
+                        "the tick {} could not be enqueued: {e}",
+                        tick.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    ));
+                }
             }
         }
         self.store
@@ -1191,11 +1186,42 @@ impl Queue {
                 cron: schedule.cron.clone(),
                 every_ms: schedule.every_ms,
                 timezone: schedule.timezone.clone(),
-                fired_at: tick.map(micros),
+                fired_at: ticks.last().copied().map(micros),
                 next_fire_at: spec.next_after(now).map(micros),
+                error,
             })
             .await?;
         Ok(fired)
+    }
+
+    /// Enqueues one tick; true when this call enqueued it.
+    async fn fire_tick(
+        &self,
+        schedule: &crate::schedule::Schedule,
+        tick: DateTime<Utc>,
+    ) -> Result<bool> {
+        let item = crate::schedule::tick_request(schedule, tick, &self.hasher, self.payload_limit)?;
+        let result = self
+            .store
+            .job_enqueue(JobEnqueue {
+                items: vec![item],
+                atomic: false,
+                dry_run: false,
+            })
+            .await?
+            .pop()
+            .unwrap_or_else(|| {
+                Err(Error::Backend {
+                    message: "no result".into(),
+                })
+            });
+        match result {
+            Ok(r) => Ok(r.outcome != crate::Outcome::Replayed),
+            // Another scheduler fired this tick with the template as it
+            // was before (or after) a change: the tick is fired.
+            Err(Error::EnqueueIdempotencyConflict(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// The largest accepted payload, result or checkpoint value in bytes

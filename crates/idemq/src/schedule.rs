@@ -284,6 +284,34 @@ impl ScheduleSpec {
     }
 }
 
+/// The ticks a pass at `now` fires for a due schedule, oldest first
+/// (docs/schedules.md): the latest tick at or before `now` that is later than
+/// the last one fired; when that tick is within its misfire grace it fires on
+/// time, and the latest of the older ticks missed while the schedule was due
+/// (at or after its stored `next_fire_at`) fires once, late, before it. When
+/// it is later than its grace, it is itself the latest missed tick and fires
+/// alone. Ticks older than those two never fire.
+pub(crate) fn ticks_to_fire(
+    spec: &ScheduleSpec,
+    schedule: &Schedule,
+    now: DateTime<Utc>,
+) -> Vec<DateTime<Utc>> {
+    let unfired = |t: &DateTime<Utc>| schedule.last_fired_at.is_none_or(|last| *t > last);
+    let Some(latest) = spec.latest_at_or_before(now).filter(unfired) else {
+        return Vec::new();
+    };
+    let late = (now - latest).to_std().unwrap_or_default();
+    if late > spec.misfire_grace(latest) {
+        return vec![latest];
+    }
+    // Ticks are whole seconds: the one before `latest` is at or before `latest - 1 s`.
+    let missed = spec
+        .latest_at_or_before(latest - chrono::Duration::seconds(1))
+        .filter(unfired)
+        .filter(|t| schedule.next_fire_at.is_some_and(|due| *t >= due));
+    missed.into_iter().chain([latest]).collect()
+}
+
 /// The idempotency key of a tick: `schedule:<name>:<tick, RFC 3339 UTC, seconds, 'Z'>`.
 pub fn tick_key(name: &str, tick: DateTime<Utc>) -> String {
     format!(
@@ -393,6 +421,14 @@ pub struct Schedule {
     pub last_fired_at: Option<DateTime<Utc>>,
     /// The next tick (`None` while paused, or when the expression matches no later instant).
     pub next_fire_at: Option<DateTime<Utc>>,
+    /// Why the latest tick that could not be enqueued was passed (its
+    /// template over the payload limit, say); cleared by the next tick that
+    /// fires.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When that was recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error_at: Option<DateTime<Utc>>,
 }
 
 impl Schedule {

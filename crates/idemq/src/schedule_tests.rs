@@ -375,6 +375,8 @@ fn a_tick_request_is_keyed_in_the_reserved_scope() {
         updated_at: utc("2030-01-01T00:00:00Z"),
         last_fired_at: None,
         next_fire_at: None,
+        last_error: None,
+        last_error_at: None,
     };
     let tick = utc("2030-01-02T02:00:00Z");
     let item = tick_request(&schedule, tick, &hasher, defaults::PAYLOAD_LIMIT).expect("item");
@@ -444,4 +446,94 @@ fn next_and_latest_agree_around_every_transition() {
             }
         }
     }
+}
+
+fn due(spec_created: &str, last: Option<&str>, next: &str) -> Schedule {
+    Schedule {
+        name: "s".into(),
+        cron: None,
+        every_ms: Some(10_000),
+        timezone: "UTC".into(),
+        job: EnqueueRequest::new("t"),
+        paused: false,
+        created_at: utc(spec_created),
+        updated_at: utc(spec_created),
+        last_fired_at: last.map(utc),
+        next_fire_at: Some(utc(next)),
+        last_error: None,
+        last_error_at: None,
+    }
+}
+
+#[test]
+fn an_on_time_tick_fires_alone_when_nothing_was_missed() {
+    let s = due(
+        "2030-01-01T00:00:00Z",
+        Some("2030-01-01T00:00:20Z"),
+        "2030-01-01T00:00:30Z",
+    );
+    let spec = s.spec().expect("spec");
+    assert_eq!(
+        ticks_to_fire(&spec, &s, utc("2030-01-01T00:00:34Z")),
+        vec![utc("2030-01-01T00:00:30Z")]
+    );
+    // Already fired: nothing.
+    let fired = due(
+        "2030-01-01T00:00:00Z",
+        Some("2030-01-01T00:00:30Z"),
+        "2030-01-01T00:00:40Z",
+    );
+    assert!(ticks_to_fire(&spec, &fired, utc("2030-01-01T00:00:34Z")).is_empty());
+}
+
+#[test]
+fn after_downtime_the_latest_missed_tick_fires_late_then_the_on_time_one() {
+    // Due since 00:00:10; the pass comes at 00:01:05: 00:01:00 is 5 s late
+    // (within its 10 s grace), 00:00:50 is the latest of the missed ones.
+    let s = due("2030-01-01T00:00:00Z", None, "2030-01-01T00:00:10Z");
+    let spec = s.spec().expect("spec");
+    assert_eq!(
+        ticks_to_fire(&spec, &s, utc("2030-01-01T00:01:05Z")),
+        vec![utc("2030-01-01T00:00:50Z"), utc("2030-01-01T00:01:00Z")]
+    );
+}
+
+#[test]
+fn a_tick_later_than_its_grace_fires_alone_as_the_latest_missed() {
+    let s = Schedule {
+        cron: Some("0 0 * * * *".into()),
+        every_ms: None,
+        ..due(
+            "2030-01-01T00:00:00Z",
+            Some("2030-01-01T01:00:00Z"),
+            "2030-01-01T02:00:00Z",
+        )
+    };
+    let spec = s.spec().expect("spec");
+    // Five minutes late for an hourly tick (grace 60 s): it fires, late, alone.
+    assert_eq!(
+        ticks_to_fire(&spec, &s, utc("2030-01-01T02:05:00Z")),
+        vec![utc("2030-01-01T02:00:00Z")]
+    );
+    // Down for three hours: only the latest missed tick fires.
+    assert_eq!(
+        ticks_to_fire(&spec, &s, utc("2030-01-01T04:30:00Z")),
+        vec![utc("2030-01-01T04:00:00Z")]
+    );
+}
+
+#[test]
+fn ticks_before_the_schedule_was_due_never_fire() {
+    // Resumed (or created) with its next fire at 00:00:40: the 00:00:30
+    // tick fell while it was paused, so a pass at 00:00:41 fires 00:00:40 only.
+    let s = due(
+        "2030-01-01T00:00:00Z",
+        Some("2030-01-01T00:00:10Z"),
+        "2030-01-01T00:00:40Z",
+    );
+    let spec = s.spec().expect("spec");
+    assert_eq!(
+        ticks_to_fire(&spec, &s, utc("2030-01-01T00:00:41Z")),
+        vec![utc("2030-01-01T00:00:40Z")]
+    );
 }

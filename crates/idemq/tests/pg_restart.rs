@@ -3,19 +3,17 @@
 //! `Unavailable` with the same key (bounded), the pool reconnects by itself,
 //! and afterwards every acknowledged job is there and no key owns two jobs.
 //!
-//! This binary holds this one test only: it restarts the server every other
-//! PostgreSQL test uses (cargo runs test binaries one after another, but the
-//! tests of one binary in parallel). A guard starts the server again even
-//! when the test fails.
+//! The test runs its own PostgreSQL server: `initdb` into a temporary
+//! directory and `pg_ctl` on a free loopback port (as the `postgres` user
+//! when run as root), so restarting it disturbs no other test, and a guard
+//! stops it and removes its files even when the test fails. It needs the
+//! server binaries (`/usr/lib/postgresql/<version>/bin`, or `pg_config
+//! --bindir`).
 //!
-//! Run: `cargo test -p idemq --test pg_restart -- --nocapture` (as a user
-//! allowed to run `pg_ctlcluster`, e.g. root, on the machine of the server).
-
-#[allow(dead_code)]
-#[path = "conformance/support.rs"]
-mod support;
+//! Run: `cargo test -p idemq --test pg_restart -- --nocapture`.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,81 +30,159 @@ const RESTART_AT: u64 = 6_000;
 /// How long one enqueue may keep retrying `Unavailable` before it gives up.
 const RETRY_BUDGET: Duration = Duration::from_secs(30);
 
-/// The local cluster's version (`ls /etc/postgresql`), highest first.
-fn pg_version() -> String {
-    let mut versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
-        .expect("/etc/postgresql: this test restarts a local Debian-style cluster")
+/// The directory of the PostgreSQL server binaries: `pg_config --bindir`
+/// when it has `pg_ctl`, else the newest `/usr/lib/postgresql/<v>/bin`.
+fn bindir() -> PathBuf {
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if dir.join("pg_ctl").is_file() {
+            return dir;
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("/usr/lib/postgresql: install the PostgreSQL server (Debian: postgresql)")
         .filter_map(|e| e.ok())
-        .filter(|e| e.path().join("main").is_dir())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    versions.sort_by_key(|v| v.parse::<u32>().unwrap_or(0));
-    versions.pop().expect("a PostgreSQL cluster named main")
-}
-
-fn pg_ctlcluster(version: &str, action: &str) -> std::process::Output {
-    Command::new("pg_ctlcluster")
-        .args([
-            "--skip-systemctl-redirect",
-            "--mode",
-            "fast",
-            version,
-            "main",
-            action,
-        ])
-        .output()
-        .expect("run pg_ctlcluster")
-}
-
-/// Waits until the server accepts connections again (up to 60 s).
-fn wait_until_up() -> bool {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        let up = std::thread::spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime")
-                .block_on(async {
-                    use sqlx::Connection;
-                    match sqlx::PgConnection::connect(&support::pg_admin_url()).await {
-                        Ok(c) => {
-                            let _ = c.close().await;
-                            true
-                        }
-                        Err(_) => false,
-                    }
-                })
+        .filter_map(|e| {
+            let v = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("pg_ctl").is_file().then_some((v, bin))
         })
-        .join()
-        .unwrap_or(false);
-        if up {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .expect("no PostgreSQL server binaries (pg_ctl) found")
+        .1
+}
+
+/// A free TCP port on loopback (bound, then released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// A PostgreSQL server of this test's own.
+struct Server {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    port: u16,
+    as_postgres: bool,
+}
+
+impl Server {
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
     }
-    false
-}
 
-/// Leaves the server running and drops the test database, whatever happened.
-struct ServerGuard {
-    version: String,
-    db: String,
-}
-
-impl Drop for ServerGuard {
-    fn drop(&mut self) {
-        // "already running" is fine: start is idempotent for our purpose.
-        let _ = pg_ctlcluster(&self.version, "start");
-        if wait_until_up() {
-            support::drop_pg_database(&self.db);
+    /// Runs a server binary (as `postgres` when this process is root:
+    /// PostgreSQL refuses to run as root).
+    fn run(&self, program: &str, args: &[&str]) -> std::process::Output {
+        let path = self.bin.join(program);
+        let mut cmd = if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(&path);
+            c
         } else {
-            eprintln!(
-                "pg_restart: PostgreSQL {} main did not come back up: start it by hand",
-                self.version
-            );
+            Command::new(&path)
+        };
+        cmd.args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("run a PostgreSQL binary")
+    }
+
+    fn start() -> Self {
+        let as_postgres = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        let dir = tempfile::tempdir().expect("temp dir");
+        if as_postgres {
+            let ok = Command::new("chown")
+                .args(["postgres:", &dir.path().display().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "chown the server's directory to postgres");
+        }
+        let server = Self {
+            bin: bindir(),
+            dir,
+            port: free_port(),
+            as_postgres,
+        };
+        let data = server.data().display().to_string();
+        let init = server.run(
+            "initdb",
+            &["-D", &data, "-A", "trust", "-U", "postgres", "-N"],
+        );
+        assert!(init.status.success(), "initdb: {}", output(&init));
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=40",
+            server.port,
+            server.dir.path().display()
+        );
+        let log = server.log_path().display().to_string();
+        let start = server.run(
+            "pg_ctl",
+            &[
+                "-D", &data, "-l", &log, "-o", &options, "-w", "-t", "60", "start",
+            ],
+        );
+        assert!(
+            start.status.success(),
+            "pg_ctl start: {}\n{}",
+            output(&start),
+            server.log()
+        );
+        server
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("server.log")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// A fast restart: active sessions are ended, then the server starts again.
+    fn restart(&self) -> std::process::Output {
+        let data = self.data().display().to_string();
+        // `-l` again: the new server must not hold this call's output pipes
+        // open (they would never reach end of file).
+        let log = self.log_path().display().to_string();
+        self.run(
+            "pg_ctl",
+            &[
+                "-D", &data, "-l", &log, "-m", "fast", "-w", "-t", "60", "restart",
+            ],
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let data = self.data().display().to_string();
+        let _ = self.run("pg_ctl", &["-D", &data, "-m", "immediate", "-w", "stop"]);
+        if self.as_postgres {
+            // The temporary directory is postgres's; root removes it anyway.
+            let _ = std::fs::remove_dir_all(self.dir.path().join("data"));
         }
     }
+}
+
+fn output(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 #[derive(Default)]
@@ -174,17 +250,15 @@ async fn producer(queue: Queue, p: u32, tally: Arc<Tally>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_restart_during_idempotent_enqueues_loses_nothing() {
-    let version = pg_version();
-    let (url, db) = support::pg_database();
-    let _guard = ServerGuard {
-        version: version.clone(),
-        db,
-    };
+    let server = Server::start();
+    let url = server.url();
+    Queue::migrate(&url).await.expect("migrate the test server");
     let store = PgStore::connect(
         &url,
         PgOptions {
             max_connections: PRODUCERS,
             acquire_timeout: Duration::from_secs(2),
+            ..PgOptions::default()
         },
     )
     .await
@@ -200,8 +274,9 @@ async fn postgres_restart_during_idempotent_enqueues_loses_nothing() {
 
     // The fault: one fast restart once RESTART_AT enqueues were acknowledged.
     let done = Arc::new(AtomicBool::new(false));
+    let server = Arc::new(server);
     let injector = {
-        let (tally, done) = (tally.clone(), done.clone());
+        let (tally, done, server_ref) = (tally.clone(), done.clone(), server.clone());
         tokio::spawn(async move {
             while tally.acked.load(Ordering::Relaxed) < RESTART_AT {
                 if done.load(Ordering::Relaxed) {
@@ -210,9 +285,7 @@ async fn postgres_restart_during_idempotent_enqueues_loses_nothing() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let started = Instant::now();
-            let out = tokio::task::spawn_blocking(move || pg_ctlcluster(&version, "restart"))
-                .await
-                .expect("restart task");
+            let out = tokio::task::block_in_place(|| server_ref.restart());
             let log = format!(
                 "{}{}",
                 String::from_utf8_lossy(&out.stdout),
@@ -296,7 +369,12 @@ async fn postgres_restart_during_idempotent_enqueues_loses_nothing() {
         wrong_bindings.len(),
     );
 
-    assert_eq!(faults, 1, "the restart failed: {restart_log}");
+    assert_eq!(
+        faults,
+        1,
+        "the restart failed: {restart_log}\nserver log:\n{}",
+        server.log()
+    );
     assert!(
         tally.retries.load(Ordering::Relaxed) > 0,
         "no producer noticed the restart: the fault was not injected during the load"

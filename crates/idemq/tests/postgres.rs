@@ -27,9 +27,7 @@ fn keyed(key: &str, payload: serde_json::Value) -> EnqueueRequest {
 }
 
 async fn orders_table(h: &Harness) -> sqlx::PgPool {
-    let pool = sqlx::PgPool::connect(h.db_url.as_deref().expect("postgres"))
-        .await
-        .expect("pool");
+    let pool = h.caller_pool().await;
     pool.execute("CREATE TABLE orders (id text PRIMARY KEY)")
         .await
         .expect("orders table");
@@ -362,4 +360,34 @@ fn normalize(dump: &str) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The test clock is per session: the case's own pools read it, any other
+/// session of the same database (another process, an operator's psql) reads
+/// the real clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_clock_is_seen_only_by_the_sessions_that_name_it() {
+    let h = Harness::postgres().await;
+    assert_eq!(h.now().await, support::epoch());
+    let mine = h.caller_pool().await;
+    let at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT idemq.now()")
+        .fetch_one(&mine)
+        .await
+        .unwrap();
+    assert_eq!(at, support::epoch());
+    let url = h.db_url.clone().expect("postgres");
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let real: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT idemq.now()")
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
+    let drift = (real - chrono::Utc::now()).num_seconds().abs();
+    assert!(drift < 60, "another session reads the real clock: {real}");
+    // A session naming a clock that does not exist reads the real clock too.
+    exec(&mut other, "SET idemq.test_clock = 'nope'".into()).await;
+    let real: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT idemq.now()")
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
+    assert!((real - chrono::Utc::now()).num_seconds().abs() < 60);
 }

@@ -564,6 +564,12 @@ pub(crate) struct ScheduleDoc {
     updated_at: DateTime<Utc>,
     last_fired_at: Option<DateTime<Utc>>,
     next_fire_at: Option<DateTime<Utc>>,
+    /// Present when the latest tick that could not be enqueued (its template
+    /// over the payload limit, say) was passed: why. Cleared by the next tick
+    /// that fires.
+    last_error: Option<String>,
+    /// When `last_error` was recorded.
+    last_error_at: Option<DateTime<Utc>>,
 }
 
 /// Every schedule.

@@ -93,7 +93,7 @@ pub(crate) async fn schedules(State(state): State<AppState>) -> PageResult {
                 query(&[("queue", Some(queue))]),
                 esc(queue),
                 opt_time(s.last_fired_at.as_ref()),
-                if s.paused { r#"<span class="badge paused">paused</span>"# } else { r#"<span class="badge running">active</span>"# },
+                schedule_state(s),
             ));
         }
         body.push_str("</tbody></table>");
@@ -102,6 +102,23 @@ pub(crate) async fn schedules(State(state): State<AppState>) -> PageResult {
         StatusCode::OK,
         page("Schedules", Nav::Schedules, None, &body),
     ))
+}
+
+/// A schedule's state cell: paused or active, and the reason its latest
+/// unenqueueable tick was passed, if any.
+fn schedule_state(s: &idemq::Schedule) -> String {
+    let mut cell = if s.paused {
+        r#"<span class="badge paused">paused</span>"#.to_owned()
+    } else {
+        r#"<span class="badge running">active</span>"#.to_owned()
+    };
+    if let Some(error) = &s.last_error {
+        cell.push_str(&format!(
+            r#" <span class="badge dead">tick passed</span> <span class="muted">{}</span>"#,
+            esc(error)
+        ));
+    }
+    cell
 }
 
 /// How many recent jobs `/bindings` looks through per page.

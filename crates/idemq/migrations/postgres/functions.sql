@@ -43,10 +43,18 @@ $$;
 -- hence STABLE wherever they add an interval to an instant (that operator
 -- is STABLE): a SQL function the planner cannot inline is planned again at
 -- every call, which cost a single enqueue more than its insert.
+-- The clock of record. A session whose idemq.test_clock setting names a
+-- clock of idemq.test_clocks reads that clock (the test suite's, set on
+-- its own connections only); every other session reads clock_timestamp().
 CREATE FUNCTION idemq.now() RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    c text := current_setting('idemq.test_clock', true);
 BEGIN
-    RETURN coalesce((SELECT at FROM idemq.test_clock), clock_timestamp());
+    IF c IS NULL OR c = '' THEN
+        RETURN clock_timestamp();
+    END IF;
+    RETURN coalesce((SELECT at FROM idemq.test_clocks WHERE id = c), clock_timestamp());
 END
 $$;
 
@@ -1168,16 +1176,21 @@ $$;
 -- Records a fired tick (p_fired NULL: none was due) and the next fire, if
 -- the schedule still has the timing the caller computed them with and is
 -- not paused. last_fired_at only moves forward; ticks of one timing only
--- move forward, so next_fire_at never moves back either.
+-- move forward, so next_fire_at never moves back either. p_error records
+-- why a tick was passed without its job; a tick fired without one clears it.
 CREATE FUNCTION idemq.schedule_mark_fired(p_name text, p_cron text, p_every_ms bigint,
                                           p_timezone text, p_fired timestamptz,
-                                          p_next timestamptz)
+                                          p_next timestamptz, p_error text)
 RETURNS boolean LANGUAGE sql AS $$
     WITH marked AS (
         UPDATE idemq.schedules
         SET last_fired_at = coalesce(p_fired, last_fired_at),
             next_fire_at = CASE WHEN p_next IS NULL THEN NULL
-                                ELSE greatest(next_fire_at, p_next) END
+                                ELSE greatest(next_fire_at, p_next) END,
+            last_error = CASE WHEN p_error IS NOT NULL THEN p_error
+                              WHEN p_fired IS NOT NULL THEN NULL ELSE last_error END,
+            last_error_at = CASE WHEN p_error IS NOT NULL THEN idemq.now()
+                                 WHEN p_fired IS NOT NULL THEN NULL ELSE last_error_at END
         WHERE name = p_name AND next_fire_at IS NOT NULL
           AND cron IS NOT DISTINCT FROM p_cron AND every_ms IS NOT DISTINCT FROM p_every_ms
           AND timezone = p_timezone

@@ -552,4 +552,8 @@ pub struct ScheduleMarkFired {
     pub fired_at: Option<i64>,
     /// The next fire (µs); `None` when the expression matches no later instant.
     pub next_fire_at: Option<i64>,
+    /// Why a tick was passed without enqueueing its job (recorded as the
+    /// schedule's `last_error`, at the clock of record); `None` clears the
+    /// recorded error when a tick fired.
+    pub error: Option<String>,
 }

@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::error::Error;
 use crate::job::ClaimedJob;
 use crate::queue::Queue;
 
@@ -181,12 +182,20 @@ impl HandlerContext {
             return decode(stored);
         }
         let value = step().await?;
-        let json = serde_json::to_value(&value).map_err(JobError::permanent)?;
+        let json = serde_json::to_value(&value)
+            .map_err(|e| JobError::permanent(format!("checkpoint {name} is not JSON: {e}")))?;
+        // A value the store refuses (over the payload limit, a bad name)
+        // would be refused at every attempt: the attempt fails for good.
         let stored = self
             .queue
             .checkpoint_put(&self.job.id, &self.job.lease_token, name, &json)
             .await
-            .map_err(JobError::retryable)?;
+            .map_err(|e| match e {
+                Error::PayloadTooLarge { .. } | Error::Validation { .. } => {
+                    JobError::permanent(format!("checkpoint {name} was refused: {e}"))
+                }
+                e => JobError::retryable(e),
+            })?;
         if stored {
             return Ok(value);
         }

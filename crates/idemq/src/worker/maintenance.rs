@@ -7,11 +7,46 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::queue::Queue;
 
+/// A step of a maintenance pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Recording expired leases.
+    ReapLeases,
+    /// Firing due schedules.
+    FireSchedules,
+    /// Removing expired or dead bindings.
+    SweepBindings,
+    /// Deleting terminal jobs past their retention.
+    SweepRetention,
+}
+
+impl Step {
+    /// Its name in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ReapLeases => "reap_leases",
+            Self::FireSchedules => "fire_schedules",
+            Self::SweepBindings => "sweep_bindings",
+            Self::SweepRetention => "sweep_retention",
+        }
+    }
+}
+
+/// A step that failed in a pass (the others still ran; it runs again at the
+/// next pass).
+#[derive(Debug)]
+pub struct StepError {
+    /// Which step.
+    pub step: Step,
+    /// Why.
+    pub error: Error,
+}
+
 /// What one maintenance pass did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct PassReport {
     /// Expired leases recorded.
     pub leases_reaped: u64,
@@ -21,6 +56,8 @@ pub struct PassReport {
     pub bindings_removed: u64,
     /// Terminal jobs deleted after their retention.
     pub jobs_deleted: u64,
+    /// The steps that failed, each on its own.
+    pub errors: Vec<StepError>,
 }
 
 impl PassReport {
@@ -69,29 +106,64 @@ impl Maintenance {
         self
     }
 
-    /// One bounded pass.
-    pub async fn pass(&self) -> Result<PassReport> {
-        Ok(PassReport {
-            leases_reaped: self.queue.reap_leases(self.batch).await?,
-            ticks_fired: self.queue.fire_schedules(self.batch.min(1000)).await?,
-            bindings_removed: self.queue.sweep_bindings(self.batch).await?,
-            jobs_deleted: self.queue.sweep_retention(self.batch).await?,
-        })
+    /// One bounded pass. Every step runs on its own: a step that fails (the
+    /// backend down, a schedule that cannot fire) is reported in
+    /// [`PassReport::errors`] and never keeps the other steps from running.
+    pub async fn pass(&self) -> PassReport {
+        let mut report = PassReport::default();
+        let mut step = |step: Step, outcome: Result<u64>| match outcome {
+            Ok(n) => n,
+            Err(error) => {
+                report.errors.push(StepError { step, error });
+                0
+            }
+        };
+        let reaped = step(Step::ReapLeases, self.queue.reap_leases(self.batch).await);
+        let fired = step(
+            Step::FireSchedules,
+            self.queue.fire_schedules(self.batch.min(1000)).await,
+        );
+        let removed = step(
+            Step::SweepBindings,
+            self.queue.sweep_bindings(self.batch).await,
+        );
+        let deleted = step(
+            Step::SweepRetention,
+            self.queue.sweep_retention(self.batch).await,
+        );
+        report.leases_reaped = reaped;
+        report.ticks_fired = fired;
+        report.bindings_removed = removed;
+        report.jobs_deleted = deleted;
+        report
     }
 
-    /// Runs passes until `stop` turns true. A failed pass (the backend down)
-    /// is retried at the next tick.
+    /// Runs passes until `stop` turns true. A failed step is logged
+    /// (`tracing`, a warning when a step starts failing, at debug level while
+    /// it keeps failing) and runs again at the next pass.
     pub async fn run_until(self, mut stop: watch::Receiver<bool>) {
+        let mut failing: Vec<Step> = Vec::new();
         loop {
             if *stop.borrow() {
                 return;
             }
+            let r = self.pass().await;
+            let now_failing: Vec<Step> = r.errors.iter().map(|e| e.step).collect();
+            for e in &r.errors {
+                if failing.contains(&e.step) {
+                    tracing::debug!(step = e.step.name(), error = %e.error, "maintenance step still failing");
+                } else {
+                    tracing::warn!(step = e.step.name(), error = %e.error, "maintenance step failed; it runs again at the next pass");
+                }
+            }
+            for s in failing.iter().filter(|s| !now_failing.contains(s)) {
+                tracing::info!(step = s.name(), "maintenance step recovered");
+            }
+            failing = now_failing;
             // A step that filled its batch has more to do: the next pass runs
             // at once, so sweeping keeps up with any rate of work while each
             // pass stays bounded in rows.
-            if let Ok(r) = self.pass().await
-                && r.is_full(self.batch)
-            {
+            if r.is_full(self.batch) {
                 tokio::task::yield_now().await;
                 continue;
             }

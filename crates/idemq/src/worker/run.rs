@@ -69,8 +69,27 @@ pub(super) async fn run(
             "register at least one handler before run",
         ));
     }
+    // Settings a claim would refuse are refused here, before anything runs:
+    // a worker that cannot claim must say so, not idle.
+    let claim_options = |limit: u32| ClaimOptions {
+        queues: w.queues.clone(),
+        types: claim_types.clone(),
+        worker: w.name.clone(),
+        limit,
+        lease: w.lease,
+    };
+    claim_options(1).validate()?;
+    if w.poll_interval.is_zero() {
+        return Err(Error::validation("poll_interval", "must be more than 0"));
+    }
     // Wake-ups are an optimisation: polling alone still finds the work.
-    let mut wakeups = w.queue.store().wakeups().await.ok();
+    let mut wakeups = match w.queue.store().wakeups().await {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(error = %e, "no wake-ups; polling for work only");
+            None
+        }
+    };
     let slots: Slots = Arc::default();
     let (stop_all, stop_rx) = watch::channel(false);
     let heartbeats = tokio::spawn(heartbeat_loop(
@@ -97,6 +116,10 @@ pub(super) async fn run(
     let mut backlog = false;
     // Since when fewer slots than a batch have been free.
     let mut free_since: Option<tokio::time::Instant> = None;
+    // After a failed call: no claim before this instant.
+    let mut retry = Backoff::new(w.poll_interval);
+    // A claim refused for good ends the run (after the running handlers).
+    let mut fatal: Option<Error> = None;
     loop {
         while let Some(done) = tasks.try_join_next() {
             count(&mut report, done.unwrap_or(Ended::Failed));
@@ -123,21 +146,18 @@ pub(super) async fn run(
         }
         let window_over = free_since.is_some_and(|t| t.elapsed() >= CLAIM_WINDOW);
         let mut full = false;
-        if waiting && (free >= wanted || window_over) {
+        if waiting && (free >= wanted || window_over) && retry.ready() {
             free_since = None;
-            let options = ClaimOptions {
-                queues: w.queues.clone(),
-                types: claim_types.clone(),
-                worker: w.name.clone(),
-                limit: u32::try_from(free)
+            let options = claim_options(
+                u32::try_from(free)
                     .unwrap_or(MAX_CLAIM_LIMIT)
                     .min(MAX_CLAIM_LIMIT),
-                lease: w.lease,
-            };
+            );
             let done = pending.take();
             let completions = done.iter().map(|e| e.completion.clone()).collect();
             match w.queue.complete_and_claim(completions, options).await {
                 Ok((recorded, claimed)) => {
+                    retry.succeeded();
                     for r in recorded {
                         match r {
                             Ok(()) => report.completed += 1,
@@ -174,15 +194,25 @@ pub(super) async fn run(
                     }
                 }
                 // The backend is down or busy: keep the completions (while
-                // their leases last), wait a poll interval and retry.
-                Err(e) => {
-                    if e.is_retryable() {
-                        report.lost += pending.put_back(done);
-                    } else {
-                        one_by_one(&w.queue, done, &mut report).await;
-                    }
-                    full = false;
+                // their leases last) and retry with backoff.
+                Err(e) if e.is_retryable() => {
+                    retry.failed(&e);
+                    report.lost += pending.put_back(done);
                     backlog = false;
+                }
+                // One completion the store cannot take refuses the whole
+                // call: record them one by one, then claim again.
+                Err(e) if !done.is_empty() => {
+                    tracing::debug!(error = %e, "a completion batch was refused; recording one by one");
+                    one_by_one(&w.queue, done, &mut report).await;
+                    backlog = false;
+                }
+                // A claim refused for good: nothing this worker does will
+                // change the answer.
+                Err(e) => {
+                    tracing::error!(error = %e, "the store refused this worker's claim; stopping");
+                    fatal = Some(e);
+                    break;
                 }
             }
         }
@@ -191,6 +221,7 @@ pub(super) async fn run(
         }
         tokio::select! {
             () = &mut shutdown => break,
+            () = retry.wait(), if !retry.ready() => {}
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                 count(&mut report, done.unwrap_or(Ended::Failed));
             }
@@ -236,7 +267,63 @@ pub(super) async fn run(
     if let Some(m) = maintenance {
         let _ = m.await;
     }
-    Ok(report)
+    match fatal {
+        Some(e) => Err(e),
+        None => Ok(report),
+    }
+}
+
+/// Exponential backoff after failed store calls: from 50 ms, doubling, up to
+/// the poll interval (at least 1 s). The first failure of a streak is logged
+/// as a warning, the rest at debug level, and the recovery once.
+struct Backoff {
+    until: Option<tokio::time::Instant>,
+    delay: Duration,
+    max: Duration,
+    failures: u32,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(50);
+
+    fn new(poll: Duration) -> Self {
+        Self {
+            until: None,
+            delay: Self::FIRST,
+            max: poll.max(Duration::from_secs(1)),
+            failures: 0,
+        }
+    }
+
+    fn ready(&self) -> bool {
+        self.until.is_none_or(|t| tokio::time::Instant::now() >= t)
+    }
+
+    async fn wait(&self) {
+        if let Some(t) = self.until {
+            tokio::time::sleep_until(t).await;
+        }
+    }
+
+    fn failed(&mut self, e: &Error) {
+        self.failures += 1;
+        if self.failures == 1 {
+            tracing::warn!(error = %e, "claim failed; retrying with backoff");
+        } else {
+            tracing::debug!(error = %e, failures = self.failures, "claim failed again");
+        }
+        self.until = Some(tokio::time::Instant::now() + self.delay);
+        self.delay = (self.delay * 2).min(self.max);
+    }
+
+    fn succeeded(&mut self) {
+        if self.failures > 0 {
+            tracing::info!(failures = self.failures, "claims succeed again");
+        }
+        self.failures = 0;
+        self.until = None;
+        self.delay = Self::FIRST;
+    }
 }
 
 /// Records completions one at a time, after a call that carried them was
@@ -331,7 +418,9 @@ async fn heartbeat_loop(
                 }
                 // The backend is down: try again at the next beat; the lease
                 // outlives a few missed beats.
-                Err(_) => {}
+                Err(e) => {
+                    tracing::warn!(job_id = %id, error = %e, "heartbeat failed; retrying at the next beat");
+                }
             }
         }
     }

@@ -5,7 +5,10 @@
 //! SQLite), spreads its tasks over them round-robin and starts the tasks
 //! together behind a barrier. The assertions are invariants that hold
 //! whichever way a race goes; where both ways are possible, each way is
-//! checked for what it must leave behind.
+//! checked for what it must leave behind. Every case also shows that its race
+//! happened: each call records when it was in flight, and a case requires at
+//! least one pair of calls in flight at once (in each race, or in at least one
+//! round of a case that races two calls round after round).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -60,15 +63,67 @@ async fn clients(h: &Harness, n: usize) -> Vec<Queue> {
     out
 }
 
-/// Spawns `fut`, which starts once every task of `barrier` is there.
+/// Rounds of a case in which at least two calls were in flight at once.
+#[derive(Clone, Default)]
+struct Interleavings(Arc<AtomicUsize>);
+
+impl Interleavings {
+    /// Fails the case unless some round interleaved: a race that never
+    /// happened proves nothing.
+    fn assert_seen(&self, what: &str) {
+        let n = self.0.load(Ordering::SeqCst);
+        assert!(n > 0, "{what}: no two calls were ever in flight at once");
+    }
+}
+
+/// The start line of one race: a barrier, and when each call was in flight.
+struct Start {
+    barrier: Barrier,
+    calls: usize,
+    spans: Mutex<Vec<(tokio::time::Instant, tokio::time::Instant)>>,
+    seen: Interleavings,
+}
+
+impl Start {
+    /// A race of `calls` calls, counted in `seen` when two of them overlap.
+    fn new(calls: usize, seen: &Interleavings) -> Arc<Self> {
+        Arc::new(Self {
+            barrier: Barrier::new(calls),
+            calls,
+            spans: Mutex::new(Vec::with_capacity(calls)),
+            seen: seen.clone(),
+        })
+    }
+
+    /// Records one finished call; the last one counts the race if any two
+    /// calls were in flight at once.
+    fn record(&self, span: (tokio::time::Instant, tokio::time::Instant)) {
+        let mut spans = self.spans.lock().expect("spans");
+        spans.push(span);
+        if spans.len() == self.calls {
+            let overlap = spans
+                .iter()
+                .enumerate()
+                .any(|(i, a)| spans[i + 1..].iter().any(|b| a.0 < b.1 && b.0 < a.1));
+            if overlap {
+                self.seen.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+/// Spawns `fut`, which starts once every task of `start` is there.
 fn spawn_at<T: Send + 'static>(
-    barrier: &Arc<Barrier>,
+    start: &Arc<Start>,
     fut: impl Future<Output = T> + Send + 'static,
 ) -> JoinHandle<T> {
-    let b = barrier.clone();
+    let s = start.clone();
     tokio::spawn(async move {
-        b.wait().await;
-        fut.await
+        s.barrier.wait().await;
+        let t0 = tokio::time::Instant::now();
+        let out = fut.await;
+        s.record((t0, tokio::time::Instant::now()));
+        out
     })
 }
 
@@ -87,7 +142,8 @@ where
     T: Send + 'static,
     Fut: Future<Output = T> + Send + 'static,
 {
-    let barrier = Arc::new(Barrier::new(n));
+    let seen = Interleavings::default();
+    let barrier = Start::new(n, &seen);
     let tasks: Vec<_> = (0..n)
         .map(|i| spawn_at(&barrier, f(i, clients[i % clients.len()].clone())))
         .collect();
@@ -95,6 +151,7 @@ where
     for t in tasks {
         out.push(join(t).await);
     }
+    seen.assert_seen("race");
     out
 }
 
@@ -416,6 +473,7 @@ fn digest(key: &str, payload: Value) -> EnqueueRequest {
 /// claims at once, too. Returns the job, its first payload, the replaces'
 /// payloads and outcomes, and what the claims got.
 async fn race_replaces(
+    seen: &Interleavings,
     clients: &[Queue],
     key: &'static str,
     round: usize,
@@ -433,7 +491,7 @@ async fn race_replaces(
         "round {round}: the previous job ended, so the key is free"
     );
     let id = first.job_id;
-    let barrier = Arc::new(Barrier::new(1 + replacers + usize::from(claim)));
+    let barrier = Start::new(1 + replacers + usize::from(claim), seen);
     let claim_digest = |worker: &str| ClaimOptions {
         types: Some(vec![DIGEST.into()]),
         ..claim_options(worker, 1)
@@ -502,11 +560,12 @@ async fn assert_log(h: &Harness, id: &str, round: usize, replaced: usize, rest: 
 }
 
 async fn replace_racing_promote_is_replaced_or_window_elapsed(h: Harness) {
+    let seen = Interleavings::default();
     const KEY: &str = "reminder-acct-1";
     let clients = clients(&h, 3).await;
     let mut tally: HashMap<String, usize> = HashMap::new();
     for round in 0..30 {
-        let (id, old, outcomes, _) = race_replaces(&clients, KEY, round, 2, false).await;
+        let (id, old, outcomes, _) = race_replaces(&seen, &clients, KEY, round, 2, false).await;
         for (_, o) in &outcomes {
             // The job never started: it is either not due (the replace lands)
             // or due (`window_elapsed`), never `not_pending`.
@@ -538,15 +597,18 @@ async fn replace_racing_promote_is_replaced_or_window_elapsed(h: Harness) {
         assert!(h.queue.cancel(&id).await.unwrap().cancelled);
     }
     eprintln!("[{}] replace vs promote: {tally:?}", h.backend);
+    seen.assert_seen("replace_racing_promote_is_replaced_or_window_elapsed");
 }
 
 async fn replace_racing_promote_and_claim_never_loses_a_replace(h: Harness) {
+    let seen = Interleavings::default();
     const KEY: &str = "digest-acct-1";
     let clients = clients(&h, 4).await;
     let mut tally: HashMap<&'static str, usize> = HashMap::new();
     for round in 0..20 {
         // Client 0 promotes then claims, clients 1 and 2 replace, client 3 claims.
-        let (id, old, outcomes, mut claimed) = race_replaces(&clients, KEY, round, 2, true).await;
+        let (id, old, outcomes, mut claimed) =
+            race_replaces(&seen, &clients, KEY, round, 2, true).await;
         assert!(claimed.len() <= 1, "round {round}: claimed twice");
         let raced = !claimed.is_empty();
         if !raced {
@@ -620,6 +682,7 @@ async fn replace_racing_promote_and_claim_never_loses_a_replace(h: Harness) {
     }
     eprintln!("[{}] replace vs claim: {tally:?}", h.backend);
     assert_eq!(h.jobs().await.len(), 20);
+    seen.assert_seen("replace_racing_promote_and_claim_never_loses_a_replace");
 }
 
 // ---------------------------------------------------------------------------
@@ -824,6 +887,7 @@ async fn claimers_never_run_two_jobs_of_one_concurrency_key(h: Harness) {
 // Cancel racing the end of an attempt (docs/worker.md, cancel).
 
 async fn cancel_racing_complete_completes(h: Harness) {
+    let seen = Interleavings::default();
     let clients = clients(&h, 2).await;
     let mut tally: HashMap<&'static str, usize> = HashMap::new();
     for round in 0..50 {
@@ -832,7 +896,7 @@ async fn cancel_racing_complete_completes(h: Harness) {
             .await;
         let c = h.claim_one().await;
         assert_eq!(c.id, id);
-        let barrier = Arc::new(Barrier::new(2));
+        let barrier = Start::new(2, &seen);
         let cancel = {
             let (q, id) = (clients[0].clone(), id.clone());
             spawn_at(&barrier, async move { q.cancel(&id).await })
@@ -894,9 +958,11 @@ async fn cancel_racing_complete_completes(h: Harness) {
         }
     }
     eprintln!("[{}] cancel vs complete: {tally:?}", h.backend);
+    seen.assert_seen("cancel_racing_complete_completes");
 }
 
 async fn cancel_racing_fail_ends_once(h: Harness) {
+    let seen = Interleavings::default();
     let clients = clients(&h, 2).await;
     let mut tally: HashMap<String, usize> = HashMap::new();
     for round in 0..50 {
@@ -911,7 +977,7 @@ async fn cancel_racing_fail_ends_once(h: Harness) {
             .await;
         let c = h.claim_one().await;
         assert_eq!(c.id, id);
-        let barrier = Arc::new(Barrier::new(2));
+        let barrier = Start::new(2, &seen);
         let cancel = {
             let (q, id) = (clients[0].clone(), id.clone());
             spawn_at(&barrier, async move { q.cancel(&id).await })
@@ -997,9 +1063,11 @@ async fn cancel_racing_fail_ends_once(h: Harness) {
     h.advance(Duration::from_secs(3600));
     assert!(h.claim(100).await.is_empty());
     eprintln!("[{}] cancel vs fail: {tally:?}", h.backend);
+    seen.assert_seen("cancel_racing_fail_ends_once");
 }
 
 async fn cancel_racing_release_or_snooze_cancels(h: Harness) {
+    let seen = Interleavings::default();
     let clients = clients(&h, 2).await;
     let mut tally: HashMap<String, usize> = HashMap::new();
     for round in 0..40 {
@@ -1010,7 +1078,7 @@ async fn cancel_racing_release_or_snooze_cancels(h: Harness) {
             .await;
         let c = h.claim_one().await;
         assert_eq!(c.id, id);
-        let barrier = Arc::new(Barrier::new(2));
+        let barrier = Start::new(2, &seen);
         let cancel = {
             let (q, id) = (clients[0].clone(), id.clone());
             spawn_at(&barrier, async move { q.cancel(&id).await })
@@ -1088,9 +1156,11 @@ async fn cancel_racing_release_or_snooze_cancels(h: Harness) {
     h.advance(Duration::from_secs(3600));
     assert!(h.claim(100).await.is_empty(), "nothing comes back");
     eprintln!("[{}] cancel vs release/snooze: {tally:?}", h.backend);
+    seen.assert_seen("cancel_racing_release_or_snooze_cancels");
 }
 
 async fn complete_racing_a_reclaim_after_lease_expiry(h: Harness) {
+    let seen = Interleavings::default();
     // The holder's token stays valid until the job is claimed again or its
     // expiry is recorded (docs/worker.md): a late complete and a claim that records
     // the expiry race, and exactly one of them wins.
@@ -1113,7 +1183,7 @@ async fn complete_racing_a_reclaim_after_lease_expiry(h: Harness) {
             .remove(0);
         assert_eq!(c.id, id);
         h.advance_ms(1001);
-        let barrier = Arc::new(Barrier::new(2));
+        let barrier = Start::new(2, &seen);
         let complete = {
             let (q, id, token) = (clients[0].clone(), id.clone(), c.lease_token.clone());
             spawn_at(&barrier, async move { q.complete(&id, &token, None).await })
@@ -1177,6 +1247,7 @@ async fn complete_racing_a_reclaim_after_lease_expiry(h: Harness) {
         }
     }
     eprintln!("[{}] complete vs reclaim: {tally:?}", h.backend);
+    seen.assert_seen("complete_racing_a_reclaim_after_lease_expiry");
 }
 
 // ---------------------------------------------------------------------------
@@ -1353,12 +1424,12 @@ async fn concurrent_writes_on_one_queue_stand_or_fall_alone(h: Harness) {
     )
     .await;
     let tasks = 48;
-    let barrier = Arc::new(Barrier::new(tasks));
+    let seen = Interleavings::default();
+    let barrier = Start::new(tasks, &seen);
     let mut handles = Vec::new();
     for i in 0..tasks {
-        let (q, b) = (h.queue.clone(), barrier.clone());
-        handles.push(tokio::spawn(async move {
-            b.wait().await;
+        let q = h.queue.clone();
+        handles.push(spawn_at(&barrier, async move {
             if i % 2 == 0 {
                 let req = EnqueueRequest::new("group.ok").payload(json!({"i": i}));
                 q.enqueue_with_result(req).await.map(|r| vec![Ok(r)])
@@ -1416,4 +1487,5 @@ async fn concurrent_writes_on_one_queue_stand_or_fall_alone(h: Harness) {
         "the taken job and every plain enqueue"
     );
     assert!(jobs.iter().all(|j| j.job_type != "group.keyed"));
+    seen.assert_seen("concurrent writes on one queue");
 }

@@ -21,7 +21,9 @@ instantiate!(
     set_list_update_delete,
     cron_tick_fires_one_job_keyed_in_the_reserved_scope,
     three_schedulers_fire_ten_ticks_exactly_once,
-    after_downtime_only_the_latest_missed_tick_fires_once,
+    after_downtime_the_latest_missed_tick_fires_once_then_the_on_time_one,
+    a_tick_later_than_its_grace_fires_alone_and_late,
+    a_tick_whose_template_cannot_be_enqueued_is_recorded_and_passed,
     interval_is_anchored_at_creation,
     paused_schedule_does_not_fire_and_resume_does_not_catch_up,
     dst_zone_fires_at_the_right_instants_across_transitions,
@@ -139,8 +141,14 @@ async fn set_list_update_delete(h: Harness) {
     assert_eq!(cron.updated_at, at_secs(1));
     assert_eq!(cron.next_fire_at, Some(at_secs(300)));
     advance_to(&h, at_secs(300)).await;
-    assert_eq!(fire(&h).await, 2, "both schedules are due");
+    assert_eq!(
+        fire(&h).await,
+        3,
+        "both schedules are due; the interval's latest missed tick fires late"
+    );
     assert!(tick_job(&h, "a.interval", at_secs(270)).await.is_some());
+    assert!(tick_job(&h, "a.interval", at_secs(180)).await.is_some());
+    assert!(tick_job(&h, "a.interval", at_secs(90)).await.is_none());
     let id = tick_job(&h, "reports.hourly", at_secs(300))
         .await
         .expect("fired");
@@ -248,31 +256,99 @@ async fn three_schedulers_fire_ten_ticks_exactly_once(h: Harness) {
     assert_eq!(schedule(&h, "race").await.last_fired_at, Some(at_secs(100)));
 }
 
-async fn after_downtime_only_the_latest_missed_tick_fires_once(h: Harness) {
+async fn after_downtime_the_latest_missed_tick_fires_once_then_the_on_time_one(h: Harness) {
     let def = ScheduleDefinition::cron("0 * * * * *", report(1));
     h.queue.schedule_set("minutely", def).await.unwrap();
-    // Down for 1,000 minutes and a half.
+    // Down for 1,000 minutes and a half: the tick of minute 1,000 is 30 s
+    // late, within its 60 s grace (on time); of the 999 older missed ticks
+    // only the latest, minute 999, fires, late and once.
     h.advance(Duration::from_secs(1000 * 60 + 30));
-    assert_eq!(fire(&h).await, 1);
+    assert_eq!(fire(&h).await, 2);
     assert_eq!(fire(&h).await, 0);
-    let jobs = h.jobs().await;
-    assert_eq!(jobs.len(), 1, "the missed ticks collapse into one fire");
     assert_eq!(
-        tick_job(&h, "minutely", at_secs(1000 * 60))
-            .await
-            .as_deref(),
-        Some(jobs[0].id.as_str()),
-        "the latest missed tick is the one that fires"
+        h.jobs().await.len(),
+        2,
+        "the missed ticks collapse into one fire"
     );
-    assert_eq!(tick_job(&h, "minutely", at_secs(999 * 60)).await, None);
+    let late = tick_job(&h, "minutely", at_secs(999 * 60)).await;
+    let on_time = tick_job(&h, "minutely", at_secs(1000 * 60)).await;
+    assert!(late.is_some() && on_time.is_some() && late != on_time);
+    assert_eq!(tick_job(&h, "minutely", at_secs(998 * 60)).await, None);
     assert_eq!(tick_job(&h, "minutely", at_secs(60)).await, None);
     let s = schedule(&h, "minutely").await;
     assert_eq!(s.last_fired_at, Some(at_secs(1000 * 60)));
     assert_eq!(s.next_fire_at, Some(at_secs(1001 * 60)));
-    // Then it runs on time again.
+    // Then it runs on time again: one tick per pass.
     h.advance(Duration::from_secs(30));
     assert_eq!(fire(&h).await, 1);
     assert!(tick_job(&h, "minutely", at_secs(1001 * 60)).await.is_some());
+    // A pass within the grace of the only due tick fires that tick alone.
+    h.advance(Duration::from_secs(60 + 59));
+    assert_eq!(fire(&h).await, 1, "59 s late is within the grace");
+    assert!(tick_job(&h, "minutely", at_secs(1002 * 60)).await.is_some());
+    assert_eq!(h.jobs().await.len(), 4);
+}
+
+async fn a_tick_later_than_its_grace_fires_alone_and_late(h: Harness) {
+    // Hourly: the grace is 60 s. A pass five minutes after the 01:00 tick
+    // finds it later than its grace: it is the latest missed tick, so it
+    // fires, once; the schedule was due only since 01:00, so nothing older.
+    let def = ScheduleDefinition::cron("0 0 * * * *", report(1));
+    h.queue.schedule_set("hourly", def).await.unwrap();
+    advance_to(&h, at_secs(3600 + 300)).await;
+    assert_eq!(fire(&h).await, 1);
+    assert!(tick_job(&h, "hourly", at_secs(3600)).await.is_some());
+    // Down from 01:05 to 04:30: of 02:00, 03:00 and 04:00 (30 minutes
+    // late) only 04:00 fires.
+    advance_to(&h, at_secs(4 * 3600 + 1800)).await;
+    assert_eq!(fire(&h).await, 1);
+    assert!(tick_job(&h, "hourly", at_secs(4 * 3600)).await.is_some());
+    assert!(tick_job(&h, "hourly", at_secs(3 * 3600)).await.is_none());
+    assert!(tick_job(&h, "hourly", at_secs(2 * 3600)).await.is_none());
+    assert_eq!(h.jobs().await.len(), 2);
+}
+
+async fn a_tick_whose_template_cannot_be_enqueued_is_recorded_and_passed(h: Harness) {
+    let big = EnqueueRequest::new("report.build").payload(json!({ "pad": "x".repeat(400) }));
+    let def = ScheduleDefinition::every(Duration::from_secs(10), big);
+    h.queue.schedule_set("big", def).await.unwrap();
+    let small = ScheduleDefinition::every(Duration::from_secs(10), report(1));
+    h.queue.schedule_set("small", small).await.unwrap();
+    // A process whose payload limit is lower than the template (an operator
+    // lowered it after the schedule was set) cannot enqueue that tick.
+    let strict = idemq::Queue::from_store(
+        h.queue.store().clone(),
+        idemq::QueueOptions {
+            payload_limit: 200,
+            ..idemq::QueueOptions::default()
+        },
+    );
+    advance_to(&h, at_secs(10)).await;
+    assert_eq!(
+        strict.fire_schedules(100).await.expect("the pass succeeds"),
+        1,
+        "the other schedule still fires"
+    );
+    assert!(tick_job(&h, "small", at_secs(10)).await.is_some());
+    assert!(tick_job(&h, "big", at_secs(10)).await.is_none());
+    let s = schedule(&h, "big").await;
+    let error = s.last_error.as_deref().expect("the reason is recorded");
+    assert!(
+        error.contains("1970") || error.contains("2030-01-01T00:00:10Z"),
+        "names the tick: {error}"
+    );
+    assert!(error.contains("payload"), "says why: {error}");
+    assert_eq!(s.last_error_at, Some(at_secs(10)));
+    assert_eq!(s.last_fired_at, Some(at_secs(10)), "the tick is passed");
+    assert_eq!(s.next_fire_at, Some(at_secs(20)));
+    // The same pass again: the passed tick is not retried.
+    assert_eq!(strict.fire_schedules(100).await.unwrap(), 0);
+    // A process that can enqueue it fires the next tick, which clears the error.
+    advance_to(&h, at_secs(20)).await;
+    assert_eq!(fire(&h).await, 2);
+    assert!(tick_job(&h, "big", at_secs(20)).await.is_some());
+    let s = schedule(&h, "big").await;
+    assert_eq!((s.last_error, s.last_error_at), (None, None));
 }
 
 async fn interval_is_anchored_at_creation(h: Harness) {

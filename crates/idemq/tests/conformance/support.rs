@@ -188,6 +188,7 @@ impl Harness {
             &url,
             PgOptions {
                 max_connections: 8,
+                test_clock: Some(uuid::Uuid::new_v4().simple().to_string()),
                 ..PgOptions::default()
             },
         )
@@ -224,10 +225,11 @@ impl Harness {
                     .await
                     .expect("open sqlite again")
             }
-            Clock::Postgres(..) => {
+            Clock::Postgres(store, _) => {
                 let url = self.db_url.as_ref().expect("postgres url");
                 let options = PgOptions {
                     max_connections: 4,
+                    test_clock: store.test_clock().map(str::to_owned),
                     ..PgOptions::default()
                 };
                 let store = PgStore::connect(url, options).await.expect("connect again");
@@ -337,6 +339,21 @@ impl Harness {
     /// The job, which must exist.
     pub async fn job(&self, id: &str) -> idemq::Job {
         self.queue.get(id).await.expect("get").expect("job exists")
+    }
+
+    /// A pool of the caller's own on the PostgreSQL database, whose sessions
+    /// read the case's test clock like the queue's (a session without it
+    /// reads the real clock).
+    #[allow(dead_code)]
+    pub async fn caller_pool(&self) -> sqlx::PgPool {
+        let Clock::Postgres(store, _) = &self.clock else {
+            panic!("caller_pool is for PostgreSQL cases");
+        };
+        let url = self.db_url.as_deref().expect("postgres url");
+        let options: sqlx::postgres::PgConnectOptions = url.parse().expect("url");
+        let options =
+            options.options([("idemq.test_clock", store.test_clock().expect("clock id"))]);
+        sqlx::PgPool::connect_with(options).await.expect("pool")
     }
 }
 

@@ -37,7 +37,21 @@ instantiate!(
     concurrent_maintenance_passes_reap_each_lease_once,
     maintenance_loop_catches_up_beyond_one_batch,
     an_oversized_result_fails_its_own_job_and_no_other,
+    a_late_result_after_a_lost_lease_is_refused,
+    a_worker_whose_claims_would_be_refused_fails_at_run,
+    a_failing_maintenance_step_does_not_stop_the_others,
+    an_oversized_checkpoint_fails_the_attempt_for_good,
 );
+
+/// Sets its flag when dropped: a handler holding one was stopped (its
+/// future dropped) if the flag is set while `finished` is not.
+struct DropFlag(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
 
 #[derive(Deserialize)]
 struct Add {
@@ -449,16 +463,22 @@ async fn lost_lease_stops_the_handler_and_drops_its_result(h: Harness) {
     let id = h.put(EnqueueRequest::new("t")).await;
     let started = Arc::new(tokio::sync::Notify::new());
     let s = started.clone();
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (d, f) = (dropped.clone(), finished.clone());
     // A 3 s lease: heartbeats every second, so the takeover below (within
     // milliseconds of moving the clock) happens before the next renewal.
     let w = worker(&h)
+        .concurrency(1)
         .lease(Duration::from_secs(3))
         .shutdown_grace(Duration::from_millis(100))
         .handle("t", move |_c: HandlerContext, _p: Value| {
-            let s = s.clone();
+            let (s, d, f) = (s.clone(), d.clone(), f.clone());
             async move {
+                let _guard = DropFlag(d);
                 s.notify_one();
                 tokio::time::sleep(Duration::from_secs(30)).await;
+                f.store(true, Ordering::SeqCst);
                 Ok::<_, JobError>(json!("from the zombie"))
             }
         });
@@ -483,17 +503,22 @@ async fn lost_lease_stops_the_handler_and_drops_its_result(h: Harness) {
         .complete(&id, &claimed[0].lease_token, Some(json!("from w-2")))
         .await
         .unwrap();
-    // The first worker's next heartbeat finds the lease lost and stops.
+    // The first worker's next heartbeat finds the lease lost and stops the
+    // handler, which is still running (it sleeps 30 s), while the worker
+    // itself keeps running: not a shutdown that failed to release.
     let start = tokio::time::Instant::now();
-    loop {
-        if handle.is_finished() || start.elapsed() > Duration::from_millis(2500) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    while !dropped.load(Ordering::SeqCst) {
+        assert!(
+            start.elapsed() < Duration::from_millis(2500),
+            "the heartbeat did not stop the handler"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert!(!finished.load(Ordering::SeqCst), "stopped while it ran");
+    assert!(!handle.is_finished(), "the worker runs on");
     let _ = tx.send(());
     let report = handle.await.unwrap().unwrap();
-    assert_eq!(report.lost, 1);
+    assert_eq!((report.lost, report.released, report.completed), (1, 0, 0));
     let job = h.job(&id).await;
     assert_eq!(
         (job.state, job.result),
@@ -610,7 +635,9 @@ async fn concurrent_maintenance_passes_reap_each_lease_once(h: Harness) {
         passes.push(tokio::spawn(async move {
             let mut reaped = 0;
             for _ in 0..20 {
-                reaped += m.pass().await.expect("pass").leases_reaped;
+                let pass = m.pass().await;
+                assert!(pass.errors.is_empty(), "{:?}", pass.errors);
+                reaped += pass.leases_reaped;
             }
             reaped
         }));
@@ -657,4 +684,164 @@ async fn maintenance_loop_catches_up_beyond_one_batch(h: Harness) {
     }
     let _ = stop.send(true);
     task.await.unwrap();
+}
+
+/// The handler finishes after its lease was taken over, before any
+/// heartbeat noticed: its result reaches the store and is refused as
+/// lease-lost, and the other worker's result stands.
+async fn a_late_result_after_a_lost_lease_is_refused(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let go = Arc::new(tokio::sync::Notify::new());
+    let (s, g) = (started.clone(), go.clone());
+    // A 60 s lease: the first heartbeat is 20 s away, after the test. One
+    // slot, busy with the handler: the worker cannot reclaim the job itself.
+    let w = worker(&h)
+        .concurrency(1)
+        .lease(Duration::from_secs(60))
+        .handle("t", move |_c: HandlerContext, _p: Value| {
+            let (s, g) = (s.clone(), g.clone());
+            async move {
+                s.notify_one();
+                g.notified().await;
+                Ok::<_, JobError>(json!("from the zombie"))
+            }
+        });
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(w.run(async move {
+        let _ = rx.await;
+    }));
+    started.notified().await;
+    let other = h.another_queue().await;
+    h.advance(Duration::from_secs(120));
+    let claimed = other
+        .claim(idemq::ClaimOptions {
+            worker: "w-2".into(),
+            ..idemq::ClaimOptions::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1, "the expired lease is taken over");
+    other
+        .complete(&id, &claimed[0].lease_token, Some(json!("from w-2")))
+        .await
+        .unwrap();
+    // Now the first handler returns its result.
+    go.notify_one();
+    let _ = tx.send(());
+    let report = handle.await.unwrap().unwrap();
+    assert_eq!((report.completed, report.lost), (0, 1), "{report:?}");
+    let job = h.job(&id).await;
+    assert_eq!(job.result, Some(json!("from w-2")));
+    assert_eq!(job.attempt, 2);
+}
+
+async fn a_worker_whose_claims_would_be_refused_fails_at_run(h: Harness) {
+    let noop = |_c: HandlerContext, _p: Value| async move { Ok::<_, JobError>(()) };
+    let cases = [
+        (
+            Worker::new(h.queue.clone()).lease(Duration::from_millis(50)),
+            "lease_ms",
+        ),
+        (
+            Worker::new(h.queue.clone()).lease(Duration::from_secs(2 * 3600)),
+            "lease_ms",
+        ),
+        (Worker::new(h.queue.clone()).name(""), "worker"),
+        (Worker::new(h.queue.clone()).name("w".repeat(300)), "worker"),
+        (
+            Worker::new(h.queue.clone()).poll_interval(Duration::ZERO),
+            "poll_interval",
+        ),
+    ];
+    for (w, field) in cases {
+        let run = w.handle("t", noop).run(std::future::pending());
+        let err = tokio::time::timeout(Duration::from_secs(5), run)
+            .await
+            .expect("refused at once, not idling")
+            .expect_err("refused");
+        match err {
+            idemq::Error::Validation { field: f, .. } => assert_eq!(f, field),
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    assert!(h.jobs().await.is_empty());
+}
+
+async fn a_failing_maintenance_step_does_not_stop_the_others(h: Harness) {
+    use idemq::worker::maintenance::Step;
+    // A lease that will expire, and a finished job past its retention.
+    let leased = h.put(EnqueueRequest::new("t").retry(no_retry_soon())).await;
+    assert_eq!(h.claim_one().await.id, leased);
+    let done = h.put(EnqueueRequest::new("t").keep(Duration::ZERO)).await;
+    let c = h.claim_one().await;
+    assert_eq!(c.id, done);
+    h.queue.complete(&done, &c.lease_token, None).await.unwrap();
+    // A schedule whose stored template no longer reads back.
+    let def = idemq::ScheduleDefinition::every(Duration::from_secs(10), EnqueueRequest::new("s"));
+    h.queue.schedule_set("broken", def).await.unwrap();
+    raw_sql(
+        &h,
+        r#"UPDATE idemq_schedules SET job = '{"type": 5}'"#,
+        r#"UPDATE idemq.schedules SET job = '{"type": 5}'"#,
+    )
+    .await;
+    h.advance(Duration::from_secs(60));
+    let m = Maintenance::new(h.queue.clone());
+    let pass = m.pass().await;
+    let failed: Vec<Step> = pass.errors.iter().map(|e| e.step).collect();
+    assert_eq!(failed, [Step::FireSchedules], "{:?}", pass.errors);
+    assert_eq!((pass.leases_reaped, pass.jobs_deleted), (1, 1));
+    // The next pass runs every step again.
+    let again = m.pass().await;
+    assert_eq!(again.errors.len(), 1);
+    assert_eq!(h.job(&leased).await.state, JobState::Ready);
+    assert!(h.queue.get(&done).await.unwrap().is_none());
+}
+
+async fn an_oversized_checkpoint_fails_the_attempt_for_good(h: Harness) {
+    let id = h
+        .put(
+            EnqueueRequest::new("t")
+                .max_attempts(5)
+                .retry(RetryPolicy::Fixed { delay_ms: 1 }),
+        )
+        .await;
+    let limit = h.queue.payload_limit();
+    let w = worker(&h).handle("t", move |ctx: HandlerContext, _p: Value| async move {
+        ctx.checkpoint(
+            "big",
+            || async move { Ok::<_, JobError>("x".repeat(limit + 1)) },
+        )
+        .await?;
+        Ok::<_, JobError>(())
+    });
+    run_until(w, || async { state(&h, &id).await == JobState::Dead }).await;
+    let job = h.job(&id).await;
+    assert_eq!(job.attempts_used, 1, "one attempt, not all five");
+    let error = job.last_error.unwrap_or_default();
+    assert!(error.contains("checkpoint big"), "{error}");
+}
+
+/// Runs one statement on the backend's own connection, outside idemq
+/// (`sqlite` on SQLite, `postgres` on PostgreSQL): for a row idemq would
+/// never write.
+async fn raw_sql(h: &Harness, sqlite: &str, postgres: &str) {
+    match (&h.db_file, &h.db_url) {
+        (Some(path), _) => {
+            let db = rusqlite::Connection::open(path).expect("open the file");
+            db.busy_timeout(Duration::from_secs(5))
+                .expect("busy timeout");
+            db.execute_batch(sqlite).expect("raw SQLite statement");
+        }
+        (None, Some(url)) => {
+            use sqlx::Connection;
+            let mut c = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(postgres.to_owned()))
+                .execute(&mut c)
+                .await
+                .expect("raw PostgreSQL statement");
+        }
+        (None, None) => panic!("the harness has no database"),
+    }
 }

@@ -45,6 +45,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "derived_history",
         include_str!("../../../migrations/postgres/0006_derived_history.sql"),
     ),
+    (
+        7,
+        "schedule_errors_session_clock",
+        include_str!("../../../migrations/postgres/0007_schedule_errors_session_clock.sql"),
+    ),
 ];
 
 /// Every function of the schema, as this binary defines them.

@@ -70,6 +70,9 @@ pub(crate) fn db_err(e: sqlx::Error) -> Error {
 #[derive(Clone, Debug)]
 pub struct PgStore {
     pool: PgPool,
+    /// The id of this store's test clock (its sessions read it).
+    #[cfg(feature = "test-clock")]
+    test_clock: Option<String>,
 }
 
 /// Connection settings of [`PgStore::connect`].
@@ -79,6 +82,12 @@ pub struct PgOptions {
     pub max_connections: u32,
     /// How long to wait for a free connection before `Unavailable`.
     pub acquire_timeout: Duration,
+    /// Test-only (feature `test-clock`): the id of a test clock that every
+    /// session of this pool reads as the clock of record, moved with
+    /// [`PgStore::set_test_clock`]. Other sessions, of other pools and
+    /// processes, keep the real clock.
+    #[cfg(feature = "test-clock")]
+    pub test_clock: Option<String>,
 }
 
 impl Default for PgOptions {
@@ -86,6 +95,8 @@ impl Default for PgOptions {
         Self {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
+            #[cfg(feature = "test-clock")]
+            test_clock: None,
         }
     }
 }
@@ -96,6 +107,11 @@ impl PgStore {
         let connect: PgConnectOptions = url
             .parse()
             .map_err(|e| Error::validation("database", format!("bad PostgreSQL URL: {e}")))?;
+        #[cfg(feature = "test-clock")]
+        let connect = match &options.test_clock {
+            Some(id) => connect.options([("idemq.test_clock", id.as_str())]),
+            None => connect,
+        };
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -105,12 +121,20 @@ impl PgStore {
                 message: format!("cannot connect to PostgreSQL: {e}"),
             })?;
         migrate::check(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            #[cfg(feature = "test-clock")]
+            test_clock: options.test_clock,
+        })
     }
 
     /// A store over an existing pool (the schema must be installed).
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            #[cfg(feature = "test-clock")]
+            test_clock: None,
+        }
     }
 
     /// The pool, for callers that run their own transactions.
@@ -129,20 +153,35 @@ impl PgStore {
         enqueue::enqueue(conn, items).await
     }
 
-    /// Test-only: freezes this database's clock of record at `at` (a
-    /// one-row table production never writes), so tests move time without
-    /// sleeping. `None` returns to `clock_timestamp()`.
+    /// Test-only (feature `test-clock`): sets this store's test clock (see
+    /// [`PgOptions::test_clock`]) to `at`, so tests move time without
+    /// sleeping; `None` returns its sessions to `clock_timestamp()`. Only
+    /// the sessions of pools opened with the same clock id read it.
+    #[cfg(feature = "test-clock")]
     pub async fn set_test_clock(&self, at: Option<DateTime<Utc>>) -> Result<()> {
+        let Some(id) = &self.test_clock else {
+            return Err(Error::validation(
+                "test_clock",
+                "this store was connected without PgOptions::test_clock",
+            ));
+        };
         let query = match at {
             Some(at) => sqlx::query(
-                "INSERT INTO idemq.test_clock (at) VALUES ($1)
-                 ON CONFLICT (one) DO UPDATE SET at = excluded.at",
+                "INSERT INTO idemq.test_clocks (id, at) VALUES ($1, $2)
+                 ON CONFLICT (id) DO UPDATE SET at = excluded.at",
             )
+            .bind(id)
             .bind(at),
-            None => sqlx::query("DELETE FROM idemq.test_clock"),
+            None => sqlx::query("DELETE FROM idemq.test_clocks WHERE id = $1").bind(id),
         };
         query.execute(&self.pool).await.map_err(db_err)?;
         Ok(())
+    }
+
+    /// Test-only (feature `test-clock`): the id of this store's test clock.
+    #[cfg(feature = "test-clock")]
+    pub fn test_clock(&self) -> Option<&str> {
+        self.test_clock.as_deref()
     }
 
     async fn lease_call(&self, sql: &'static str, p: &LeaseRef) -> Result<sqlx::postgres::PgRow> {

@@ -15,7 +15,7 @@ use crate::store::{DueSchedules, ScheduleMarkFired, SchedulePut};
 macro_rules! columns {
     () => {
         "s.name, s.cron, s.every_ms, s.timezone, s.job, s.paused, s.created_at, s.updated_at, \
-         s.last_fired_at, s.next_fire_at"
+         s.last_fired_at, s.next_fire_at, s.last_error, s.last_error_at"
     };
 }
 
@@ -40,6 +40,8 @@ fn schedule_of(r: &PgRow) -> Result<Schedule> {
         updated_at: r.try_get("updated_at").map_err(db_err)?,
         last_fired_at: r.try_get("last_fired_at").map_err(db_err)?,
         next_fire_at: r.try_get("next_fire_at").map_err(db_err)?,
+        last_error: r.try_get("last_error").map_err(db_err)?,
+        last_error_at: r.try_get("last_error_at").map_err(db_err)?,
         name,
     })
 }
@@ -120,13 +122,14 @@ pub(super) async fn due(pool: &PgPool, limit: u32) -> Result<DueSchedules> {
 }
 
 pub(super) async fn mark_fired(pool: &PgPool, p: &ScheduleMarkFired) -> Result<bool> {
-    sqlx::query_scalar("SELECT idemq.schedule_mark_fired($1, $2, $3, $4, $5, $6)")
+    sqlx::query_scalar("SELECT idemq.schedule_mark_fired($1, $2, $3, $4, $5, $6, $7)")
         .bind(&p.name)
         .bind(&p.cron)
         .bind(p.every_ms)
         .bind(&p.timezone)
         .bind(p.fired_at.map(at))
         .bind(p.next_fire_at.map(at))
+        .bind(&p.error)
         .fetch_one(pool)
         .await
         .map_err(db_err)

@@ -77,6 +77,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         "no_state_index",
         include_str!("../../../migrations/sqlite/0004_no_state_index.sql"),
     ),
+    (
+        5,
+        "schedule_errors",
+        include_str!("../../../migrations/sqlite/0005_schedule_errors.sql"),
+    ),
 ];
 
 impl From<rusqlite::Error> for Error {

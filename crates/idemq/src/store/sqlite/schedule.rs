@@ -8,7 +8,7 @@ use crate::schedule::{Schedule, every_next};
 use crate::store::{DueSchedules, ScheduleMarkFired, SchedulePut};
 
 const COLUMNS: &str = "name, cron, every_ms, timezone, job, paused, created_at, updated_at, \
-                       last_fired_at, next_fire_at";
+                       last_fired_at, next_fire_at, last_error, last_error_at";
 
 fn schedule_of(r: &Row) -> rusqlite::Result<(Schedule, String)> {
     let job: String = r.get(4)?;
@@ -24,6 +24,8 @@ fn schedule_of(r: &Row) -> rusqlite::Result<(Schedule, String)> {
             updated_at: ts(r.get(7)?),
             last_fired_at: r.get::<_, Option<i64>>(8)?.map(ts),
             next_fire_at: r.get::<_, Option<i64>>(9)?.map(ts),
+            last_error: r.get(10)?,
+            last_error_at: r.get::<_, Option<i64>>(11)?.map(ts),
         },
         job,
     ))
@@ -133,7 +135,11 @@ pub(super) fn mark_fired(cx: &Cx, p: &ScheduleMarkFired) -> Result<bool> {
         .prepare_cached(
             "UPDATE idemq_schedules
              SET last_fired_at = coalesce(?5, last_fired_at),
-                 next_fire_at = CASE WHEN ?6 IS NULL THEN NULL ELSE max(next_fire_at, ?6) END
+                 next_fire_at = CASE WHEN ?6 IS NULL THEN NULL ELSE max(next_fire_at, ?6) END,
+                 last_error = CASE WHEN ?7 IS NOT NULL THEN ?7
+                                   WHEN ?5 IS NOT NULL THEN NULL ELSE last_error END,
+                 last_error_at = CASE WHEN ?7 IS NOT NULL THEN ?8
+                                      WHEN ?5 IS NOT NULL THEN NULL ELSE last_error_at END
              WHERE name = ?1 AND next_fire_at IS NOT NULL
                AND cron IS ?2 AND every_ms IS ?3 AND timezone = ?4
                AND (?5 IS NULL OR last_fired_at IS NULL OR last_fired_at <= ?5)",
@@ -144,7 +150,9 @@ pub(super) fn mark_fired(cx: &Cx, p: &ScheduleMarkFired) -> Result<bool> {
             p.every_ms,
             p.timezone,
             p.fired_at,
-            p.next_fire_at
+            p.next_fire_at,
+            p.error,
+            cx.now
         ])?;
     Ok(n > 0)
 }
