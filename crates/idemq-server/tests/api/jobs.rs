@@ -170,6 +170,10 @@ async fn wait_for_terminal(b: Backend) {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter waits while the job is active"
+    );
     s.post(
         &format!("/v1/jobs/{id}/complete"),
         json!({"lease_token": token}),

@@ -104,7 +104,8 @@ async fn metrics_counted(b: Backend) {
 }
 
 /// A backend that stops answering: `/healthz` says 503 `unavailable` with
-/// `Retry-After`, and calls answer 503 `unavailable` or 500 `internal`.
+/// `Retry-After`, and an enqueue answers 503 `unavailable` with
+/// `Retry-After`, never 500.
 async fn backend_down(b: Backend) {
     let s = Server::start(b).await;
     s.enqueue(json!({"type": "t"})).await;
@@ -128,15 +129,15 @@ async fn backend_down(b: Backend) {
     let p = a.problem(503, "unavailable").clone();
     assert_eq!(p["ok"], false);
     assert!(a.headers.contains_key("retry-after"));
-    let a = s.post("/v1/jobs", json!({"type": "t"})).await;
-    match a.status.as_u16() {
-        503 => {
-            a.problem(503, "unavailable");
-            assert!(a.headers.contains_key("retry-after"));
-        }
-        _ => {
-            a.problem(500, "internal");
-        }
+    for body in [
+        json!({"type": "t"}),
+        json!({"type": "t", "idempotency": {"key": "k"}}),
+    ] {
+        let a = s.post("/v1/jobs", body).await;
+        a.problem(503, "unavailable");
+        assert!(a.headers.contains_key("retry-after"));
     }
+    let a = s.post("/v1/claim", json!({"worker": "w"})).await;
+    a.problem(503, "unavailable");
     s.stop().await;
 }

@@ -15,6 +15,7 @@ use serde_json::json;
 use crate::support::Harness;
 
 instantiate!(
+    wait_returns_when_the_job_finishes_not_before,
     claim_takes_higher_priority_first,
     claim_orders_by_run_at_then_acceptance,
     claim_waits_for_run_at,
@@ -2340,4 +2341,37 @@ async fn concurrent_claimers_take_each_job_once(h: Harness) {
     for j in jobs.iter().take(20) {
         assert_eq!(h.queue.runs(&j.id).await.unwrap().len(), 1);
     }
+}
+
+/// `Queue::wait` blocks while the job is active, returns as soon as it
+/// finishes, and returns the job as it is when the timeout passes first.
+async fn wait_returns_when_the_job_finishes_not_before(h: Harness) {
+    let id = h.put(job("t")).await;
+    let c = claim_id(&h, &id).await;
+    let q = h.queue.clone();
+    let waiting_for = id.clone();
+    let waiter = tokio::spawn(async move { q.wait(&waiting_for, Duration::from_secs(20)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter waits while the job is active"
+    );
+    let t = tokio::time::Instant::now();
+    complete(&h, &c).await;
+    let waited = waiter.await.unwrap().unwrap();
+    assert_eq!(waited.state, JobState::Completed);
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "returned soon after the completion"
+    );
+    // A timeout that passes first returns the job unfinished.
+    let other = h.put(job("t")).await;
+    let start = tokio::time::Instant::now();
+    let j = h
+        .queue
+        .wait(&other, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(j.state, JobState::Ready);
+    assert!(start.elapsed() >= Duration::from_millis(200));
 }

@@ -39,7 +39,8 @@ use crate::job::JobState;
 pub const NOTIFY_CHANNEL: &str = "idemq_jobs";
 
 /// Maps a driver error: lost connections, serialization failures, deadlocks,
-/// lock timeouts and shutdowns are `Unavailable` (retryable).
+/// lock timeouts, shutdowns, a database that is gone and a server out of
+/// resources are `Unavailable` (retryable).
 pub(crate) fn db_err(e: sqlx::Error) -> Error {
     let retryable = match &e {
         sqlx::Error::Io(_)
@@ -50,8 +51,10 @@ pub(crate) fn db_err(e: sqlx::Error) -> Error {
         sqlx::Error::Database(d) => d.code().is_some_and(|c| {
             matches!(
                 c.as_ref(),
-                "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03"
+                "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03" | "3D000"
             ) || c.starts_with("08")
+                || c.starts_with("53")
+                || c.starts_with("58")
         }),
         _ => false,
     };

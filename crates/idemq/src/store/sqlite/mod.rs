@@ -84,21 +84,55 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     ),
 ];
 
+/// What a driver error means for the caller.
+#[derive(Clone, Copy)]
+enum Failure {
+    /// Another connection holds the lock: retry.
+    Busy,
+    /// The file cannot serve now (gone, unreadable, not a database, the disk
+    /// full or failing): the caller may retry once an operator restored it,
+    /// so it is `Unavailable`, never an internal error.
+    Gone,
+    /// Anything else: a bug or a broken invariant.
+    Other,
+}
+
+impl Failure {
+    fn of(e: &rusqlite::Error) -> Self {
+        match e.sqlite_error_code() {
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Self::Busy,
+            Some(
+                ErrorCode::CannotOpen
+                | ErrorCode::NotADatabase
+                | ErrorCode::DatabaseCorrupt
+                | ErrorCode::SystemIoFailure
+                | ErrorCode::DiskFull
+                | ErrorCode::ReadOnly
+                | ErrorCode::PermissionDenied
+                | ErrorCode::FileLockingProtocolFailed,
+            ) => Self::Gone,
+            _ => Self::Other,
+        }
+    }
+
+    fn error(self, message: &str) -> Error {
+        match self {
+            Self::Busy => Error::Unavailable {
+                message: format!("sqlite is busy: {message}"),
+            },
+            Self::Gone => Error::Unavailable {
+                message: format!("the sqlite database cannot be used: {message}"),
+            },
+            Self::Other => Error::Backend {
+                message: format!("sqlite: {message}"),
+            },
+        }
+    }
+}
+
 impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
-        let busy = matches!(
-            e.sqlite_error_code(),
-            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
-        );
-        if busy {
-            Error::Unavailable {
-                message: format!("sqlite is busy: {e}"),
-            }
-        } else {
-            Error::Backend {
-                message: format!("sqlite: {e}"),
-            }
-        }
+        Failure::of(&e).error(&e.to_string())
     }
 }
 
@@ -139,31 +173,20 @@ type GroupedOp = Box<
 
 /// Why a group's transaction did not begin or commit.
 struct CommitFailed {
-    busy: bool,
+    failure: Failure,
     message: String,
 }
 
 impl CommitFailed {
     fn of(e: &rusqlite::Error) -> Self {
         Self {
-            busy: matches!(
-                e.sqlite_error_code(),
-                Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
-            ),
+            failure: Failure::of(e),
             message: e.to_string(),
         }
     }
 
     fn error(&self) -> Error {
-        if self.busy {
-            Error::Unavailable {
-                message: format!("sqlite is busy: {}", self.message),
-            }
-        } else {
-            Error::Backend {
-                message: format!("sqlite: {}", self.message),
-            }
-        }
+        self.failure.error(&self.message)
     }
 }
 
