@@ -35,6 +35,7 @@ macro_rules! instantiate {
 
 mod batch;
 mod dedupe;
+mod definitions;
 mod execution;
 mod idempotency;
 mod installation;
