@@ -379,6 +379,12 @@ impl Queue {
         }
     }
 
+    /// Counts completions recorded outside the queue's own calls (in a
+    /// caller's transaction that is known to have committed).
+    pub(crate) fn count_completions(&self, n: u64) {
+        self.counters.add(Counter::Completions, n);
+    }
+
     /// What this queue and its clones did in this process: claims,
     /// completions, retries, dead letters, reaped leases, purges and
     /// retention deletes, whichever surface (API, worker, maintenance) acted.
@@ -396,7 +402,7 @@ impl Queue {
         self.store.backend()
     }
 
-    fn prepare(&self, req: &EnqueueRequest) -> Result<PreparedEnqueue> {
+    pub(crate) fn prepare(&self, req: &EnqueueRequest) -> Result<PreparedEnqueue> {
         req.prepare(&self.hasher, self.payload_limit)
     }
 
@@ -851,7 +857,7 @@ impl Queue {
     }
 
     /// A lease no claim could have minted is a lost one.
-    fn lease_text(job_id: &str, token: &str) -> Result<()> {
+    pub(crate) fn lease_text(job_id: &str, token: &str) -> Result<()> {
         if nul(job_id) || nul(token) {
             return Err(Error::LeaseLost {
                 job_id: job_id.replace('\0', "\u{fffd}"),
@@ -860,7 +866,7 @@ impl Queue {
         Ok(())
     }
 
-    fn lease(job_id: &str, token: &str) -> LeaseRef {
+    pub(crate) fn lease(job_id: &str, token: &str) -> LeaseRef {
         LeaseRef {
             job_id: job_id.into(),
             lease_token: token.into(),

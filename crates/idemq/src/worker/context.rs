@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -10,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::error::Error;
 use crate::job::ClaimedJob;
 use crate::queue::Queue;
 
@@ -84,6 +86,10 @@ pub struct HandlerContext {
     pub(crate) job: Arc<ClaimedJob>,
     pub(crate) queue: Queue,
     pub(crate) cancel: watch::Receiver<bool>,
+    /// Set once the handler completed its job in its own transaction: the
+    /// runtime then finds out whether that transaction committed instead
+    /// of recording a completion of its own.
+    pub(crate) completed_in_tx: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for HandlerContext {
@@ -152,6 +158,57 @@ impl HandlerContext {
             .await
             .map(|_| ())
             .map_err(JobError::retryable)
+    }
+
+    /// Completes this job inside the handler's own PostgreSQL transaction,
+    /// with `result` as the job's result: the business writes and the
+    /// completion commit or roll back together, fenced by this attempt's
+    /// lease. A lost lease fails with [`Error::LeaseLost`] and writes
+    /// nothing: return the error (with `?`) so the transaction is dropped
+    /// and rolls back. Call it last, just before the commit (the job's row
+    /// stays locked until the transaction ends), then return `Ok`.
+    ///
+    /// When the handler returns, the runtime records nothing more if the
+    /// transaction committed (the attempt counts as completed, the value the
+    /// handler returns is not stored); if it rolled back, the attempt fails
+    /// (a retryable failure) and the job runs again. See docs/worker.md.
+    pub async fn complete_in<T: Serialize + ?Sized>(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        result: &T,
+    ) -> Result<(), Error> {
+        let value = self.result_value(result)?;
+        self.queue
+            .complete_in(conn, &self.job.id, &self.job.lease_token, value)
+            .await?;
+        self.completed_in_tx.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// [`complete_in`](Self::complete_in) on the handler's own `rusqlite`
+    /// connection to the queue's SQLite database file, inside its open
+    /// transaction ([`Queue::sqlite_connection`] opens such a connection).
+    pub fn complete_in_sqlite<T: Serialize + ?Sized>(
+        &self,
+        conn: &rusqlite::Connection,
+        result: &T,
+    ) -> Result<(), Error> {
+        let value = self.result_value(result)?;
+        self.queue
+            .complete_in_sqlite(conn, &self.job.id, &self.job.lease_token, value)?;
+        self.completed_in_tx.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn result_value<T: Serialize + ?Sized>(&self, result: &T) -> Result<Option<Value>, Error> {
+        let value = serde_json::to_value(result)
+            .map_err(|e| Error::validation("result", format!("does not serialize: {e}")))?;
+        Ok((!value.is_null()).then_some(value))
+    }
+
+    /// Whether the handler completed its job in a transaction of its own.
+    pub(crate) fn completed_in_tx(&self) -> bool {
+        self.completed_in_tx.load(Ordering::SeqCst)
     }
 
     /// A durable step: on the first attempt that reaches it, runs `step` and

@@ -15,7 +15,7 @@ use super::handler::Erased;
 use super::maintenance::Maintenance;
 use super::{Worker, WorkerReport};
 use crate::error::{Error, Result};
-use crate::job::ClaimedJob;
+use crate::job::{ClaimedJob, JobState};
 use crate::queue::{ClaimOptions, FailOptions, Queue};
 use crate::request::bounds::MAX_CLAIM_LIMIT;
 use crate::store::Wakeups;
@@ -47,6 +47,8 @@ type Slots = Arc<Mutex<HashMap<String, Slot>>>;
 enum Ended {
     /// Succeeded: the completion waits in [`Pending`] for the next call.
     Handed,
+    /// Completed in the handler's own transaction, which committed.
+    CompletedInTx,
     Failed,
     Released,
     Lost,
@@ -88,6 +90,7 @@ pub(super) async fn run(
     let mut tasks: JoinSet<Ended> = JoinSet::new();
     let count = |report: &mut WorkerReport, e: Ended| match e {
         Ended::Handed => {}
+        Ended::CompletedInTx => report.completed += 1,
         Ended::Failed => report.failed += 1,
         Ended::Released => report.released += 1,
         Ended::Lost => report.lost += 1,
@@ -354,6 +357,7 @@ async fn supervise(
         job: job.clone(),
         queue: queue.clone(),
         cancel: cancel_rx.clone(),
+        completed_in_tx: Arc::default(),
     };
     let mut task = tokio::spawn(handler(ctx.clone()));
     let timeout = Duration::from_millis(u64::try_from(job.timeout_ms).unwrap_or(0));
@@ -396,13 +400,22 @@ async fn supervise(
                     Ok(()) => Ended::Released,
                     Err(_) => Ended::Lost,
                 },
-                _ => Ended::Lost,
+                _ => lost_or_completed_in_tx(&queue, &ctx).await,
             };
         }
     };
     // A success is recorded with the claim loop's next call, many to a
     // round trip; the slot is free at once.
     let e = match outcome {
+        // The handler completed the job in its own transaction: record
+        // nothing if that committed; if it rolled back, the effect did not
+        // happen, so the attempt fails and the job runs again.
+        Ok(_) if ctx.completed_in_tx() => match completed_in_tx(&queue, &ctx).await {
+            Ok(true) => return Ended::CompletedInTx,
+            _ => JobError::retryable(
+                "the handler completed its job in a transaction that did not commit",
+            ),
+        },
         Ok(value) => {
             let result = (!value.is_null()).then_some(value);
             pending.push(&job.id, &job.lease_token, result, lease);
@@ -445,7 +458,31 @@ async fn supervise(
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }
-            Err(_) => return Ended::Lost,
+            Err(_) => return lost_or_completed_in_tx(&queue, &ctx).await,
         }
+    }
+}
+
+/// Whether this attempt's job is completed: by the handler's own
+/// transaction, the only way a completion of this attempt is recorded
+/// before the runtime records one.
+async fn completed_in_tx(queue: &Queue, ctx: &HandlerContext) -> Result<bool> {
+    let job = queue.get(&ctx.job.id).await?;
+    let done = job.is_some_and(|j| j.state == JobState::Completed && j.attempt == ctx.job.attempt);
+    if done {
+        queue.count_completions(1);
+    }
+    Ok(done)
+}
+
+/// An attempt whose end could not be recorded (its lease is gone): counted
+/// as completed when the handler's own transaction committed its
+/// completion (a heartbeat or a failure record then finds the lease gone),
+/// as lost otherwise.
+async fn lost_or_completed_in_tx(queue: &Queue, ctx: &HandlerContext) -> Ended {
+    if ctx.completed_in_tx() && matches!(completed_in_tx(queue, ctx).await, Ok(true)) {
+        Ended::CompletedInTx
+    } else {
+        Ended::Lost
     }
 }

@@ -42,5 +42,6 @@ mod installation;
 mod operations;
 mod races;
 mod schedules;
+mod transactions;
 mod validation;
 mod worker;
