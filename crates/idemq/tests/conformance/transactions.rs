@@ -10,7 +10,7 @@ use std::time::Duration;
 use idemq::rusqlite::{self, TransactionBehavior};
 use idemq::sqlx::{self, Executor};
 use idemq::worker::{HandlerContext, JobError, Worker, WorkerReport};
-use idemq::{EnqueueRequest, Error, JobState, Queue, RetryPolicy};
+use idemq::{EnqueueRequest, EnqueueResult, Error, JobState, Outcome, Queue, RetryPolicy};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -23,6 +23,10 @@ instantiate!(
     a_sqlite_completion_on_another_database_is_refused,
     a_handler_completes_its_job_in_its_own_transaction,
     a_handler_whose_transaction_rolled_back_fails_its_attempt,
+    a_transactional_enqueue_commits_with_the_business_row,
+    a_transactional_enqueue_rolls_back_with_the_business_row,
+    a_refused_transactional_enqueue_leaves_the_transaction_usable,
+    a_transactional_enqueue_uses_the_queues_clock,
 );
 
 /// The caller's own database access: a pool on PostgreSQL, a connection
@@ -115,6 +119,61 @@ impl Business {
                 Ok(())
             }
         }
+    }
+
+    /// In one transaction: enqueues every request, inserts the order row
+    /// (when given), runs `check` with the answers, then commits (or rolls
+    /// back).
+    async fn enqueue_and_order(
+        &self,
+        queue: &Queue,
+        reqs: Vec<EnqueueRequest>,
+        order: Option<&str>,
+        commit: bool,
+        check: impl AsyncFnOnce(&[idemq::Result<EnqueueResult>]),
+    ) -> Vec<idemq::Result<EnqueueResult>> {
+        let mut results = Vec::new();
+        match self {
+            Self::Pg(pool) => {
+                let mut tx = pool.begin().await.expect("begin");
+                for req in reqs {
+                    results.push(queue.enqueue_in(&mut tx, req).await);
+                }
+                if let Some(order) = order {
+                    sqlx::query("INSERT INTO orders (id) VALUES ($1)")
+                        .bind(order)
+                        .execute(&mut *tx)
+                        .await
+                        .expect("the transaction is still usable");
+                }
+                check(&results).await;
+                if commit {
+                    tx.commit().await.expect("commit");
+                } else {
+                    tx.rollback().await.expect("rollback");
+                }
+            }
+            Self::Lite(conn) => {
+                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .expect("begin");
+                for req in reqs {
+                    results.push(queue.enqueue_in_sqlite(&tx, req));
+                }
+                if let Some(order) = order {
+                    tx.execute("INSERT INTO orders (id) VALUES (?1)", [order])
+                        .expect("the transaction is still usable");
+                }
+                check(&results).await;
+                if commit {
+                    tx.commit().expect("commit");
+                } else {
+                    tx.rollback().expect("rollback");
+                }
+            }
+        }
+        results
     }
 
     async fn orders(&self) -> Vec<String> {
@@ -396,4 +455,175 @@ async fn a_handler_whose_transaction_rolled_back_fails_its_attempt(h: Harness) {
     assert_eq!((report.completed, report.lost), (1, 0));
     assert_eq!(db.orders().await, vec!["ord-9".to_string()]);
     assert_eq!(h.job(&id).await.result, Some(json!(2)));
+}
+
+fn keyed(key: &str, payload: Value) -> EnqueueRequest {
+    EnqueueRequest::new("order.confirm")
+        .payload(payload)
+        .idempotency_key(key)
+}
+
+async fn a_transactional_enqueue_commits_with_the_business_row(h: Harness) {
+    let db = Business::open(&h).await;
+    let results = db
+        .enqueue_and_order(
+            &h.queue,
+            vec![keyed("o-1", json!(1))],
+            Some("o-1"),
+            true,
+            async |r| {
+                let r = r[0].as_ref().expect("accepted");
+                assert_eq!(r.outcome, Outcome::Accepted);
+                // Not visible to others before the commit.
+                assert!(h.queue.get(&r.job_id).await.unwrap().is_none());
+                assert!(
+                    h.queue
+                        .lookup_key("default", "o-1")
+                        .await
+                        .unwrap()
+                        .is_none()
+                );
+            },
+        )
+        .await;
+    let id = results[0].as_ref().unwrap().job_id.clone();
+    assert_eq!(db.orders().await, vec!["o-1".to_string()]);
+    let job = h.job(&id).await;
+    assert_eq!(job.state, JobState::Ready);
+    assert_eq!(h.event_kinds(&id).await, vec!["accepted".to_string()]);
+    let claimed = h.claim(10).await;
+    assert_eq!(claimed.len(), 1, "claimable exactly once after the commit");
+    assert_eq!(claimed[0].id, id);
+    assert!(h.claim(10).await.is_empty());
+    let again = h
+        .queue
+        .enqueue_with_result(keyed("o-1", json!(1)))
+        .await
+        .unwrap();
+    assert_eq!((again.job_id, again.outcome), (id, Outcome::Replayed));
+}
+
+async fn a_transactional_enqueue_rolls_back_with_the_business_row(h: Harness) {
+    let db = Business::open(&h).await;
+    let results = db
+        .enqueue_and_order(
+            &h.queue,
+            vec![
+                keyed("o-2", json!(2)),
+                EnqueueRequest::new("t").dedupe(idemq::DedupeOptions::key("d-2")),
+            ],
+            Some("o-2"),
+            false,
+            async |_| {},
+        )
+        .await;
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().is_ok_and(|r| r.outcome == Outcome::Accepted))
+    );
+    assert!(db.orders().await.is_empty());
+    assert_eq!(h.totals().await, (0, 0), "no job, no event");
+    assert!(
+        h.queue
+            .lookup_key("default", "o-2")
+            .await
+            .unwrap()
+            .is_none(),
+        "no binding"
+    );
+    assert!(
+        h.queue.dedupe_lookup("t", "d-2").await.unwrap().is_none(),
+        "no dedupe binding"
+    );
+    assert!(h.claim(10).await.is_empty());
+    // The keys are free: the same requests are accepted anew.
+    let again = h
+        .queue
+        .enqueue_with_result(keyed("o-2", json!(2)))
+        .await
+        .unwrap();
+    assert_eq!(again.outcome, Outcome::Accepted);
+    let again = h
+        .queue
+        .enqueue_with_result(EnqueueRequest::new("t").dedupe(idemq::DedupeOptions::key("d-2")))
+        .await
+        .unwrap();
+    assert_eq!(again.outcome, Outcome::Accepted);
+}
+
+async fn a_refused_transactional_enqueue_leaves_the_transaction_usable(h: Harness) {
+    let db = Business::open(&h).await;
+    let past = h.now().await - chrono::Duration::seconds(1);
+    let results = db
+        .enqueue_and_order(
+            &h.queue,
+            vec![
+                keyed("o-3", json!(1)),
+                // The same key with another payload: a conflict.
+                keyed("o-3", json!(2)),
+                // Refused by the store's clock.
+                EnqueueRequest::new("t").deadline(past),
+                // Refused before the store.
+                EnqueueRequest::new("t").queue("no spaces"),
+                // A replay of the first, inside the same transaction.
+                keyed("o-3", json!(1)),
+            ],
+            Some("o-3"),
+            true,
+            async |_| {},
+        )
+        .await;
+    let first = results[0].as_ref().expect("accepted").job_id.clone();
+    let conflict = results[1]
+        .as_ref()
+        .unwrap_err()
+        .conflict()
+        .expect("a conflict");
+    assert_eq!(
+        (conflict.job_id.as_str(), conflict.fields.clone()),
+        (first.as_str(), vec!["payload".to_string()])
+    );
+    assert!(
+        matches!(results[2], Err(Error::Validation { ref field, .. }) if field == "deadline"),
+        "{:?}",
+        results[2]
+    );
+    assert!(
+        matches!(results[3], Err(Error::Validation { ref field, .. }) if field == "queue"),
+        "{:?}",
+        results[3]
+    );
+    let replay = results[4].as_ref().expect("replayed");
+    assert_eq!(
+        (replay.job_id.as_str(), replay.outcome),
+        (first.as_str(), Outcome::Replayed)
+    );
+    // The caller's row and the accepted job committed; the refused items wrote nothing.
+    assert_eq!(db.orders().await, vec!["o-3".to_string()]);
+    assert_eq!(h.totals().await, (1, 1));
+    assert_eq!(h.job(&first).await.payload, json!(1));
+}
+
+async fn a_transactional_enqueue_uses_the_queues_clock(h: Harness) {
+    let db = Business::open(&h).await;
+    h.advance(Duration::from_secs(3600));
+    let now = h.now().await;
+    let results = db
+        .enqueue_and_order(
+            &h.queue,
+            vec![EnqueueRequest::new("t").delay(Duration::from_secs(60))],
+            None,
+            true,
+            async |_| {},
+        )
+        .await;
+    let id = results[0].as_ref().expect("accepted").job_id.clone();
+    let job = h.job(&id).await;
+    assert_eq!(job.created_at, now, "accepted at the clock of record");
+    assert_eq!(job.run_at, now + chrono::Duration::seconds(60));
+    assert_eq!(job.state, JobState::Scheduled);
+    assert!(h.claim(10).await.is_empty());
+    h.advance(Duration::from_secs(60));
+    assert_eq!(h.claim(10).await.len(), 1);
 }
