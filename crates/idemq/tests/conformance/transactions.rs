@@ -3,8 +3,8 @@
 //! caller's business row and idemq's writes commit or roll back together;
 //! a lost lease refuses the completion and the caller rolls back.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idemq::rusqlite::{self, TransactionBehavior};
@@ -33,7 +33,7 @@ instantiate!(
 /// to the queue's file on SQLite; one table of business rows.
 enum Business {
     Pg(sqlx::PgPool),
-    Lite(Mutex<rusqlite::Connection>),
+    Lite(tokio::sync::Mutex<rusqlite::Connection>),
 }
 
 /// Where a completion comes from: the queue's call with a lease, or a
@@ -62,7 +62,7 @@ impl Business {
                     .expect("a connection to the file");
                 conn.execute_batch("CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY)")
                     .expect("create table");
-                Self::Lite(Mutex::new(conn))
+                Self::Lite(tokio::sync::Mutex::new(conn))
             }
         }
     }
@@ -99,7 +99,7 @@ impl Business {
                 Ok(())
             }
             Self::Lite(conn) => {
-                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                let mut conn = conn.lock().await;
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .expect("begin");
@@ -154,7 +154,7 @@ impl Business {
                 }
             }
             Self::Lite(conn) => {
-                let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                let mut conn = conn.lock().await;
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .expect("begin");
@@ -183,7 +183,7 @@ impl Business {
                 .await
                 .expect("select"),
             Self::Lite(conn) => {
-                let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                let conn = conn.lock().await;
                 let mut st = conn
                     .prepare("SELECT id FROM orders ORDER BY id")
                     .expect("prepare");
