@@ -86,6 +86,28 @@ impl Queue {
     /// the transaction and the caller's other writes as they were. Workers
     /// of this process are not woken (the commit is the caller's): they
     /// find the job at their next poll.
+    ///
+    /// ```
+    /// use idemq::rusqlite::TransactionBehavior;
+    /// use idemq::{EnqueueRequest, Queue};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}", dir.path().join("app.db").display());
+    /// let queue = Queue::connect(&url).await?;
+    /// let mut conn = queue.sqlite_connection()?;
+    /// conn.execute_batch("CREATE TABLE orders (id TEXT PRIMARY KEY)")?;
+    ///
+    /// let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    /// tx.execute("INSERT INTO orders (id) VALUES ('o-1')", [])?;
+    /// let confirm = EnqueueRequest::new("order.confirm").idempotency_key("confirm:o-1");
+    /// let r = queue.enqueue_in_sqlite(&tx, confirm)?;
+    /// tx.commit()?; // the order, the job, its key and its event — or none of them
+    /// assert!(queue.get(&r.job_id).await?.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn enqueue_in_sqlite(
         &self,
         conn: &rusqlite::Connection,

@@ -188,6 +188,56 @@ impl HandlerContext {
     /// [`complete_in`](Self::complete_in) on the handler's own `rusqlite`
     /// connection to the queue's SQLite database file, inside its open
     /// transaction ([`Queue::sqlite_connection`] opens such a connection).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idemq::rusqlite::TransactionBehavior;
+    /// use idemq::worker::{HandlerContext, JobError, Worker};
+    /// use idemq::{EnqueueRequest, JobState, Queue};
+    /// use serde_json::json;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}", dir.path().join("app.db").display());
+    /// let queue = Queue::connect(&url).await?;
+    /// queue.sqlite_connection()?.execute_batch("CREATE TABLE placed (id TEXT PRIMARY KEY)")?;
+    /// let id = queue
+    ///     .enqueue(EnqueueRequest::new("order.place").payload(json!("o-1")))
+    ///     .await?;
+    ///
+    /// let app = queue.clone();
+    /// let worker = Worker::new(queue.clone()).handle(
+    ///     "order.place",
+    ///     move |ctx: HandlerContext, order: String| {
+    ///         let app = app.clone();
+    ///         async move {
+    ///             let mut conn = app.sqlite_connection()?;
+    ///             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    ///             tx.execute("INSERT INTO placed (id) VALUES (?1)", [&order])?;
+    ///             // Last, just before the commit: the row and the completion land together.
+    ///             ctx.complete_in_sqlite(&tx, &json!({ "placed": order }))?;
+    ///             tx.commit()?;
+    ///             Ok::<_, JobError>(())
+    ///         }
+    ///     },
+    /// );
+    /// let (watched, job_id) = (queue.clone(), id.clone());
+    /// let report = worker
+    ///     .run(async move {
+    ///         let _ = watched.wait(&job_id, Duration::from_secs(10)).await;
+    ///     })
+    ///     .await?;
+    /// assert_eq!((report.completed, report.lost), (1, 0));
+    /// let placed: i64 = queue
+    ///     .sqlite_connection()?
+    ///     .query_row("SELECT count(*) FROM placed", [], |r| r.get(0))?;
+    /// assert_eq!(placed, 1);
+    /// # let job = queue.get(&id).await?.ok_or("the job")?;
+    /// # assert_eq!((job.state, job.result), (JobState::Completed, Some(json!({ "placed": "o-1" }))));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn complete_in_sqlite<T: Serialize + ?Sized>(
         &self,
         conn: &rusqlite::Connection,
