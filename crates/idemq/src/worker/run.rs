@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,6 +40,8 @@ struct Slot {
     token: String,
     cancel: watch::Sender<bool>,
     stop: watch::Sender<Stop>,
+    /// Set once the handler completed the job in its own transaction.
+    completed_in_tx: Arc<AtomicBool>,
 }
 
 type Slots = Arc<Mutex<HashMap<String, Slot>>>;
@@ -156,21 +159,27 @@ pub(super) async fn run(
                         };
                         let (cancel, cancel_rx) = watch::channel(false);
                         let (stop, stop_rx) = watch::channel(Stop::Running);
+                        let completed_in_tx = Arc::new(AtomicBool::new(false));
                         lock(&slots).insert(
                             job.id.clone(),
                             Slot {
                                 token: job.lease_token.clone(),
                                 cancel,
                                 stop,
+                                completed_in_tx: completed_in_tx.clone(),
                             },
                         );
                         let (queue, slots, lease) = (w.queue.clone(), slots.clone(), w.lease);
                         let pending = pending.clone();
                         tasks.spawn(async move {
                             let id = job.id.clone();
+                            let control = Control {
+                                cancel_rx,
+                                stop_rx,
+                                completed_in_tx,
+                            };
                             let ended =
-                                supervise(queue, &pending, job, handler, lease, cancel_rx, stop_rx)
-                                    .await;
+                                supervise(queue, &pending, job, handler, lease, control).await;
                             lock(&slots).remove(&id);
                             ended
                         });
@@ -316,8 +325,12 @@ async fn heartbeat_loop(
             _ = stop.changed() => return,
             () = tokio::time::sleep(every) => {}
         }
+        // A job its handler completed in its own transaction is not
+        // renewed: on PostgreSQL that transaction holds the job's row until
+        // it ends, and a heartbeat waiting for it would hold up the others.
         let running: Vec<(String, String)> = lock(&slots)
             .iter()
+            .filter(|(_, s)| !s.completed_in_tx.load(Ordering::SeqCst))
             .map(|(id, s)| (id.clone(), s.token.clone()))
             .collect();
         for (id, token) in running {
@@ -340,6 +353,14 @@ async fn heartbeat_loop(
     }
 }
 
+/// What the claim loop and the heartbeat loop share with one attempt's
+/// supervisor.
+struct Control {
+    cancel_rx: watch::Receiver<bool>,
+    stop_rx: watch::Receiver<Stop>,
+    completed_in_tx: Arc<AtomicBool>,
+}
+
 /// Runs one attempt: the handler in a task of its own (a panic is a failed
 /// attempt, never a dead worker), interrupted by the timeout, the deadline,
 /// cancellation, a lost lease or the end of the shutdown grace period.
@@ -349,15 +370,19 @@ async fn supervise(
     job: ClaimedJob,
     handler: Erased,
     lease: Duration,
-    cancel_rx: watch::Receiver<bool>,
-    mut stop_rx: watch::Receiver<Stop>,
+    control: Control,
 ) -> Ended {
+    let Control {
+        cancel_rx,
+        mut stop_rx,
+        completed_in_tx,
+    } = control;
     let job = Arc::new(job);
     let ctx = HandlerContext {
         job: job.clone(),
         queue: queue.clone(),
         cancel: cancel_rx.clone(),
-        completed_in_tx: Arc::default(),
+        completed_in_tx,
     };
     let mut task = tokio::spawn(handler(ctx.clone()));
     let timeout = Duration::from_millis(u64::try_from(job.timeout_ms).unwrap_or(0));
@@ -410,7 +435,7 @@ async fn supervise(
         // The handler completed the job in its own transaction: record
         // nothing if that committed; if it rolled back, the effect did not
         // happen, so the attempt fails and the job runs again.
-        Ok(_) if ctx.completed_in_tx() => match completed_in_tx(&queue, &ctx).await {
+        Ok(_) if ctx.completed_in_tx() => match committed_in_tx(&queue, &ctx).await {
             Ok(true) => return Ended::CompletedInTx,
             _ => JobError::retryable(
                 "the handler completed its job in a transaction that did not commit",
@@ -466,7 +491,7 @@ async fn supervise(
 /// Whether this attempt's job is completed: by the handler's own
 /// transaction, the only way a completion of this attempt is recorded
 /// before the runtime records one.
-async fn completed_in_tx(queue: &Queue, ctx: &HandlerContext) -> Result<bool> {
+async fn committed_in_tx(queue: &Queue, ctx: &HandlerContext) -> Result<bool> {
     let job = queue.get(&ctx.job.id).await?;
     let done = job.is_some_and(|j| j.state == JobState::Completed && j.attempt == ctx.job.attempt);
     if done {
@@ -480,7 +505,7 @@ async fn completed_in_tx(queue: &Queue, ctx: &HandlerContext) -> Result<bool> {
 /// completion (a heartbeat or a failure record then finds the lease gone),
 /// as lost otherwise.
 async fn lost_or_completed_in_tx(queue: &Queue, ctx: &HandlerContext) -> Ended {
-    if ctx.completed_in_tx() && matches!(completed_in_tx(queue, ctx).await, Ok(true)) {
+    if ctx.completed_in_tx() && matches!(committed_in_tx(queue, ctx).await, Ok(true)) {
         Ended::CompletedInTx
     } else {
         Ended::Lost
