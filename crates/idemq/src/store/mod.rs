@@ -366,6 +366,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn as_sqlite(&self) -> Option<&sqlite::SqliteStore> {
         None
     }
+
     /// A source of wake-ups for a worker.
     async fn wakeups(&self) -> Result<Wakeups>;
     /// The clock of record.

@@ -423,7 +423,7 @@ async fn supervise(
             return match stop {
                 Stop::Shutdown => match queue.release(&job.id, &job.lease_token).await {
                     Ok(()) => Ended::Released,
-                    Err(_) => Ended::Lost,
+                    Err(_) => lost_or_completed_in_tx(&queue, &ctx).await,
                 },
                 _ => lost_or_completed_in_tx(&queue, &ctx).await,
             };
