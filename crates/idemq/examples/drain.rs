@@ -10,11 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idemq::worker::{HandlerContext, Job, JobError, Worker};
+use idemq::worker::{HandlerContext, Job, JobError, JobOptions, Worker};
 use idemq::{BatchOptions, EnqueueRequest, JobState, Queue};
 use serde::{Deserialize, Serialize};
 
-/// A typed job: its payload type names its job type.
+/// A typed job: its payload type names its job type, its queue and the
+/// options every resize gets.
 #[derive(Serialize, Deserialize)]
 struct Resize {
     image: u64,
@@ -23,6 +24,12 @@ struct Resize {
 
 impl Job for Resize {
     const TYPE: &'static str = "image.resize";
+    const QUEUE: Option<&'static str> = Some("images");
+    fn options(&self) -> JobOptions {
+        JobOptions::default()
+            .max_attempts(3)
+            .timeout(Duration::from_secs(60))
+    }
 }
 
 #[tokio::main]
@@ -41,14 +48,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let reqs = chunk
             .iter()
             .map(|&i| {
-                let job = Resize {
+                EnqueueRequest::from_job(&Resize {
                     image: i,
                     width: 320,
-                };
-                EnqueueRequest::new(Resize::TYPE)
-                    .payload(serde_json::to_value(job).unwrap_or_default())
+                })
             })
-            .collect();
+            .collect::<idemq::Result<Vec<_>>>()?;
         for r in queue
             .enqueue_many(reqs, BatchOptions { atomic: true })
             .await?
@@ -91,7 +96,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut wrong = 0;
     for id in &ids {
         let job = queue.get(id).await?.ok_or("a job vanished")?;
-        if job.state != JobState::Completed || job.attempt != 1 {
+        if job.state != JobState::Completed || job.attempt != 1 || job.queue != "images" {
             wrong += 1;
         }
     }

@@ -40,6 +40,7 @@
 //! execution is at-least-once; nothing acknowledged is lost. See the
 //! repository's `docs/` for idempotency, dedupe and the state machine.
 
+mod caller_tx;
 pub mod clock;
 pub mod dedupe;
 mod error;
@@ -72,6 +73,10 @@ pub use worker::{HandlerContext, JobError, Worker};
 
 /// The PostgreSQL driver idemq uses, for [`Queue::enqueue_in`] on your own transactions.
 pub use sqlx;
+
+/// The SQLite driver idemq uses, for [`Queue::enqueue_in_sqlite`] and
+/// [`Queue::complete_in_sqlite`] on your own connection to the queue's file.
+pub use rusqlite;
 
 /// The README's Rust example, compiled by `cargo test --doc`.
 #[cfg(doctest)]

@@ -23,6 +23,7 @@ use crate::stats::{Counter, Counters, Stats};
 use crate::store::postgres::{PgOptions, PgStore};
 use crate::store::sqlite::SqliteStore;
 use crate::store::*;
+use crate::worker::IntoEnqueueRequest;
 
 /// Most items in one `enqueue_many`.
 pub const MAX_BATCH_ITEMS: usize = 1000;
@@ -378,6 +379,12 @@ impl Queue {
         }
     }
 
+    /// Counts completions recorded outside the queue's own calls (in a
+    /// caller's transaction that is known to have committed).
+    pub(crate) fn count_completions(&self, n: u64) {
+        self.counters.add(Counter::Completions, n);
+    }
+
     /// What this queue and its clones did in this process: claims,
     /// completions, retries, dead letters, reaped leases, purges and
     /// retention deletes, whichever surface (API, worker, maintenance) acted.
@@ -395,18 +402,22 @@ impl Queue {
         self.store.backend()
     }
 
-    fn prepare(&self, req: &EnqueueRequest) -> Result<PreparedEnqueue> {
+    pub(crate) fn prepare(&self, req: &EnqueueRequest) -> Result<PreparedEnqueue> {
         req.prepare(&self.hasher, self.payload_limit)
     }
 
-    /// Enqueues and returns the job id (new, original or keyed).
-    pub async fn enqueue(&self, req: EnqueueRequest) -> Result<String> {
+    /// Enqueues and returns the job id (new, original or keyed). Takes an
+    /// [`EnqueueRequest`] or a typed [`Job`](crate::worker::Job), whose
+    /// definition sets its queue, options and keys; to override some of
+    /// them for one enqueue, pass
+    /// `EnqueueRequest::from_job(&job)?` with the setters chained.
+    pub async fn enqueue(&self, req: impl IntoEnqueueRequest) -> Result<String> {
         Ok(self.enqueue_with_result(req).await?.job_id)
     }
 
-    /// Enqueues and says what happened.
-    pub async fn enqueue_with_result(&self, req: EnqueueRequest) -> Result<EnqueueResult> {
-        let item = self.prepare(&req)?;
+    /// Enqueues (a request or a typed job) and says what happened.
+    pub async fn enqueue_with_result(&self, req: impl IntoEnqueueRequest) -> Result<EnqueueResult> {
+        let item = self.prepare(&req.into_request()?)?;
         let mut results = self
             .store
             .job_enqueue(JobEnqueue {
@@ -518,9 +529,9 @@ impl Queue {
     pub async fn enqueue_in(
         &self,
         conn: &mut sqlx::PgConnection,
-        req: EnqueueRequest,
+        req: impl IntoEnqueueRequest,
     ) -> Result<EnqueueResult> {
-        let item = self.prepare(&req)?;
+        let item = self.prepare(&req.into_request()?)?;
         let mut results = PgStore::enqueue_in(conn, std::slice::from_ref(&item)).await?;
         results.pop().unwrap_or_else(|| {
             Err(Error::Backend {
@@ -530,8 +541,8 @@ impl Queue {
     }
 
     /// A dry run: what an enqueue would do now and why. Writes nothing, ever.
-    pub async fn explain(&self, req: EnqueueRequest) -> Result<Explain> {
-        let item = self.prepare(&req)?;
+    pub async fn explain(&self, req: impl IntoEnqueueRequest) -> Result<Explain> {
+        let item = self.prepare(&req.into_request()?)?;
         self.store.job_explain(JobExplain { item }).await
     }
 
@@ -846,7 +857,7 @@ impl Queue {
     }
 
     /// A lease no claim could have minted is a lost one.
-    fn lease_text(job_id: &str, token: &str) -> Result<()> {
+    pub(crate) fn lease_text(job_id: &str, token: &str) -> Result<()> {
         if nul(job_id) || nul(token) {
             return Err(Error::LeaseLost {
                 job_id: job_id.replace('\0', "\u{fffd}"),
@@ -855,7 +866,7 @@ impl Queue {
         Ok(())
     }
 
-    fn lease(job_id: &str, token: &str) -> LeaseRef {
+    pub(crate) fn lease(job_id: &str, token: &str) -> LeaseRef {
         LeaseRef {
             job_id: job_id.into(),
             lease_token: token.into(),

@@ -360,6 +360,13 @@ impl Wakeups {
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// `sqlite`, `postgres`, …
     fn backend(&self) -> &'static str;
+
+    /// The SQLite store, for the operations that run on a caller's own
+    /// connection to its file (`None` on other backends).
+    fn as_sqlite(&self) -> Option<&sqlite::SqliteStore> {
+        None
+    }
+
     /// A source of wake-ups for a worker.
     async fn wakeups(&self) -> Result<Wakeups>;
     /// The clock of record.

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -85,6 +86,10 @@ pub struct HandlerContext {
     pub(crate) job: Arc<ClaimedJob>,
     pub(crate) queue: Queue,
     pub(crate) cancel: watch::Receiver<bool>,
+    /// Set once the handler completed its job in its own transaction: the
+    /// runtime then finds out whether that transaction committed instead
+    /// of recording a completion of its own.
+    pub(crate) completed_in_tx: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for HandlerContext {
@@ -153,6 +158,107 @@ impl HandlerContext {
             .await
             .map(|_| ())
             .map_err(JobError::retryable)
+    }
+
+    /// Completes this job inside the handler's own PostgreSQL transaction,
+    /// with `result` as the job's result: the business writes and the
+    /// completion commit or roll back together, fenced by this attempt's
+    /// lease. A lost lease fails with [`Error::LeaseLost`] and writes
+    /// nothing: return the error (with `?`) so the transaction is dropped
+    /// and rolls back. Call it last, just before the commit (the job's row
+    /// stays locked until the transaction ends), then return `Ok`.
+    ///
+    /// When the handler returns, the runtime records nothing more if the
+    /// transaction committed (the attempt counts as completed, the value the
+    /// handler returns is not stored); if it rolled back, the attempt fails
+    /// (a retryable failure) and the job runs again. See docs/worker.md.
+    pub async fn complete_in<T: Serialize + ?Sized>(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        result: &T,
+    ) -> Result<(), Error> {
+        let value = self.result_value(result)?;
+        self.queue
+            .complete_in(conn, &self.job.id, &self.job.lease_token, value)
+            .await?;
+        self.completed_in_tx.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// [`complete_in`](Self::complete_in) on the handler's own `rusqlite`
+    /// connection to the queue's SQLite database file, inside its open
+    /// transaction ([`Queue::sqlite_connection`] opens such a connection).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idemq::rusqlite::TransactionBehavior;
+    /// use idemq::worker::{HandlerContext, JobError, Worker};
+    /// use idemq::{EnqueueRequest, JobState, Queue};
+    /// use serde_json::json;
+    ///
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}", dir.path().join("app.db").display());
+    /// let queue = Queue::connect(&url).await?;
+    /// queue.sqlite_connection()?.execute_batch("CREATE TABLE placed (id TEXT PRIMARY KEY)")?;
+    /// let id = queue
+    ///     .enqueue(EnqueueRequest::new("order.place").payload(json!("o-1")))
+    ///     .await?;
+    ///
+    /// let app = queue.clone();
+    /// let worker = Worker::new(queue.clone()).handle(
+    ///     "order.place",
+    ///     move |ctx: HandlerContext, order: String| {
+    ///         let app = app.clone();
+    ///         async move {
+    ///             let mut conn = app.sqlite_connection()?;
+    ///             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    ///             tx.execute("INSERT INTO placed (id) VALUES (?1)", [&order])?;
+    ///             // Last, just before the commit: the row and the completion land together.
+    ///             ctx.complete_in_sqlite(&tx, &json!({ "placed": order }))?;
+    ///             tx.commit()?;
+    ///             Ok::<_, JobError>(())
+    ///         }
+    ///     },
+    /// );
+    /// let (watched, job_id) = (queue.clone(), id.clone());
+    /// let report = worker
+    ///     .run(async move {
+    ///         let _ = watched.wait(&job_id, Duration::from_secs(10)).await;
+    ///     })
+    ///     .await?;
+    /// assert_eq!((report.completed, report.lost), (1, 0));
+    /// let placed: i64 = queue
+    ///     .sqlite_connection()?
+    ///     .query_row("SELECT count(*) FROM placed", [], |r| r.get(0))?;
+    /// assert_eq!(placed, 1);
+    /// # let job = queue.get(&id).await?.ok_or("the job")?;
+    /// # assert_eq!((job.state, job.result), (JobState::Completed, Some(json!({ "placed": "o-1" }))));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn complete_in_sqlite<T: Serialize + ?Sized>(
+        &self,
+        conn: &rusqlite::Connection,
+        result: &T,
+    ) -> Result<(), Error> {
+        let value = self.result_value(result)?;
+        self.queue
+            .complete_in_sqlite(conn, &self.job.id, &self.job.lease_token, value)?;
+        self.completed_in_tx.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn result_value<T: Serialize + ?Sized>(&self, result: &T) -> Result<Option<Value>, Error> {
+        let value = serde_json::to_value(result)
+            .map_err(|e| Error::validation("result", format!("does not serialize: {e}")))?;
+        Ok((!value.is_null()).then_some(value))
+    }
+
+    /// Whether the handler completed its job in a transaction of its own.
+    pub(crate) fn completed_in_tx(&self) -> bool {
+        self.completed_in_tx.load(Ordering::SeqCst)
     }
 
     /// A durable step: on the first attempt that reaches it, runs `step` and

@@ -16,13 +16,6 @@ pub(crate) type BoxFuture = Pin<Box<dyn Future<Output = Result<Value, JobError>>
 /// A handler with its payload type erased.
 pub(crate) type Erased = Arc<dyn Fn(HandlerContext) -> BoxFuture + Send + Sync>;
 
-/// A job type with a typed payload, for [`Worker::job`](super::Worker::job)
-/// and [`Queue`](crate::Queue) producers.
-pub trait Job: Serialize + DeserializeOwned + Send + 'static {
-    /// The job type, e.g. `email.send`.
-    const TYPE: &'static str;
-}
-
 /// Wraps a typed handler: a payload that does not deserialize fails the job
 /// permanently (`bad_payload`).
 pub(crate) fn erase<P, R, F, Fut>(f: F) -> Erased

@@ -28,6 +28,7 @@
 
 mod complete;
 mod context;
+mod definition;
 mod handler;
 pub mod maintenance;
 mod run;
@@ -39,7 +40,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use context::{HandlerContext, JobError};
-pub use handler::Job;
+pub use definition::{IntoEnqueueRequest, Job, JobOptions};
 pub use maintenance::Maintenance;
 
 use crate::error::Result;
@@ -123,7 +124,12 @@ impl Worker {
         self
     }
 
-    /// Registers the handler of a typed [`Job`].
+    /// Registers the handler of a typed [`Job`]: jobs of type `J::TYPE`, the
+    /// payload deserialized into `J` (one that does not fit fails the job
+    /// permanently, `bad_payload`). The worker claims `J::TYPE` from the
+    /// queues it claims from ([`queues`](Self::queues), every queue by
+    /// default), not only from `J::QUEUE`: a job enqueued with another
+    /// queue is still this handler's to run.
     pub fn job<J, R, F, Fut>(self, handler: F) -> Self
     where
         J: Job,

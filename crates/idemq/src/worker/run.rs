@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use super::handler::Erased;
 use super::maintenance::Maintenance;
 use super::{Worker, WorkerReport};
 use crate::error::{Error, Result};
-use crate::job::ClaimedJob;
+use crate::job::{ClaimedJob, JobState};
 use crate::queue::{ClaimOptions, FailOptions, Queue};
 use crate::request::bounds::MAX_CLAIM_LIMIT;
 use crate::store::Wakeups;
@@ -39,6 +40,8 @@ struct Slot {
     token: String,
     cancel: watch::Sender<bool>,
     stop: watch::Sender<Stop>,
+    /// Set once the handler completed the job in its own transaction.
+    completed_in_tx: Arc<AtomicBool>,
 }
 
 type Slots = Arc<Mutex<HashMap<String, Slot>>>;
@@ -47,6 +50,8 @@ type Slots = Arc<Mutex<HashMap<String, Slot>>>;
 enum Ended {
     /// Succeeded: the completion waits in [`Pending`] for the next call.
     Handed,
+    /// Completed in the handler's own transaction, which committed.
+    CompletedInTx,
     Failed,
     Released,
     Lost,
@@ -107,6 +112,7 @@ pub(super) async fn run(
     let mut tasks: JoinSet<Ended> = JoinSet::new();
     let count = |report: &mut WorkerReport, e: Ended| match e {
         Ended::Handed => {}
+        Ended::CompletedInTx => report.completed += 1,
         Ended::Failed => report.failed += 1,
         Ended::Released => report.released += 1,
         Ended::Lost => report.lost += 1,
@@ -173,21 +179,27 @@ pub(super) async fn run(
                         };
                         let (cancel, cancel_rx) = watch::channel(false);
                         let (stop, stop_rx) = watch::channel(Stop::Running);
+                        let completed_in_tx = Arc::new(AtomicBool::new(false));
                         lock(&slots).insert(
                             job.id.clone(),
                             Slot {
                                 token: job.lease_token.clone(),
                                 cancel,
                                 stop,
+                                completed_in_tx: completed_in_tx.clone(),
                             },
                         );
                         let (queue, slots, lease) = (w.queue.clone(), slots.clone(), w.lease);
                         let pending = pending.clone();
                         tasks.spawn(async move {
                             let id = job.id.clone();
+                            let control = Control {
+                                cancel_rx,
+                                stop_rx,
+                                completed_in_tx,
+                            };
                             let ended =
-                                supervise(queue, &pending, job, handler, lease, cancel_rx, stop_rx)
-                                    .await;
+                                supervise(queue, &pending, job, handler, lease, control).await;
                             lock(&slots).remove(&id);
                             ended
                         });
@@ -400,8 +412,12 @@ async fn heartbeat_loop(
             _ = stop.changed() => return,
             () = tokio::time::sleep(every) => {}
         }
+        // A job its handler completed in its own transaction is not
+        // renewed: on PostgreSQL that transaction holds the job's row until
+        // it ends, and a heartbeat waiting for it would hold up the others.
         let running: Vec<(String, String)> = lock(&slots)
             .iter()
+            .filter(|(_, s)| !s.completed_in_tx.load(Ordering::SeqCst))
             .map(|(id, s)| (id.clone(), s.token.clone()))
             .collect();
         for (id, token) in running {
@@ -426,6 +442,14 @@ async fn heartbeat_loop(
     }
 }
 
+/// What the claim loop and the heartbeat loop share with one attempt's
+/// supervisor.
+struct Control {
+    cancel_rx: watch::Receiver<bool>,
+    stop_rx: watch::Receiver<Stop>,
+    completed_in_tx: Arc<AtomicBool>,
+}
+
 /// Runs one attempt: the handler in a task of its own (a panic is a failed
 /// attempt, never a dead worker), interrupted by the timeout, the deadline,
 /// cancellation, a lost lease or the end of the shutdown grace period.
@@ -435,14 +459,19 @@ async fn supervise(
     job: ClaimedJob,
     handler: Erased,
     lease: Duration,
-    cancel_rx: watch::Receiver<bool>,
-    mut stop_rx: watch::Receiver<Stop>,
+    control: Control,
 ) -> Ended {
+    let Control {
+        cancel_rx,
+        mut stop_rx,
+        completed_in_tx,
+    } = control;
     let job = Arc::new(job);
     let ctx = HandlerContext {
         job: job.clone(),
         queue: queue.clone(),
         cancel: cancel_rx.clone(),
+        completed_in_tx,
     };
     let mut task = tokio::spawn(handler(ctx.clone()));
     let timeout = Duration::from_millis(u64::try_from(job.timeout_ms).unwrap_or(0));
@@ -483,15 +512,24 @@ async fn supervise(
             return match stop {
                 Stop::Shutdown => match queue.release(&job.id, &job.lease_token).await {
                     Ok(()) => Ended::Released,
-                    Err(_) => Ended::Lost,
+                    Err(_) => lost_or_completed_in_tx(&queue, &ctx).await,
                 },
-                _ => Ended::Lost,
+                _ => lost_or_completed_in_tx(&queue, &ctx).await,
             };
         }
     };
     // A success is recorded with the claim loop's next call, many to a
     // round trip; the slot is free at once.
     let e = match outcome {
+        // The handler completed the job in its own transaction: record
+        // nothing if that committed; if it rolled back, the effect did not
+        // happen, so the attempt fails and the job runs again.
+        Ok(_) if ctx.completed_in_tx() => match committed_in_tx(&queue, &ctx).await {
+            Ok(true) => return Ended::CompletedInTx,
+            _ => JobError::retryable(
+                "the handler completed its job in a transaction that did not commit",
+            ),
+        },
         Ok(value) => {
             let result = (!value.is_null()).then_some(value);
             pending.push(&job.id, &job.lease_token, result, lease);
@@ -534,7 +572,31 @@ async fn supervise(
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }
-            Err(_) => return Ended::Lost,
+            Err(_) => return lost_or_completed_in_tx(&queue, &ctx).await,
         }
+    }
+}
+
+/// Whether this attempt's job is completed: by the handler's own
+/// transaction, the only way a completion of this attempt is recorded
+/// before the runtime records one.
+async fn committed_in_tx(queue: &Queue, ctx: &HandlerContext) -> Result<bool> {
+    let job = queue.get(&ctx.job.id).await?;
+    let done = job.is_some_and(|j| j.state == JobState::Completed && j.attempt == ctx.job.attempt);
+    if done {
+        queue.count_completions(1);
+    }
+    Ok(done)
+}
+
+/// An attempt whose end could not be recorded (its lease is gone): counted
+/// as completed when the handler's own transaction committed its
+/// completion (a heartbeat or a failure record then finds the lease gone),
+/// as lost otherwise.
+async fn lost_or_completed_in_tx(queue: &Queue, ctx: &HandlerContext) -> Ended {
+    if ctx.completed_in_tx() && matches!(committed_in_tx(queue, ctx).await, Ok(true)) {
+        Ended::CompletedInTx
+    } else {
+        Ended::Lost
     }
 }

@@ -35,11 +35,13 @@ macro_rules! instantiate {
 
 mod batch;
 mod dedupe;
+mod definitions;
 mod execution;
 mod idempotency;
 mod installation;
 mod operations;
 mod races;
 mod schedules;
+mod transactions;
 mod validation;
 mod worker;

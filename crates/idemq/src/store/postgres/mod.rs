@@ -156,6 +156,28 @@ impl PgStore {
         enqueue::enqueue(conn, items).await
     }
 
+    /// Completes an attempt inside the caller's own transaction or
+    /// connection, fenced by its lease: the completion commits or rolls
+    /// back with the caller's rows. A lost lease is `LeaseLost` and writes
+    /// nothing; nothing in it raises, so the transaction stays usable.
+    pub async fn complete_in(conn: &mut PgConnection, p: &JobComplete) -> Result<()> {
+        let row = sqlx::query(
+            "SELECT ok FROM idemq.finish_attempt($1, $2, 'completed', NULL, true, NULL, NULL, $3::jsonb)",
+        )
+        .bind(&p.lease.job_id)
+        .bind(&p.lease.lease_token)
+        .bind(p.result.as_deref())
+        .fetch_one(conn)
+        .await
+        .map_err(db_err)?;
+        if !row.try_get::<bool, _>("ok").map_err(db_err)? {
+            return Err(Error::LeaseLost {
+                job_id: p.lease.job_id.clone(),
+            });
+        }
+        Ok(())
+    }
+
     /// Test-only (feature `test-clock`): sets this store's test clock (see
     /// [`PgOptions::test_clock`]) to `at`, so tests move time without
     /// sleeping; `None` returns its sessions to `clock_timestamp()`. Only

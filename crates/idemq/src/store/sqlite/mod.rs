@@ -25,6 +25,7 @@
 //! operation reads it once, after the write lock is taken.
 
 mod admin;
+mod caller;
 mod enqueue;
 mod exec;
 mod installation;
@@ -613,6 +614,10 @@ fn flatten<T>(r: Result<Result<T>>) -> Result<T> {
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
         "sqlite"
+    }
+
+    fn as_sqlite(&self) -> Option<&SqliteStore> {
+        Some(self)
     }
 
     async fn wakeups(&self) -> Result<Wakeups> {

@@ -1,0 +1,135 @@
+//! The queue's operations inside a caller's own transaction: enqueue and
+//! complete commit or roll back with the caller's business rows
+//! (docs/storage.md). On PostgreSQL the caller passes its `sqlx`
+//! connection or transaction; on SQLite its own `rusqlite` connection to
+//! the queue's database file ([`Queue::sqlite_connection`] opens one set up
+//! as the store's).
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::job::EnqueueResult;
+use crate::queue::Queue;
+use crate::request::encode_json;
+use crate::store::JobComplete;
+use crate::store::postgres::PgStore;
+use crate::store::sqlite::SqliteStore;
+use crate::worker::IntoEnqueueRequest;
+
+impl Queue {
+    fn sqlite(&self) -> Result<&SqliteStore> {
+        self.store().as_sqlite().ok_or_else(|| {
+            Error::validation(
+                "connection",
+                format!("this queue is on {}, not SQLite", self.backend()),
+            )
+        })
+    }
+
+    fn completion(
+        &self,
+        job_id: &str,
+        lease_token: &str,
+        result: Option<Value>,
+    ) -> Result<JobComplete> {
+        Self::lease_text(job_id, lease_token)?;
+        Ok(JobComplete {
+            lease: Self::lease(job_id, lease_token),
+            result: result
+                .filter(|v| !v.is_null())
+                .map(|v| encode_json("result", &v, self.payload_limit()))
+                .transpose()?,
+        })
+    }
+
+    /// Completes an attempt inside the caller's own PostgreSQL transaction,
+    /// fenced by its lease token: the completion (state, result, event, run
+    /// ledger) commits or rolls back with the caller's rows. A lease that is
+    /// no longer the job's current one fails with [`Error::LeaseLost`] and
+    /// writes nothing; roll the transaction back then, its business writes
+    /// belong to an attempt that is not the job's any more. Nothing in it
+    /// raises in the database, so the transaction stays usable.
+    ///
+    /// The job's row stays locked until the transaction ends: call it last,
+    /// just before the commit.
+    pub async fn complete_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        job_id: &str,
+        lease_token: &str,
+        result: Option<Value>,
+    ) -> Result<()> {
+        let p = self.completion(job_id, lease_token, result)?;
+        PgStore::complete_in(conn, &p).await
+    }
+
+    /// [`complete_in`](Self::complete_in) on the caller's own connection to
+    /// this queue's SQLite database file (inside its open transaction, if
+    /// any). Refused (`Validation` on `connection`) for a connection to
+    /// another file, an in-memory queue or another backend. The clock of
+    /// record is the queue's.
+    pub fn complete_in_sqlite(
+        &self,
+        conn: &rusqlite::Connection,
+        job_id: &str,
+        lease_token: &str,
+        result: Option<Value>,
+    ) -> Result<()> {
+        let p = self.completion(job_id, lease_token, result)?;
+        self.sqlite()?.complete_on(conn, &p)
+    }
+
+    /// Enqueues on the caller's own connection to this queue's SQLite
+    /// database file, inside its open transaction: the job, its bindings
+    /// and its event commit or roll back with the caller's rows. A refused
+    /// request (a conflict, a validation failure) writes nothing and leaves
+    /// the transaction and the caller's other writes as they were. Workers
+    /// of this process are not woken (the commit is the caller's): they
+    /// find the job at their next poll.
+    ///
+    /// ```
+    /// use idemq::rusqlite::TransactionBehavior;
+    /// use idemq::{EnqueueRequest, Queue};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = tempfile::tempdir()?;
+    /// # let url = format!("sqlite://{}", dir.path().join("app.db").display());
+    /// let queue = Queue::connect(&url).await?;
+    /// let mut conn = queue.sqlite_connection()?;
+    /// conn.execute_batch("CREATE TABLE orders (id TEXT PRIMARY KEY)")?;
+    ///
+    /// let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    /// tx.execute("INSERT INTO orders (id) VALUES ('o-1')", [])?;
+    /// let confirm = EnqueueRequest::new("order.confirm").idempotency_key("confirm:o-1");
+    /// let r = queue.enqueue_in_sqlite(&tx, confirm)?;
+    /// tx.commit()?; // the order, the job, its key and its event — or none of them
+    /// assert!(queue.get(&r.job_id).await?.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn enqueue_in_sqlite(
+        &self,
+        conn: &rusqlite::Connection,
+        req: impl IntoEnqueueRequest,
+    ) -> Result<EnqueueResult> {
+        let item = self.prepare(&req.into_request()?)?;
+        let store = self.sqlite()?;
+        let mut results = store.enqueue_on(conn, std::slice::from_ref(&item))?;
+        results.pop().unwrap_or_else(|| {
+            Err(Error::Backend {
+                message: "no result".into(),
+            })
+        })
+    }
+
+    /// A new connection to this queue's SQLite database file, set up as the
+    /// store's own (WAL, `synchronous=FULL`, foreign keys, a 5 s busy
+    /// timeout), for [`enqueue_in_sqlite`](Self::enqueue_in_sqlite) and
+    /// [`complete_in_sqlite`](Self::complete_in_sqlite). Begin write
+    /// transactions on it with
+    /// `transaction_with_behavior(TransactionBehavior::Immediate)`.
+    pub fn sqlite_connection(&self) -> Result<rusqlite::Connection> {
+        self.sqlite()?.open_connection()
+    }
+}
