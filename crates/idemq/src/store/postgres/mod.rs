@@ -225,60 +225,6 @@ impl PgStore {
     }
 }
 
-impl PgStore {
-    /// An enqueue call: one statement, in a transaction for an atomic batch,
-    /// a dry run, or behind PgBouncer.
-    async fn enqueue_call(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
-        // Behind PgBouncer a plain batch runs in a transaction too, to keep
-        // its server connection.
-        if !p.atomic && !p.dry_run && !self.net.bouncer {
-            let mut conn = self.pool.acquire().await.map_err(db_err)?;
-            return enqueue::enqueue(&mut conn, &p.items).await;
-        }
-        // All-or-nothing and dry runs: the function never raises for an
-        // item, so the batch runs in a transaction that is rolled back on the
-        // first error (or always, for a dry run).
-        let mut tx = self.pool.begin().await.map_err(db_err)?;
-        let mut results = enqueue::enqueue(&mut tx, &p.items).await?;
-        let failed = if p.atomic {
-            results.iter().position(Result::is_err)
-        } else {
-            None
-        };
-        if p.dry_run || failed.is_some() {
-            tx.rollback().await.map_err(db_err)?;
-        } else {
-            tx.commit().await.map_err(db_err)?;
-        }
-        if let Some(index) = failed {
-            let error = match results.swap_remove(index) {
-                Err(e) => e,
-                Ok(_) => Error::Backend {
-                    message: "batch item error vanished".into(),
-                },
-            };
-            return Err(Error::BatchItem {
-                index,
-                error: Box::new(error),
-            });
-        }
-        Ok(results)
-    }
-}
-
-/// `IDEMQ_WAKEUP_DATABASE_URL`: the direct connection of wake-ups behind PgBouncer.
-fn wakeup_url() -> Result<Option<String>> {
-    match std::env::var("IDEMQ_WAKEUP_DATABASE_URL") {
-        Ok(url) if url.trim().is_empty() => Ok(None),
-        Ok(url) => Ok(Some(
-            db::split_url(&url)
-                .map_err(|e| Error::validation("IDEMQ_WAKEUP_DATABASE_URL", e))?
-                .0,
-        )),
-        Err(_) => Ok(None),
-    }
-}
-
 fn not_found(id: &str) -> Error {
     Error::job_not_found(id)
 }
@@ -663,5 +609,59 @@ impl Store for PgStore {
 
     async fn schedule_mark_fired(&self, p: ScheduleMarkFired) -> Result<bool> {
         schedule::mark_fired(self.db(), &p).await
+    }
+}
+
+impl PgStore {
+    /// An enqueue call: one statement, in a transaction for an atomic batch,
+    /// a dry run, or behind PgBouncer.
+    async fn enqueue_call(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
+        // Behind PgBouncer a plain batch runs in a transaction too, to keep
+        // its server connection.
+        if !p.atomic && !p.dry_run && !self.net.bouncer {
+            let mut conn = self.pool.acquire().await.map_err(db_err)?;
+            return enqueue::enqueue(&mut conn, &p.items).await;
+        }
+        // All-or-nothing and dry runs: the function never raises for an
+        // item, so the batch runs in a transaction that is rolled back on the
+        // first error (or always, for a dry run).
+        let mut tx = self.pool.begin().await.map_err(db_err)?;
+        let mut results = enqueue::enqueue(&mut tx, &p.items).await?;
+        let failed = if p.atomic {
+            results.iter().position(Result::is_err)
+        } else {
+            None
+        };
+        if p.dry_run || failed.is_some() {
+            tx.rollback().await.map_err(db_err)?;
+        } else {
+            tx.commit().await.map_err(db_err)?;
+        }
+        if let Some(index) = failed {
+            let error = match results.swap_remove(index) {
+                Err(e) => e,
+                Ok(_) => Error::Backend {
+                    message: "batch item error vanished".into(),
+                },
+            };
+            return Err(Error::BatchItem {
+                index,
+                error: Box::new(error),
+            });
+        }
+        Ok(results)
+    }
+}
+
+/// `IDEMQ_WAKEUP_DATABASE_URL`: the direct connection of wake-ups behind PgBouncer.
+fn wakeup_url() -> Result<Option<String>> {
+    match std::env::var("IDEMQ_WAKEUP_DATABASE_URL") {
+        Ok(url) if url.trim().is_empty() => Ok(None),
+        Ok(url) => Ok(Some(
+            db::split_url(&url)
+                .map_err(|e| Error::validation("IDEMQ_WAKEUP_DATABASE_URL", e))?
+                .0,
+        )),
+        Err(_) => Ok(None),
     }
 }
