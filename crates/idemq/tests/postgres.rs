@@ -391,3 +391,53 @@ async fn a_test_clock_is_seen_only_by_the_sessions_that_name_it() {
         .unwrap();
     assert!((real - chrono::Utc::now()).num_seconds().abs() < 60);
 }
+
+/// `call_timeout_ms` bounds a call that gets no answer (here: one blocked on
+/// a lock, as a call on a dead connection would wait for the kernel): it
+/// fails with the retryable `Unavailable`. Like a lost connection it may
+/// still commit; the retry with the same key makes it one job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_call_timeout_ms_is_unavailable() {
+    let (url, db) = support::pg_database();
+    let queue = Queue::connect(&format!("{url}?call_timeout_ms=300"))
+        .await
+        .expect("connect");
+    let mut holder = sqlx::PgConnection::connect(&url).await.expect("holder");
+    exec(
+        &mut holder,
+        "BEGIN; LOCK TABLE idemq.jobs IN ACCESS EXCLUSIVE MODE".into(),
+    )
+    .await;
+    let req = || EnqueueRequest::new("timeout.probe").idempotency_key("t-1");
+    let started = std::time::Instant::now();
+    let err = queue
+        .enqueue(req())
+        .await
+        .expect_err("the enqueue waits on the lock");
+    let waited = started.elapsed();
+    exec(&mut holder, "ROLLBACK".into()).await;
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    assert!(err.to_string().contains("call_timeout_ms"), "{err}");
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+    // The pool recovers, and the retry with the same key is one job.
+    let id = queue.enqueue(req()).await.expect("retry after the lock");
+    let filter = idemq::JobList {
+        limit: 10,
+        ..Default::default()
+    };
+    let page = queue.list(filter).await.expect("list");
+    assert_eq!(page.jobs.len(), 1);
+    assert_eq!(page.jobs[0].id, id);
+    drop(queue);
+    support::drop_pg_database(&db);
+}
+
+/// Bad idemq connect parameters are refused before connecting.
+#[tokio::test]
+async fn bad_connect_parameters_are_refused() {
+    for bad in ["pgbouncer=maybe", "call_timeout_ms=0", "call_timeout_ms=x"] {
+        let url = format!("postgres://postgres@127.0.0.1:1/none?{bad}");
+        let err = Queue::connect(&url).await.expect_err(bad);
+        assert!(matches!(err, Error::Validation { .. }), "{bad}: {err:?}");
+    }
+}

@@ -4,8 +4,9 @@
 use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, Row};
 
+use super::db::{self, Db};
 use super::db_err;
 use crate::error::{ConflictSource, Error, IdempotencyConflict, Result};
 use crate::fingerprint::{Fingerprint, hex};
@@ -190,6 +191,7 @@ pub(super) async fn enqueue(
     let rows =
         sqlx::query("SELECT idx, job_id, outcome, reason, error FROM idemq.enqueue($1::jsonb)")
             .bind(items_json(items)?)
+            .persistent(db::prepared())
             .fetch_all(&mut *conn)
             .await
             .map_err(db_err)?;
@@ -226,6 +228,7 @@ pub(super) async fn explain(conn: &mut PgConnection, p: &PreparedEnqueue) -> Res
         )
         .bind(&k.scope)
         .bind(&k.hash[..])
+        .persistent(db::prepared())
         .fetch_optional(&mut *conn)
         .await
         .map_err(db_err)?
@@ -290,6 +293,7 @@ pub(super) async fn dedupe_holder(
     )
     .bind(job_type)
     .bind(key)
+    .persistent(db::prepared())
     .fetch_optional(&mut *conn)
     .await
     .map_err(db_err)?;
@@ -320,7 +324,7 @@ struct RedriveWire<'a> {
     reset_checkpoints: bool,
 }
 
-pub(super) async fn redrive(pool: &PgPool, p: &JobRedrive) -> Result<EnqueueResult> {
+pub(super) async fn redrive(pool: Db<'_>, p: &JobRedrive) -> Result<EnqueueResult> {
     let wire = RedriveWire {
         job_id: &p.job_id,
         key: p.key.as_ref().map(Key::of),

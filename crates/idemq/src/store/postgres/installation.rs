@@ -1,7 +1,6 @@
 //! The installation row: the check value of the key hashing in use.
 
-use sqlx::PgPool;
-
+use super::db::Db;
 use super::db_err;
 use crate::error::Result;
 use crate::store::KeyCheckChange;
@@ -9,7 +8,7 @@ use crate::store::KeyCheckChange;
 /// Records `value` unless a check is recorded, and returns the recorded one.
 /// `DO UPDATE` (a no-op write) rather than `DO NOTHING`, so that `RETURNING`
 /// yields the row a concurrent first writer committed.
-pub(super) async fn key_check(pool: &PgPool, value: &str) -> Result<String> {
+pub(super) async fn key_check(pool: Db<'_>, value: &str) -> Result<String> {
     sqlx::query_scalar(
         "INSERT INTO idemq.installation (id, key_check, created_at, updated_at)
          VALUES (true, $1, idemq.now(), idemq.now())
@@ -24,7 +23,7 @@ pub(super) async fn key_check(pool: &PgPool, value: &str) -> Result<String> {
 
 /// Replaces the recorded check; returns the previous one and the live
 /// bindings it made, in one statement.
-pub(super) async fn key_check_replace(pool: &PgPool, value: &str) -> Result<KeyCheckChange> {
+pub(super) async fn key_check_replace(pool: Db<'_>, value: &str) -> Result<KeyCheckChange> {
     let (previous, live): (Option<String>, i64) = sqlx::query_as(
         "WITH prev AS (SELECT key_check FROM idemq.installation WHERE id FOR UPDATE),
          up AS (

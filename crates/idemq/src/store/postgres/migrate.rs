@@ -169,6 +169,7 @@ async fn current_version(conn: &mut sqlx::PgConnection) -> Result<i64> {
 async fn functions_recorded(conn: &mut sqlx::PgConnection) -> Result<Option<String>> {
     let recorded: bool =
         sqlx::query_scalar("SELECT to_regclass('idemq.schema_functions') IS NOT NULL")
+            .persistent(false)
             .fetch_one(&mut *conn)
             .await
             .map_err(db_err)?;
@@ -176,28 +177,35 @@ async fn functions_recorded(conn: &mut sqlx::PgConnection) -> Result<Option<Stri
         return Ok(None);
     }
     sqlx::query_scalar("SELECT digest FROM idemq.schema_functions")
+        .persistent(false)
         .fetch_optional(&mut *conn)
         .await
         .map_err(db_err)
 }
 
 /// How far the database's schema is from this binary's, changing nothing.
+///
+/// Its statements are unprepared and share one read-only transaction, so it
+/// also works through a transaction-pooling PgBouncer.
 pub async fn status(pool: &PgPool) -> Result<MigrationStatus> {
+    let mut tx = pool.begin().await.map_err(db_err)?;
     let installed: bool =
         sqlx::query_scalar("SELECT to_regclass('idemq.schema_migrations') IS NOT NULL")
-            .fetch_one(pool)
+            .persistent(false)
+            .fetch_one(&mut *tx)
             .await
             .map_err(db_err)?;
     let current: i64 = if installed {
         sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM idemq.schema_migrations")
-            .fetch_one(pool)
+            .persistent(false)
+            .fetch_one(&mut *tx)
             .await
             .map_err(db_err)?
     } else {
         0
     };
-    let mut conn = pool.acquire().await.map_err(db_err)?;
-    let functions = functions_recorded(&mut conn).await?;
+    let functions = functions_recorded(&mut tx).await?;
+    tx.rollback().await.map_err(db_err)?;
     Ok(MigrationStatus {
         current,
         latest: latest(),

@@ -12,6 +12,7 @@
 //! (`clock_timestamp()`, read once per operation), so many hosts share one
 //! clock.
 
+mod db;
 mod enqueue;
 mod installation;
 mod migrate;
@@ -76,6 +77,7 @@ pub struct PgStore {
     /// The id of this store's test clock (its sessions read it).
     #[cfg(feature = "test-clock")]
     test_clock: Option<String>,
+    net: std::sync::Arc<db::Net>,
 }
 
 /// Connection settings of [`PgStore::connect`].
@@ -106,15 +108,27 @@ impl Default for PgOptions {
 
 impl PgStore {
     /// Connects to `url` and checks that the schema is installed and current.
+    ///
+    /// Besides the driver's parameters the URL takes `pgbouncer=true` (for a
+    /// PgBouncer in transaction pooling: no prepared statements, one
+    /// transaction per call, wake-ups from `IDEMQ_WAKEUP_DATABASE_URL`) and
+    /// `call_timeout_ms` (the most one call may take, 30 s by default: what
+    /// bounds a call on a dead connection). See docs/storage.md.
     pub async fn connect(url: &str, options: PgOptions) -> Result<Self> {
-        let connect: PgConnectOptions = url
+        let (url, mut net) = db::split_url(url).map_err(|e| Error::validation("database", e))?;
+        let mut connect: PgConnectOptions = url
             .parse()
             .map_err(|e| Error::validation("database", format!("bad PostgreSQL URL: {e}")))?;
         #[cfg(feature = "test-clock")]
-        let connect = match &options.test_clock {
-            Some(id) => connect.options([("idemq.test_clock", id.as_str())]),
-            None => connect,
-        };
+        if let Some(id) = &options.test_clock {
+            connect = connect.options([("idemq.test_clock", id.as_str())]);
+        }
+        if net.bouncer {
+            // PgBouncer refuses startup parameters it does not know.
+            connect = connect.statement_cache_capacity(0).extra_float_digits(None);
+            db::mark_unprepared();
+            net.wakeup = wakeup_url()?;
+        }
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -124,11 +138,16 @@ impl PgStore {
                 message: format!("cannot connect to PostgreSQL: {e}"),
             })?;
         migrate::check(&pool).await?;
-        Ok(Self {
+        let store = Self {
             pool,
+            net: std::sync::Arc::new(net),
             #[cfg(feature = "test-clock")]
             test_clock: options.test_clock,
-        })
+        };
+        if let Some(url) = &store.net.wakeup {
+            db::probe_wakeups(url, store.db()).await?;
+        }
+        Ok(store)
     }
 
     /// A store over an existing pool (the schema must be installed).
@@ -137,6 +156,15 @@ impl PgStore {
             pool,
             #[cfg(feature = "test-clock")]
             test_clock: None,
+            net: std::sync::Arc::default(),
+        }
+    }
+
+    /// The executor of the store's calls (docs/storage.md: deadline, PgBouncer).
+    fn db(&self) -> db::Db<'_> {
+        db::Db {
+            pool: &self.pool,
+            net: &self.net,
         }
     }
 
@@ -213,7 +241,7 @@ impl PgStore {
         sqlx::query(sql)
             .bind(&p.job_id)
             .bind(&p.lease_token)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await
             .map_err(db_err)
     }
@@ -240,7 +268,7 @@ impl PgStore {
         .bind(retry_after_ms)
         .bind(snooze_ms)
         .bind(result)
-        .fetch_one(&self.pool)
+        .fetch_one(self.db())
         .await
         .map_err(db_err)?;
         if !row.try_get::<bool, _>("ok").map_err(db_err)? {
@@ -267,86 +295,62 @@ impl Store for PgStore {
     }
 
     async fn wakeups(&self) -> Result<Wakeups> {
-        let mut listener = sqlx::postgres::PgListener::connect_with(&self.pool)
-            .await
-            .map_err(db_err)?;
+        let mut listener = match (&self.net.wakeup, self.net.bouncer) {
+            (Some(url), _) => sqlx::postgres::PgListener::connect(url).await,
+            (None, false) => sqlx::postgres::PgListener::connect_with(&self.pool).await,
+            (None, true) => return Err(db::no_wakeups()),
+        }
+        .map_err(db_err)?;
         listener.listen(NOTIFY_CHANNEL).await.map_err(db_err)?;
         Ok(Wakeups::Postgres(Box::new(listener)))
     }
 
     async fn now(&self) -> Result<DateTime<Utc>> {
         sqlx::query_scalar("SELECT idemq.now()")
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await
             .map_err(db_err)
     }
 
     async fn job_enqueue(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
-        if !p.atomic && !p.dry_run {
-            let mut conn = self.pool.acquire().await.map_err(db_err)?;
-            return enqueue::enqueue(&mut conn, &p.items).await;
-        }
-        // All-or-nothing and dry runs: the function never raises for an
-        // item, so the batch runs in a transaction that is rolled back on the
-        // first error (or always, for a dry run).
-        let mut tx = self.pool.begin().await.map_err(db_err)?;
-        let mut results = enqueue::enqueue(&mut tx, &p.items).await?;
-        let failed = if p.atomic {
-            results.iter().position(Result::is_err)
-        } else {
-            None
-        };
-        if p.dry_run || failed.is_some() {
-            tx.rollback().await.map_err(db_err)?;
-        } else {
-            tx.commit().await.map_err(db_err)?;
-        }
-        if let Some(index) = failed {
-            let error = match results.swap_remove(index) {
-                Err(e) => e,
-                Ok(_) => Error::Backend {
-                    message: "batch item error vanished".into(),
-                },
-            };
-            return Err(Error::BatchItem {
-                index,
-                error: Box::new(error),
-            });
-        }
-        Ok(results)
+        self.db().bounded(self.enqueue_call(p)).await
     }
 
     async fn job_explain(&self, p: JobExplain) -> Result<Explain> {
-        let mut tx = self.pool.begin().await.map_err(db_err)?;
-        let out = enqueue::explain(&mut tx, &p.item).await;
-        tx.rollback().await.map_err(db_err)?;
-        out
+        self.db()
+            .bounded(async {
+                let mut tx = self.pool.begin().await.map_err(db_err)?;
+                let out = enqueue::explain(&mut tx, &p.item).await;
+                tx.rollback().await.map_err(db_err)?;
+                out
+            })
+            .await
     }
 
     async fn job_get(&self, p: JobRef) -> Result<Option<Job>> {
-        query::job_get(&self.pool, &p.job_id).await
+        query::job_get(self.db(), &p.job_id).await
     }
 
     async fn job_list(&self, p: JobList) -> Result<JobPage> {
-        query::job_list(&self.pool, &p).await
+        query::job_list(self.db(), &p).await
     }
 
     async fn job_events(&self, p: JobRef) -> Result<Vec<Event>> {
-        query::job_events(&self.pool, &p.job_id).await
+        query::job_events(self.db(), &p.job_id).await
     }
 
     async fn job_runs(&self, p: JobRef) -> Result<Vec<Run>> {
-        query::job_runs(&self.pool, &p.job_id).await
+        query::job_runs(self.db(), &p.job_id).await
     }
 
     async fn checkpoint_list(&self, p: JobRef) -> Result<BTreeMap<String, Value>> {
-        query::checkpoint_list(&self.pool, &p.job_id).await
+        query::checkpoint_list(self.db(), &p.job_id).await
     }
 
     async fn job_cancel(&self, p: JobRef) -> Result<CancelOutcome> {
         let row = sqlx::query("SELECT o_found, o_cancelled, o_state FROM idemq.cancel($1)")
             .bind(&p.job_id)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await
             .map_err(db_err)?;
         if !row.try_get::<bool, _>("o_found").map_err(db_err)? {
@@ -364,7 +368,7 @@ impl Store for PgStore {
         sqlx::query_scalar("SELECT idemq.cancel_by_key($1, $2)")
             .bind(&p.job_type)
             .bind(&p.key)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await
             .map_err(db_err)
     }
@@ -372,7 +376,7 @@ impl Store for PgStore {
     async fn job_purge(&self, p: JobRef) -> Result<bool> {
         sqlx::query_scalar("SELECT idemq.purge($1)")
             .bind(&p.job_id)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await
             .map_err(db_err)
     }
@@ -380,14 +384,14 @@ impl Store for PgStore {
     async fn job_promote(&self, p: JobRef) -> Result<bool> {
         let promoted: Option<bool> = sqlx::query_scalar("SELECT idemq.promote($1)")
             .bind(&p.job_id)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await
             .map_err(db_err)?;
         promoted.ok_or_else(|| not_found(&p.job_id))
     }
 
     async fn job_redrive(&self, p: JobRedrive) -> Result<EnqueueResult> {
-        enqueue::redrive(&self.pool, &p).await
+        enqueue::redrive(self.db(), &p).await
     }
 
     async fn queue_pause(&self, p: QueuePause) -> Result<bool> {
@@ -397,14 +401,14 @@ impl Store for PgStore {
         )
         .bind(&p.queue)
         .bind(p.paused)
-        .execute(&self.pool)
+        .execute(self.db())
         .await
         .map_err(db_err)?;
         if !p.paused {
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(NOTIFY_CHANNEL)
                 .bind(&p.queue)
-                .execute(&self.pool)
+                .execute(self.db())
                 .await
                 .map_err(db_err)?;
         }
@@ -412,7 +416,7 @@ impl Store for PgStore {
     }
 
     async fn queue_list(&self) -> Result<Vec<QueueInfo>> {
-        query::queue_list(&self.pool).await
+        query::queue_list(self.db()).await
     }
 
     async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>> {
@@ -497,7 +501,7 @@ impl Store for PgStore {
         .bind(&claim.worker)
         .bind(i32::try_from(claim.limit).unwrap_or(i32::MAX))
         .bind(claim.lease_ms)
-        .fetch_all(&self.pool)
+        .fetch_all(self.db())
         .await
         .map_err(db_err)?;
         let mut completed: Vec<Result<()>> = items
@@ -574,7 +578,7 @@ impl Store for PgStore {
             .bind(&p.lease.lease_token)
             .bind(&p.name)
             .bind(&p.value)
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await
             .map_err(db_err)?;
         if !row.try_get::<bool, _>("ok").map_err(db_err)? {
@@ -589,32 +593,32 @@ impl Store for PgStore {
         sqlx::query_scalar("SELECT value FROM idemq.checkpoints WHERE job_id = $1 AND name = $2")
             .bind(&p.job_id)
             .bind(&p.name)
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.db())
             .await
             .map_err(db_err)
     }
 
     async fn binding_lookup(&self, p: BindingRef) -> Result<Option<BindingInfo>> {
-        query::binding_lookup(&self.pool, &p).await
+        query::binding_lookup(self.db(), &p).await
     }
 
     async fn binding_release(&self, p: BindingRef) -> Result<bool> {
         sqlx::query_scalar("SELECT idemq.binding_release($1, $2)")
             .bind(&p.scope)
             .bind(&p.hash[..])
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await
             .map_err(db_err)
     }
 
     async fn dedupe_lookup(&self, p: DedupeRef) -> Result<Option<ExplainDedupe>> {
-        query::dedupe_lookup(&self.pool, &p).await
+        query::dedupe_lookup(self.db(), &p).await
     }
 
     async fn binding_sweep(&self, p: Sweep) -> Result<u64> {
         let n: i64 = sqlx::query_scalar("SELECT idemq.binding_sweep($1)")
             .bind(i32::try_from(p.limit).unwrap_or(i32::MAX))
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await
             .map_err(db_err)?;
         Ok(n as u64)
@@ -623,7 +627,7 @@ impl Store for PgStore {
     async fn lease_reap(&self, p: Sweep) -> Result<u64> {
         let n: i32 = sqlx::query_scalar("SELECT idemq.lease_reap($1)")
             .bind(i32::try_from(p.limit).unwrap_or(i32::MAX))
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await
             .map_err(db_err)?;
         Ok(n as u64)
@@ -632,37 +636,91 @@ impl Store for PgStore {
     async fn job_retention_sweep(&self, p: Sweep) -> Result<u64> {
         let n: i64 = sqlx::query_scalar("SELECT idemq.retention_sweep($1)")
             .bind(i32::try_from(p.limit).unwrap_or(i32::MAX))
-            .fetch_one(&self.pool)
+            .fetch_one(self.db())
             .await
             .map_err(db_err)?;
         Ok(n as u64)
     }
 
     async fn schedule_put(&self, p: SchedulePut) -> Result<bool> {
-        schedule::put(&self.pool, &p).await
+        schedule::put(self.db(), &p).await
     }
 
     async fn schedule_delete(&self, p: ScheduleRef) -> Result<bool> {
-        schedule::delete(&self.pool, &p.name).await
+        schedule::delete(self.db(), &p.name).await
     }
 
     async fn installation_key_check(&self, p: KeyCheck) -> Result<String> {
-        installation::key_check(&self.pool, &p.value).await
+        installation::key_check(self.db(), &p.value).await
     }
 
     async fn installation_key_check_replace(&self, p: KeyCheck) -> Result<KeyCheckChange> {
-        installation::key_check_replace(&self.pool, &p.value).await
+        installation::key_check_replace(self.db(), &p.value).await
     }
 
     async fn schedule_list(&self) -> Result<Vec<crate::schedule::Schedule>> {
-        schedule::list(&self.pool).await
+        schedule::list(self.db()).await
     }
 
     async fn schedule_due(&self, p: ScheduleDue) -> Result<DueSchedules> {
-        schedule::due(&self.pool, p.limit).await
+        schedule::due(self.db(), p.limit).await
     }
 
     async fn schedule_mark_fired(&self, p: ScheduleMarkFired) -> Result<bool> {
-        schedule::mark_fired(&self.pool, &p).await
+        schedule::mark_fired(self.db(), &p).await
+    }
+}
+
+impl PgStore {
+    /// An enqueue call: one statement, in a transaction for an atomic batch,
+    /// a dry run, or behind PgBouncer.
+    async fn enqueue_call(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
+        // Behind PgBouncer a plain batch runs in a transaction too, to keep
+        // its server connection.
+        if !p.atomic && !p.dry_run && !self.net.bouncer {
+            let mut conn = self.pool.acquire().await.map_err(db_err)?;
+            return enqueue::enqueue(&mut conn, &p.items).await;
+        }
+        // All-or-nothing and dry runs: the function never raises for an
+        // item, so the batch runs in a transaction that is rolled back on the
+        // first error (or always, for a dry run).
+        let mut tx = self.pool.begin().await.map_err(db_err)?;
+        let mut results = enqueue::enqueue(&mut tx, &p.items).await?;
+        let failed = if p.atomic {
+            results.iter().position(Result::is_err)
+        } else {
+            None
+        };
+        if p.dry_run || failed.is_some() {
+            tx.rollback().await.map_err(db_err)?;
+        } else {
+            tx.commit().await.map_err(db_err)?;
+        }
+        if let Some(index) = failed {
+            let error = match results.swap_remove(index) {
+                Err(e) => e,
+                Ok(_) => Error::Backend {
+                    message: "batch item error vanished".into(),
+                },
+            };
+            return Err(Error::BatchItem {
+                index,
+                error: Box::new(error),
+            });
+        }
+        Ok(results)
+    }
+}
+
+/// `IDEMQ_WAKEUP_DATABASE_URL`: the direct connection of wake-ups behind PgBouncer.
+fn wakeup_url() -> Result<Option<String>> {
+    match std::env::var("IDEMQ_WAKEUP_DATABASE_URL") {
+        Ok(url) if url.trim().is_empty() => Ok(None),
+        Ok(url) => Ok(Some(
+            db::split_url(&url)
+                .map_err(|e| Error::validation("IDEMQ_WAKEUP_DATABASE_URL", e))?
+                .0,
+        )),
+        Err(_) => Ok(None),
     }
 }

@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use serde_json::Value;
+use sqlx::Row;
 use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
 
+use super::db::Db;
 use super::db_err;
 use super::enqueue::dedupe_holder;
 use crate::error::Result;
@@ -106,7 +107,7 @@ fn job_from(r: &PgRow) -> Result<Job, sqlx::Error> {
     })
 }
 
-pub(super) async fn job_get(pool: &PgPool, id: &str) -> Result<Option<Job>> {
+pub(super) async fn job_get(pool: Db<'_>, id: &str) -> Result<Option<Job>> {
     let sql = format!("{JOB_SELECT} WHERE j.id = $1");
     let row = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(id)
@@ -116,7 +117,7 @@ pub(super) async fn job_get(pool: &PgPool, id: &str) -> Result<Option<Job>> {
     row.as_ref().map(job_from).transpose().map_err(db_err)
 }
 
-pub(super) async fn job_list(pool: &PgPool, p: &JobList) -> Result<JobPage> {
+pub(super) async fn job_list(pool: Db<'_>, p: &JobList) -> Result<JobPage> {
     let (stored, due) = p.stored_state();
     let (cursor, limit) = (p.seq_cursor(), p.limit.clamp(1, 1000));
     let sql = format!(
@@ -157,7 +158,7 @@ pub(super) async fn job_list(pool: &PgPool, p: &JobList) -> Result<JobPage> {
     })
 }
 
-pub(super) async fn job_events(pool: &PgPool, id: &str) -> Result<Vec<Event>> {
+pub(super) async fn job_events(pool: Db<'_>, id: &str) -> Result<Vec<Event>> {
     let rows = sqlx::query("SELECT seq, kind, at, data FROM idemq.job_events($1)")
         .bind(id)
         .fetch_all(pool)
@@ -176,7 +177,7 @@ pub(super) async fn job_events(pool: &PgPool, id: &str) -> Result<Vec<Event>> {
         .map_err(db_err)
 }
 
-pub(super) async fn job_runs(pool: &PgPool, id: &str) -> Result<Vec<Run>> {
+pub(super) async fn job_runs(pool: Db<'_>, id: &str) -> Result<Vec<Run>> {
     let rows = sqlx::query(
         "SELECT attempt, worker, started_at, finished_at, outcome, error FROM idemq.job_runs($1)",
     )
@@ -199,7 +200,7 @@ pub(super) async fn job_runs(pool: &PgPool, id: &str) -> Result<Vec<Run>> {
         .map_err(db_err)
 }
 
-pub(super) async fn checkpoint_list(pool: &PgPool, id: &str) -> Result<BTreeMap<String, Value>> {
+pub(super) async fn checkpoint_list(pool: Db<'_>, id: &str) -> Result<BTreeMap<String, Value>> {
     let rows = sqlx::query("SELECT name, value FROM idemq.checkpoints WHERE job_id = $1")
         .bind(id)
         .fetch_all(pool)
@@ -211,7 +212,7 @@ pub(super) async fn checkpoint_list(pool: &PgPool, id: &str) -> Result<BTreeMap<
         .map_err(db_err)
 }
 
-pub(super) async fn binding_lookup(pool: &PgPool, p: &BindingRef) -> Result<Option<BindingInfo>> {
+pub(super) async fn binding_lookup(pool: Db<'_>, p: &BindingRef) -> Result<Option<BindingInfo>> {
     let row = sqlx::query(
         "SELECT job_id, key_preview, expires_at FROM idemq.idempotency
          WHERE scope = $1 AND key_hash = $2 AND expires_at > idemq.now()",
@@ -233,12 +234,23 @@ pub(super) async fn binding_lookup(pool: &PgPool, p: &BindingRef) -> Result<Opti
     .map_err(db_err)
 }
 
-pub(super) async fn dedupe_lookup(pool: &PgPool, p: &DedupeRef) -> Result<Option<ExplainDedupe>> {
-    let mut conn = pool.acquire().await.map_err(db_err)?;
-    dedupe_holder(&mut conn, &p.job_type, &p.key).await
+pub(super) async fn dedupe_lookup(db: Db<'_>, p: &DedupeRef) -> Result<Option<ExplainDedupe>> {
+    db.bounded(async {
+        // Behind PgBouncer the lookup needs a transaction to keep its server connection.
+        if db.net.bouncer {
+            let mut tx = db.pool.begin().await.map_err(db_err)?;
+            let out = dedupe_holder(&mut tx, &p.job_type, &p.key).await;
+            tx.commit().await.map_err(db_err)?;
+            out
+        } else {
+            let mut conn = db.pool.acquire().await.map_err(db_err)?;
+            dedupe_holder(&mut conn, &p.job_type, &p.key).await
+        }
+    })
+    .await
 }
 
-pub(super) async fn queue_list(pool: &PgPool) -> Result<Vec<QueueInfo>> {
+pub(super) async fn queue_list(pool: Db<'_>) -> Result<Vec<QueueInfo>> {
     let counts = sqlx::query(
         "SELECT j.queue, CASE WHEN j.state = 'waiting' AND j.run_at <= n.now THEN 'ready'
                               WHEN j.state = 'waiting' THEN 'scheduled' ELSE j.state END AS s,

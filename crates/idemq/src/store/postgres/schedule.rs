@@ -3,9 +3,10 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
+use sqlx::Row;
 use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
 
+use super::db::Db;
 use super::db_err;
 use crate::error::{Error, Result};
 use crate::schedule::Schedule;
@@ -46,7 +47,7 @@ fn schedule_of(r: &PgRow) -> Result<Schedule> {
     })
 }
 
-pub(super) async fn put(pool: &PgPool, p: &SchedulePut) -> Result<bool> {
+pub(super) async fn put(pool: Db<'_>, p: &SchedulePut) -> Result<bool> {
     sqlx::query_scalar("SELECT idemq.schedule_put($1, $2, $3, $4, $5::jsonb, $6, $7, $8)")
         .bind(&p.name)
         .bind(&p.cron)
@@ -61,7 +62,7 @@ pub(super) async fn put(pool: &PgPool, p: &SchedulePut) -> Result<bool> {
         .map_err(db_err)
 }
 
-pub(super) async fn delete(pool: &PgPool, name: &str) -> Result<bool> {
+pub(super) async fn delete(pool: Db<'_>, name: &str) -> Result<bool> {
     let done = sqlx::query("DELETE FROM idemq.schedules WHERE name = $1")
         .bind(name)
         .execute(pool)
@@ -70,7 +71,7 @@ pub(super) async fn delete(pool: &PgPool, name: &str) -> Result<bool> {
     Ok(done.rows_affected() > 0)
 }
 
-pub(super) async fn list(pool: &PgPool) -> Result<Vec<Schedule>> {
+pub(super) async fn list(pool: Db<'_>) -> Result<Vec<Schedule>> {
     sqlx::query(concat!(
         "SELECT ",
         columns!(),
@@ -84,7 +85,7 @@ pub(super) async fn list(pool: &PgPool) -> Result<Vec<Schedule>> {
     .collect()
 }
 
-pub(super) async fn due(pool: &PgPool, limit: u32) -> Result<DueSchedules> {
+pub(super) async fn due(pool: Db<'_>, limit: u32) -> Result<DueSchedules> {
     // One statement: the clock reading, and the schedules due at it (a row
     // of NULLs when there are none).
     let rows = sqlx::query(concat!(
@@ -121,7 +122,7 @@ pub(super) async fn due(pool: &PgPool, limit: u32) -> Result<DueSchedules> {
     Ok(DueSchedules { now, schedules })
 }
 
-pub(super) async fn mark_fired(pool: &PgPool, p: &ScheduleMarkFired) -> Result<bool> {
+pub(super) async fn mark_fired(pool: Db<'_>, p: &ScheduleMarkFired) -> Result<bool> {
     sqlx::query_scalar("SELECT idemq.schedule_mark_fired($1, $2, $3, $4, $5, $6, $7)")
         .bind(&p.name)
         .bind(&p.cron)

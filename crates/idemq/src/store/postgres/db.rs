@@ -1,0 +1,314 @@
+//! How the store's calls reach PostgreSQL: every call has a deadline, and
+//! behind a transaction-pooling PgBouncer every call is an unprepared
+//! statement inside a transaction of its own.
+//!
+//! The deadline is what bounds a call on a dead TCP connection (a
+//! partitioned host, a server that vanished without a FIN): the driver sets
+//! no TCP keepalive, so without it a call waits for the kernel to give up
+//! retransmitting (about 15 minutes with Linux's default `tcp_retries2`).
+//! A call past its deadline fails `Unavailable`; the connection it was
+//! using is dropped, and a pooled connection is pinged (within the acquire
+//! timeout) before it is used again.
+//!
+//! Transaction pooling hands each transaction any server connection: a
+//! statement the driver prepared and named on one is unknown on the next,
+//! and an unnamed one parsed outside a transaction may be gone by the time
+//! it is bound. So [`Db`] in PgBouncer mode runs each call as `BEGIN`,
+//! the unprepared statement, `COMMIT`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures_core::future::BoxFuture;
+use futures_core::stream::BoxStream;
+use futures_util::{StreamExt, TryStreamExt, stream};
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{PgArguments, PgPool, PgQueryResult, PgRow, PgStatement, PgTypeInfo};
+use sqlx::{Either, Execute, Executor, Postgres, SqlStr};
+
+/// The connect options of [`super::PgStore`] that shape each call, read
+/// from the URL's query string (docs/storage.md).
+#[derive(Clone, Debug)]
+pub(crate) struct Net {
+    /// `pgbouncer=true`: unprepared statements, each call in a transaction,
+    /// no `LISTEN` on the pool.
+    pub(crate) bouncer: bool,
+    /// `call_timeout_ms`: the most one call may take, connection included.
+    pub(crate) deadline: Duration,
+    /// Behind PgBouncer: the direct URL wake-ups `LISTEN` on.
+    pub(crate) wakeup: Option<String>,
+}
+
+/// The default of `call_timeout_ms`.
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Default for Net {
+    fn default() -> Self {
+        Self {
+            bouncer: false,
+            deadline: CALL_TIMEOUT,
+            wakeup: None,
+        }
+    }
+}
+
+/// Splits idemq's own parameters (`pgbouncer`, `call_timeout_ms`) off a
+/// PostgreSQL URL; the rest is the driver's.
+pub(crate) fn split_url(url: &str) -> Result<(String, Net), String> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), Net::default()));
+    };
+    let mut net = Net::default();
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key {
+            "pgbouncer" => {
+                net.bouncer = match value {
+                    "true" | "1" | "on" => true,
+                    "false" | "0" | "off" => false,
+                    _ => return Err(format!("pgbouncer must be true or false, not {value:?}")),
+                }
+            }
+            "call_timeout_ms" => {
+                let ms: u64 = value
+                    .parse()
+                    .ok()
+                    .filter(|ms| (100..=86_400_000).contains(ms))
+                    .ok_or_else(|| {
+                        format!("call_timeout_ms must be 100 … 86400000 (ms), not {value:?}")
+                    })?;
+                net.deadline = Duration::from_millis(ms);
+            }
+            _ => rest.push(pair),
+        }
+    }
+    if rest.is_empty() {
+        Ok((base.to_owned(), net))
+    } else {
+        Ok((format!("{base}?{}", rest.join("&")), net))
+    }
+}
+
+/// Set once this process connected a store through PgBouncer.
+static UNPREPARED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the statements run on a connection the store did not pick
+/// ([`super::PgStore::enqueue_in`]: the caller's) are prepared and cached:
+/// not once this process has connected a store with `pgbouncer=true`, since
+/// the caller's connection may then be PgBouncer's too.
+pub(crate) fn prepared() -> bool {
+    !UNPREPARED.load(Ordering::Relaxed)
+}
+
+/// Records that this process talks to PostgreSQL through PgBouncer.
+pub(crate) fn mark_unprepared() {
+    UNPREPARED.store(true, Ordering::Relaxed);
+}
+
+/// The store's executor: the pool, under the call deadline (and, behind
+/// PgBouncer, one transaction per call).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Db<'a> {
+    pub(crate) pool: &'a PgPool,
+    pub(crate) net: &'a Net,
+}
+
+impl Db<'_> {
+    /// Runs a call made of several statements under the deadline.
+    pub(crate) async fn bounded<T>(
+        &self,
+        call: impl Future<Output = crate::Result<T>>,
+    ) -> crate::Result<T> {
+        tokio::time::timeout(self.net.deadline, call)
+            .await
+            .unwrap_or_else(|_| Err(super::db_err(timed_out(self.net.deadline))))
+    }
+}
+
+/// A query run without a named prepared statement.
+struct Unnamed<E>(E);
+
+impl<'q, E: Execute<'q, Postgres>> Execute<'q, Postgres> for Unnamed<E> {
+    fn sql(self) -> SqlStr {
+        self.0.sql()
+    }
+    fn statement(&self) -> Option<&PgStatement> {
+        self.0.statement()
+    }
+    fn take_arguments(&mut self) -> Result<Option<PgArguments>, BoxDynError> {
+        self.0.take_arguments()
+    }
+    fn persistent(&self) -> bool {
+        false
+    }
+}
+
+/// The error of a call past its deadline: retryable, like a lost connection.
+pub(crate) fn timed_out(deadline: Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "no answer from PostgreSQL within {} ms (call_timeout_ms)",
+            deadline.as_millis()
+        ),
+    ))
+}
+
+/// How long [`probe_wakeups`] waits for its notification.
+const PROBE_WAIT: Duration = Duration::from_secs(5);
+
+/// Checks that a notification sent through the store's pool arrives on the
+/// direct wake-up connection: a wake-up URL that does not deliver them (one
+/// that also goes through transaction pooling) is refused at connect time
+/// rather than leaving workers to find out by polling.
+pub(crate) async fn probe_wakeups(url: &str, db: Db<'_>) -> crate::Result<()> {
+    let field = "IDEMQ_WAKEUP_DATABASE_URL";
+    let mut listener = sqlx::postgres::PgListener::connect(url)
+        .await
+        .map_err(|e| crate::Error::Unavailable {
+            message: format!("cannot connect to {field}: {e}"),
+        })?;
+    let channel = format!("idemq_probe_{}", uuid::Uuid::new_v4().simple());
+    listener.listen(&channel).await.map_err(super::db_err)?;
+    let sent = sqlx::query("SELECT pg_notify($1, '')")
+        .bind(&channel)
+        .execute(db)
+        .await;
+    let missing = match sent {
+        // A pooled LISTEN can even hand the notification to the sender's
+        // own server connection, where the driver reports a protocol error.
+        Err(e) => match super::db_err(e) {
+            e @ crate::Error::Unavailable { .. } => return Err(e),
+            e => format!("sending it failed: {e}"),
+        },
+        Ok(_) => match tokio::time::timeout(PROBE_WAIT, listener.recv()).await {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => return Err(super::db_err(e)),
+            Err(_) => format!("none arrived within {} s", PROBE_WAIT.as_secs()),
+        },
+    };
+    Err(crate::Error::validation(
+        field,
+        format!(
+            "a notification sent through the database URL must arrive on {field}, \
+             but {missing}: it must reach PostgreSQL directly or through session \
+             pooling, not through PgBouncer's transaction pooling"
+        ),
+    ))
+}
+
+/// The answer of `wakeups()` behind PgBouncer without a wake-up URL:
+/// workers then find work by polling alone.
+pub(crate) fn no_wakeups() -> crate::Error {
+    crate::Error::Unavailable {
+        message: "no wake-ups behind PgBouncer (pgbouncer=true) without \
+                  IDEMQ_WAKEUP_DATABASE_URL: workers poll"
+            .into(),
+    }
+}
+
+/// Runs `call` under `deadline`.
+pub(crate) async fn within<T>(
+    deadline: Duration,
+    call: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(deadline, call)
+        .await
+        .unwrap_or_else(|_| Err(timed_out(deadline)))
+}
+
+type Item = Either<PgQueryResult, PgRow>;
+
+impl<'a> Executor<'a> for Db<'a> {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(self, query: E) -> BoxStream<'e, Result<Item, sqlx::Error>>
+    where
+        'a: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        // The store's statements return a handful of rows: they are read in
+        // full under the deadline, then handed out.
+        let all = within(self.net.deadline, async move {
+            if self.net.bouncer {
+                let mut tx = self.pool.begin().await?;
+                let items: Vec<Item> = (&mut *tx).fetch_many(Unnamed(query)).try_collect().await?;
+                tx.commit().await?;
+                Ok(items)
+            } else {
+                self.pool.fetch_many(query).try_collect().await
+            }
+        });
+        stream::once(all)
+            .map_ok(|items| stream::iter(items.into_iter().map(Ok)))
+            .try_flatten()
+            .boxed()
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'a: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        Box::pin(within(self.net.deadline, async move {
+            if self.net.bouncer {
+                let mut tx = self.pool.begin().await?;
+                let row = (&mut *tx).fetch_optional(Unnamed(query)).await?;
+                tx.commit().await?;
+                Ok(row)
+            } else {
+                self.pool.fetch_optional(query).await
+            }
+        }))
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: SqlStr,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement, sqlx::Error>>
+    where
+        'a: 'e,
+    {
+        Box::pin(within(
+            self.net.deadline,
+            self.pool.prepare_with(sql, parameters),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idemq_parameters_are_split_off() {
+        let (url, net) = split_url("postgres://u@h/db").unwrap();
+        assert_eq!(url, "postgres://u@h/db");
+        assert!(!net.bouncer);
+        assert_eq!(net.deadline, CALL_TIMEOUT);
+
+        let (url, net) =
+            split_url("postgres://u@h:6432/db?sslmode=disable&pgbouncer=true&call_timeout_ms=5000")
+                .unwrap();
+        assert_eq!(url, "postgres://u@h:6432/db?sslmode=disable");
+        assert!(net.bouncer);
+        assert_eq!(net.deadline, Duration::from_secs(5));
+
+        let (url, net) = split_url("postgres://u@h/db?pgbouncer=false").unwrap();
+        assert_eq!(url, "postgres://u@h/db");
+        assert!(!net.bouncer);
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        assert!(split_url("postgres://h/db?pgbouncer=yes").is_err());
+        assert!(split_url("postgres://h/db?call_timeout_ms=0").is_err());
+        assert!(split_url("postgres://h/db?call_timeout_ms=abc").is_err());
+        assert!(split_url("postgres://h/db?call_timeout_ms=99").is_err());
+    }
+}
