@@ -794,11 +794,11 @@ impl Model {
                         return Ok((holder, format!("non_replaceable ({reason})")));
                     }
                     Decision::Replace => {
-                        self.clock_checks(r)?;
                         let mut run_at = self.run_at_of(r);
                         if let Some(w) = b.max_wait {
                             run_at = run_at.min(b.accepted_at + w);
                         }
+                        self.clock_checks(r, run_at)?;
                         let j = self.jobs.get_mut(&b.job).expect("holder exists");
                         j.payload = r.payload;
                         j.fp = fp.clone();
@@ -819,13 +819,13 @@ impl Model {
                 }
             }
         }
-        self.clock_checks(r)?;
         let mut run_at = self.run_at_of(r);
         // docs/dedupe.md: with max_wait (debounce or replace), a job's run_at
         // is never later than first acceptance + max_wait.
         if let Some((_, _, _, Some(w))) = r.dedupe {
             run_at = run_at.min(now + w);
         }
+        self.clock_checks(r, run_at)?;
         let id = match r.job_id {
             Some(id) => id.to_owned(),
             None => {
@@ -882,15 +882,15 @@ impl Model {
         Ok((Id(id), "accepted".into()))
     }
 
-    /// Checks against the clock, only for a request that creates or replaces.
-    fn clock_checks(&self, r: &Resolved) -> Result<(), ErrObs> {
+    /// Checks against the clock, only for a request that creates or replaces,
+    /// with the `run_at` the job would get (a delay capped by `max_wait`
+    /// counts as capped).
+    fn clock_checks(&self, r: &Resolved, run_at: i64) -> Result<(), ErrObs> {
         if let Some(d) = r.deadline {
             if d <= self.now {
                 return Err(ErrObs::Validation("deadline".into()));
             }
-            if let Some(delay) = r.delay
-                && self.now + delay >= d
-            {
+            if r.delay.is_some() && run_at >= d {
                 return Err(ErrObs::Validation("delay_ms".into()));
             }
         }

@@ -420,8 +420,20 @@ async fn heartbeat_loop(
             .filter(|(_, s)| !s.completed_in_tx.load(Ordering::SeqCst))
             .map(|(id, s)| (id.clone(), s.token.clone()))
             .collect();
+        // All at once: one slow call (a stalled connection, bounded by the
+        // store's call timeout) must not hold up the other leases' renewals.
+        let mut beats = JoinSet::new();
         for (id, token) in running {
-            let outcome = queue.heartbeat(&id, &token).await;
+            let queue = queue.clone();
+            beats.spawn(async move {
+                let outcome = queue.heartbeat(&id, &token).await;
+                (id, outcome)
+            });
+        }
+        let mut failed = 0usize;
+        let mut first_error = None;
+        while let Some(done) = beats.join_next().await {
+            let Ok((id, outcome)) = done else { continue };
             let slots = lock(&slots);
             let Some(slot) = slots.get(&id) else { continue };
             match outcome {
@@ -435,9 +447,13 @@ async fn heartbeat_loop(
                 // The backend is down: try again at the next beat; the lease
                 // outlives a few missed beats.
                 Err(e) => {
-                    tracing::warn!(job_id = %id, error = %e, "heartbeat failed; retrying at the next beat");
+                    failed += 1;
+                    first_error.get_or_insert((id, e));
                 }
             }
+        }
+        if let Some((job_id, e)) = first_error {
+            tracing::warn!(%job_id, error = %e, failed, "heartbeats failed; retrying at the next beat");
         }
     }
 }

@@ -9,9 +9,9 @@ use idemq::worker::{HandlerContext, Job, JobError, JobOptions, Worker};
 use idemq::{DedupeOptions, EnqueueRequest, Error, IdempotencyOptions, JobState, Outcome};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use tokio::sync::oneshot;
 
 use crate::support::Harness;
+use crate::worker::run_until;
 
 instantiate!(
     typed_enqueue_applies_the_definition,
@@ -219,28 +219,6 @@ async fn a_payload_that_does_not_serialize_is_refused_and_writes_nothing(h: Harn
         "{err}"
     );
     assert_eq!(h.totals().await, (0, 0));
-}
-
-/// Runs `worker` until `done` holds (at most 30 s), then shuts it down.
-async fn run_until<F, Fut>(worker: Worker, mut done: F) -> idemq::worker::WorkerReport
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(worker.run(async move {
-        let _ = rx.await;
-    }));
-    let start = tokio::time::Instant::now();
-    while !done().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the worker did not get there in 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = tx.send(());
-    handle.await.expect("worker task").expect("worker run")
 }
 
 fn worker(h: &Harness) -> Worker {

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use idemq::rusqlite::{self, TransactionBehavior};
 use idemq::sqlx::{self, Executor};
-use idemq::worker::{HandlerContext, JobError, Worker, WorkerReport};
+use idemq::worker::{HandlerContext, JobError, Worker};
 use idemq::{EnqueueRequest, EnqueueResult, Error, JobState, Outcome, Queue, RetryPolicy};
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
 use crate::support::Harness;
+use crate::worker::run_until;
 
 instantiate!(
     a_completion_in_a_committed_transaction_lands_with_the_business_row,
@@ -48,8 +48,8 @@ impl Business {
     async fn open(h: &Harness) -> Self {
         match h.backend {
             "postgres" => {
-                let url = h.db_url.as_ref().expect("url");
-                let pool = sqlx::PgPool::connect(url).await.expect("connect");
+                // Its sessions read the case's test clock, like the queue's.
+                let pool = h.caller_pool().await;
                 pool.execute("CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY)")
                     .await
                     .expect("create table");
@@ -327,28 +327,6 @@ async fn a_sqlite_completion_on_another_database_is_refused(h: Harness) {
             "{err}"
         );
     }
-}
-
-/// Runs `worker` until `done` holds (at most 30 s), then shuts it down.
-async fn run_until<F, Fut>(worker: Worker, mut done: F) -> WorkerReport
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(worker.run(async move {
-        let _ = rx.await;
-    }));
-    let start = tokio::time::Instant::now();
-    while !done().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the worker did not get there in 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = tx.send(());
-    handle.await.expect("worker task").expect("worker run")
 }
 
 fn worker(h: &Harness) -> Worker {

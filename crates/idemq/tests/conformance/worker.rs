@@ -60,8 +60,8 @@ struct Add {
 }
 
 /// Runs `worker` until `done` holds (checked every 20 ms, at most 30 s), then
-/// shuts it down and returns its report.
-async fn run_until<F, Fut>(worker: Worker, mut done: F) -> WorkerReport
+/// shuts it down and returns its report. Shared by the cases of other files.
+pub(crate) async fn run_until<F, Fut>(worker: Worker, mut done: F) -> WorkerReport
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
