@@ -85,6 +85,14 @@ async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Pro
     Ok(bytes)
 }
 
+/// The largest declared body an oversized request is read through (for at
+/// most [`DRAIN_TIME`]) before its `413`, so that its client gets the
+/// answer (larger ones are answered at once and the connection closed).
+const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// The longest an oversized request is read before its `413`.
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// True when the body is only whitespace.
 fn is_blank(bytes: &[u8]) -> bool {
     bytes.iter().all(u8::is_ascii_whitespace)
@@ -282,7 +290,17 @@ pub(crate) async fn limit_declared_length(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
+    if let Some(n) = declared.filter(|&n| n > limit as u64) {
+        // Read what the client sends (and drop it, chunk by chunk) before
+        // answering, up to a size and a time: a client still writing its
+        // body when the connection closes meets a broken pipe instead of
+        // this answer, and one that sends nothing is answered soon anyway.
+        if n <= DRAIN_LIMIT {
+            use futures_util::StreamExt;
+            let mut body = req.into_body().into_data_stream();
+            let drain = async { while let Some(Ok(_)) = body.next().await {} };
+            let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+        }
         return Problem::new(
             "payload-too-large",
             format!("the request body is over the body limit of {limit} bytes"),
