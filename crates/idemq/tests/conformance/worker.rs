@@ -488,21 +488,7 @@ async fn lost_lease_stops_the_handler_and_drops_its_result(h: Harness) {
     }));
     started.notified().await;
     // The store's clock passes the lease; another worker takes the job over.
-    let other = h.another_queue().await;
-    h.advance(Duration::from_secs(60));
-    let claimed = other
-        .claim(idemq::ClaimOptions {
-            worker: "w-2".into(),
-            ..idemq::ClaimOptions::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(claimed.len(), 1);
-    assert_eq!(claimed[0].attempt, 2);
-    other
-        .complete(&id, &claimed[0].lease_token, Some(json!("from w-2")))
-        .await
-        .unwrap();
+    take_over(&h, &id, Duration::from_secs(60)).await;
     // The first worker's next heartbeat finds the lease lost and stops the
     // handler, which is still running (it sleeps 30 s), while the worker
     // itself keeps running: not a shutdown that failed to release.
@@ -686,6 +672,27 @@ async fn maintenance_loop_catches_up_beyond_one_batch(h: Harness) {
     task.await.unwrap();
 }
 
+/// Moves the clock `by` (past the job's lease), then another worker on its
+/// own connections claims the job, as its second attempt, and completes it
+/// with the result "from w-2".
+async fn take_over(h: &Harness, id: &str, by: Duration) {
+    let other = h.another_queue().await;
+    h.advance(by);
+    let claimed = other
+        .claim(idemq::ClaimOptions {
+            worker: "w-2".into(),
+            ..idemq::ClaimOptions::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1, "the expired lease is taken over");
+    assert_eq!((claimed[0].id.as_str(), claimed[0].attempt), (id, 2));
+    other
+        .complete(id, &claimed[0].lease_token, Some(json!("from w-2")))
+        .await
+        .unwrap();
+}
+
 /// The handler finishes after its lease was taken over, before any
 /// heartbeat noticed: its result reaches the store and is refused as
 /// lease-lost, and the other worker's result stands.
@@ -712,20 +719,7 @@ async fn a_late_result_after_a_lost_lease_is_refused(h: Harness) {
         let _ = rx.await;
     }));
     started.notified().await;
-    let other = h.another_queue().await;
-    h.advance(Duration::from_secs(120));
-    let claimed = other
-        .claim(idemq::ClaimOptions {
-            worker: "w-2".into(),
-            ..idemq::ClaimOptions::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(claimed.len(), 1, "the expired lease is taken over");
-    other
-        .complete(&id, &claimed[0].lease_token, Some(json!("from w-2")))
-        .await
-        .unwrap();
+    take_over(&h, &id, Duration::from_secs(120)).await;
     // Now the first handler returns its result.
     go.notify_one();
     let _ = tx.send(());
