@@ -98,6 +98,23 @@ pub struct Fingerprint {
 /// The field that only an idempotency binding carries (not a job record).
 pub const KEY_TTL_FIELD: &str = "idempotency.ttl_ms";
 
+/// The fingerprinted fields, in the order of their names.
+pub const FIELDS: [&str; 13] = [
+    "concurrency_key",
+    "deadline",
+    "delay_ms",
+    KEY_TTL_FIELD,
+    "job_id",
+    "max_attempts",
+    "payload",
+    "queue",
+    "retry",
+    "run_at",
+    "tags",
+    "timeout_ms",
+    "type",
+];
+
 fn field_digest(name: &str, canonical: &str) -> String {
     let mut h = Sha256::new();
     h.update(b"idemq.fp.v1\0");
@@ -107,46 +124,72 @@ fn field_digest(name: &str, canonical: &str) -> String {
     hex(&h.finalize()[..16])
 }
 
-fn opt_int(v: Option<i64>) -> String {
-    v.map_or_else(|| "null".into(), |n| n.to_string())
+/// Writes the canonical form of each field into one reused buffer and keeps
+/// its digest.
+struct Digests {
+    buf: String,
+    fields: BTreeMap<String, String>,
 }
 
-fn opt_str(v: Option<&str>) -> String {
-    v.map_or_else(
-        || "null".into(),
-        |s| canonical_json(&Value::String(s.into())),
-    )
+impl Digests {
+    fn field(&mut self, name: &str, write: impl FnOnce(&mut String)) {
+        self.buf.clear();
+        write(&mut self.buf);
+        self.fields
+            .insert(name.to_owned(), field_digest(name, &self.buf));
+    }
+
+    fn int(&mut self, name: &str, v: Option<i64>) {
+        self.field(name, |out| match v {
+            Some(n) => {
+                use std::fmt::Write;
+                let _ = write!(out, "{n}");
+            }
+            None => out.push_str("null"),
+        });
+    }
+
+    fn str(&mut self, name: &str, v: Option<&str>) {
+        self.field(name, |out| match v {
+            Some(s) => write_string(s, out),
+            None => out.push_str("null"),
+        });
+    }
 }
 
 impl Fingerprint {
     /// The fingerprint of a prepared request (defaults already resolved;
     /// `payload` is the request's JSON value before serialization).
     pub fn of(p: &PreparedEnqueue, payload: &Value) -> Self {
+        let mut d = Digests {
+            buf: String::with_capacity(64),
+            fields: BTreeMap::new(),
+        };
+        d.str("concurrency_key", p.concurrency_key.as_deref());
+        d.int("deadline", p.deadline);
+        d.int("delay_ms", p.delay_ms);
+        d.int(KEY_TTL_FIELD, p.idempotency.as_ref().map(|k| k.ttl_ms));
+        d.str("job_id", p.job_id.as_deref());
+        d.int("max_attempts", Some(i64::from(p.max_attempts)));
+        d.field("payload", |out| write_canonical(payload, out));
+        d.str("queue", Some(&p.queue));
         let retry = serde_json::to_value(&p.retry).unwrap_or(Value::Null);
-        let tags = Value::Array(p.tags.iter().cloned().map(Value::String).collect());
-        let parts: [(&str, String); 13] = [
-            ("concurrency_key", opt_str(p.concurrency_key.as_deref())),
-            ("deadline", opt_int(p.deadline)),
-            ("delay_ms", opt_int(p.delay_ms)),
-            (
-                KEY_TTL_FIELD,
-                opt_int(p.idempotency.as_ref().map(|k| k.ttl_ms)),
-            ),
-            ("job_id", opt_str(p.job_id.as_deref())),
-            ("max_attempts", p.max_attempts.to_string()),
-            ("payload", canonical_json(payload)),
-            ("queue", opt_str(Some(&p.queue))),
-            ("retry", canonical_json(&retry)),
-            ("run_at", opt_int(p.run_at)),
-            ("tags", canonical_json(&tags)),
-            ("timeout_ms", p.timeout_ms.to_string()),
-            ("type", opt_str(Some(&p.job_type))),
-        ];
-        let fields = parts
-            .iter()
-            .map(|(n, c)| ((*n).to_owned(), field_digest(n, c)))
-            .collect();
-        Self { fields }
+        d.field("retry", |out| write_canonical(&retry, out));
+        d.int("run_at", p.run_at);
+        // Tags are sorted and distinct: their canonical array is their list.
+        d.field("tags", |out| {
+            out.push('[');
+            for (i, t) in p.tags.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_string(t, out);
+            }
+            out.push(']');
+        });
+        d.int("timeout_ms", Some(p.timeout_ms));
+        d.str("type", Some(&p.job_type));
+        Self { fields: d.fields }
     }
 
     /// The sorted names of the fields whose digests differ. With
@@ -163,6 +206,18 @@ impl Fingerprint {
             .filter(|n| self.fields.get(*n) != other.fields.get(*n))
             .cloned()
             .collect()
+    }
+
+    /// The packed form a PostgreSQL job row stores: the 16-byte digests of
+    /// the thirteen fields in the order of their names, zeros for a field
+    /// that is missing (which no digest equals).
+    pub fn packed(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FIELDS.len() * 16);
+        for name in FIELDS {
+            let digest = self.fields.get(name).and_then(|h| unhex16(h));
+            out.extend_from_slice(&digest.unwrap_or_default());
+        }
+        out
     }
 
     /// Serialized for storage.
@@ -266,13 +321,36 @@ pub fn key_digest(hash: &[u8; 32]) -> String {
 
 /// Lower-case hex.
 pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    s
+}
+
+/// The value of one lowercase or uppercase hex digit.
+fn hex_digit(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// The 16 bytes of a 32-digit hex digest, or `None` for anything else.
+fn unhex16(h: &str) -> Option<[u8; 16]> {
+    let h = h.as_bytes();
+    if h.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = (hex_digit(h[2 * i])? << 4) | hex_digit(h[2 * i + 1])?;
+    }
+    Some(out)
 }
 
 #[cfg(test)]

@@ -215,13 +215,16 @@ $$;
 -- Wakes workers of a queue. At most one concurrent transaction per queue
 -- notifies: PostgreSQL serializes the commits of notifying transactions, and
 -- workers poll as a fallback.
-CREATE FUNCTION idemq.wake(p_queue text) RETURNS void
+-- True when this call notified.
+CREATE FUNCTION idemq.wake(p_queue text) RETURNS boolean
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
     IF pg_try_advisory_xact_lock(hashtextextended('idemq.notify:' || p_queue, 0)) THEN
         PERFORM pg_notify('idemq_jobs', p_queue);
+        RETURN true;
     END IF;
+    RETURN false;
 END
 $$;
 
@@ -400,13 +403,12 @@ BEGIN
 END
 $$;
 
--- Enqueue a batch (or one request). A batch whose items carry no
--- idempotency key, explicit job id or dedupe key is decided by the clock
--- alone, so it is inserted set-based: one statement for the jobs, one for
--- their events. Any other batch locks every key first, in a canonical order
--- (two batches cannot deadlock), then decides its items in request order,
--- each seeing the effects of the earlier ones. Acceptance order is request
--- order either way.
+-- Enqueue a batch (or one request). The library sends a call whose items
+-- carry no idempotency key, explicit job id or dedupe key as one statement
+-- of its own (typed arrays, decided by the clock alone); this function
+-- decides any call, keys or not. It locks every key first, in a canonical
+-- order (two batches cannot deadlock), then decides the items in request
+-- order, each seeing the effects of the earlier ones.
 CREATE FUNCTION idemq.enqueue(p_items jsonb)
 RETURNS TABLE (idx integer, job_id text, outcome text, reason text, error jsonb)
 LANGUAGE plpgsql AS $$
@@ -416,15 +418,7 @@ DECLARE
     v_item jsonb;
     v_idx  bigint;
 BEGIN
-    -- The most common call, one request without keys: decided on its own,
-    -- without the set-based machinery and without locks.
-    IF jsonb_array_length(p_items) = 1
-       AND NOT ((p_items -> 0) ?| ARRAY['idem', 'job_id', 'dedupe']) THEN
-        RETURN QUERY SELECT 0, r.job_id, r.outcome, r.reason, r.error
-                     FROM idemq.enqueue_one(p_items -> 0, v_now) r;
-        RETURN;
-    END IF;
-    -- The other common call, the repeat of one keyed request: a live
+    -- The common keyed call, the repeat of one request: a live
     -- binding decides it (replay or conflict) whatever else the item says,
     -- and a committed binding is read without taking the key's lock, so a
     -- replay reads one row and writes nothing. A key not bound (or bound by
@@ -439,50 +433,6 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p_items) it
-                   WHERE it ? 'idem' OR it ? 'job_id' OR it ? 'dedupe') THEN
-        -- Each item parsed once into typed columns (but the payload, which
-        -- may be JSON null: a column would read it as SQL NULL); the clock
-        -- checks only for items with a deadline. The jobs are the only rows
-        -- written: their `accepted` events are derived from them.
-        RETURN QUERY
-        WITH items AS (
-            SELECT (e.ordinality - 1)::integer AS i, e.value AS it, r.*,
-                   CASE WHEN r.run_at IS NOT NULL THEN idemq.us(r.run_at)
-                        ELSE v_now + idemq.ms(coalesce(r.delay_ms, 0)) END AS due
-            FROM jsonb_array_elements(p_items) WITH ORDINALITY AS e
-            CROSS JOIN LATERAL jsonb_to_record(e.value) AS r(new_id text, type text,
-                queue text, priority smallint, run_at bigint, delay_ms bigint,
-                max_attempts integer, retry jsonb, timeout_ms bigint, deadline bigint,
-                concurrency_key text, tags jsonb, keep_ms bigint, fingerprint jsonb)
-        ), checked AS (
-            SELECT x.*, CASE WHEN x.deadline IS NOT NULL
-                             THEN idemq.check_clock(x.it, x.due, v_now) END AS err
-            FROM items x
-        ), inserted AS (
-            INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at,
-                max_attempts, retry, timeout_ms, deadline, concurrency_key, tags, keep_ms,
-                fingerprint, created_at, updated_at, first_run_at)
-            SELECT c.new_id, c.type, c.queue, 'waiting', c.it -> 'payload', c.priority, c.due,
-                c.max_attempts, c.retry, c.timeout_ms, idemq.us(c.deadline), c.concurrency_key,
-                CASE WHEN jsonb_array_length(c.tags) = 0 THEN '{}'::text[]
-                     ELSE ARRAY(SELECT jsonb_array_elements_text(c.tags)) END,
-                c.keep_ms, idemq.fp_pack(c.fingerprint), v_now, v_now, nullif(c.due, v_now)
-            FROM checked c WHERE c.err IS NULL ORDER BY c.i
-        )
-        SELECT c.i,
-               CASE WHEN c.err IS NULL THEN c.new_id END,
-               CASE WHEN c.err IS NULL THEN 'accepted' END,
-               NULL::text,
-               c.err
-        FROM checked c ORDER BY c.i;
-        -- Every queue named (one whose items were all refused gets a
-        -- harmless extra wake-up).
-        PERFORM idemq.wake(q.name)
-        FROM (SELECT DISTINCT e ->> 'queue' AS name FROM jsonb_array_elements(p_items) e) q;
-        RETURN;
-    END IF;
-
     -- Every key of the call is locked first, in a canonical order, so two
     -- calls cannot deadlock; items are then decided in request order, each
     -- seeing the effects of the earlier ones.

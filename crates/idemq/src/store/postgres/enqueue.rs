@@ -180,13 +180,18 @@ fn outcome(name: &str, why: Option<&str>) -> Outcome {
     }
 }
 
-/// Runs `idemq.enqueue` on a connection (the caller's transaction or a pooled one).
+/// Enqueues on a connection (the caller's transaction or a pooled one):
+/// requests without keys by one prepared statement, any other call by
+/// `idemq.enqueue`.
 pub(super) async fn enqueue(
     conn: &mut PgConnection,
     items: &[PreparedEnqueue],
 ) -> Result<Vec<Result<EnqueueResult>>> {
     if items.is_empty() {
         return Ok(Vec::new());
+    }
+    if items.iter().all(is_plain) {
+        return enqueue_plain(conn, items).await;
     }
     let rows =
         sqlx::query("SELECT idx, job_id, outcome, reason, error FROM idemq.enqueue($1::jsonb)")
@@ -216,6 +221,141 @@ pub(super) async fn enqueue(
         });
     }
     Ok(out)
+}
+
+/// A request the clock alone decides: no idempotency key, explicit id or
+/// dedupe key, so it always creates a job unless its deadline is refused.
+fn is_plain(p: &PreparedEnqueue) -> bool {
+    p.idempotency.is_none() && p.job_id.is_none() && p.dedupe.is_none()
+}
+
+/// Inserts requests without keys in one statement from typed arrays: the
+/// clock of record read once, each deadline checked against it (a refused
+/// item writes nothing and the others stand), the jobs inserted in request
+/// order (their `accepted` events are derived from them), and each queue
+/// given a wake-up. The same checks as `idemq.enqueue_one`'s, in one plan
+/// the session keeps.
+const PLAIN: &str = "
+WITH clock AS MATERIALIZED (SELECT idemq.now() AS now),
+items AS (
+    SELECT (x.ord - 1)::integer AS i, x.*, c.now,
+           CASE WHEN x.run_at IS NOT NULL THEN idemq.us(x.run_at)
+                ELSE c.now + idemq.ms(coalesce(x.delay_ms, 0)) END AS due
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::int8[],
+                $7::int8[], $8::int4[], $9::text[], $10::int8[], $11::int8[], $12::text[],
+                $13::text[], $14::int8[], $15::bytea[])
+         WITH ORDINALITY AS x(id, type, queue, payload, priority, run_at, delay_ms,
+                              max_attempts, retry, timeout_ms, deadline, concurrency_key,
+                              tags, keep_ms, fingerprint, ord)
+    CROSS JOIN clock c
+),
+checked AS MATERIALIZED (
+    SELECT t.*, CASE
+        WHEN t.deadline IS NULL THEN NULL
+        WHEN idemq.us(t.deadline) <= t.now THEN 'deadline'
+        WHEN t.due >= idemq.us(t.deadline) THEN
+            CASE WHEN t.delay_ms IS NULL THEN 'run_at' ELSE 'delay_ms' END
+        END AS refused
+    FROM items t
+),
+inserted AS (
+    INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at, max_attempts,
+        retry, timeout_ms, deadline, concurrency_key, tags, keep_ms, fingerprint, created_at,
+        updated_at, first_run_at)
+    SELECT c.id, c.type, c.queue, 'waiting', c.payload::jsonb, c.priority, c.due,
+        c.max_attempts, c.retry::jsonb, c.timeout_ms, idemq.us(c.deadline), c.concurrency_key,
+        CASE WHEN c.tags IS NULL THEN '{}'::text[]
+             ELSE ARRAY(SELECT jsonb_array_elements_text(c.tags::jsonb)) END,
+        c.keep_ms, c.fingerprint, c.now, c.now, nullif(c.due, c.now)
+    FROM checked c WHERE c.refused IS NULL ORDER BY c.i
+    RETURNING queue
+)
+SELECT c.i, c.id, c.refused,
+       (SELECT bool_or(idemq.wake(q.queue)) FROM (SELECT DISTINCT queue FROM inserted) q) AS woke
+FROM checked c ORDER BY c.i";
+
+async fn enqueue_plain(
+    conn: &mut PgConnection,
+    items: &[PreparedEnqueue],
+) -> Result<Vec<Result<EnqueueResult>>> {
+    let n = items.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut types = Vec::with_capacity(n);
+    let mut queues = Vec::with_capacity(n);
+    let mut payloads = Vec::with_capacity(n);
+    let mut priorities = Vec::with_capacity(n);
+    let mut run_ats = Vec::with_capacity(n);
+    let mut delays = Vec::with_capacity(n);
+    let mut max_attempts = Vec::with_capacity(n);
+    let mut retries = Vec::with_capacity(n);
+    let mut timeouts = Vec::with_capacity(n);
+    let mut deadlines = Vec::with_capacity(n);
+    let mut concurrency = Vec::with_capacity(n);
+    let mut tags = Vec::with_capacity(n);
+    let mut keeps = Vec::with_capacity(n);
+    let mut fingerprints = Vec::with_capacity(n);
+    let json = |e: serde_json::Error| Error::Backend {
+        message: e.to_string(),
+    };
+    for p in items {
+        ids.push(uuid::Uuid::now_v7().to_string());
+        types.push(p.job_type.as_str());
+        queues.push(p.queue.as_str());
+        payloads.push(p.payload.as_str());
+        priorities.push(p.priority);
+        run_ats.push(p.run_at);
+        delays.push(p.delay_ms);
+        max_attempts.push(p.max_attempts);
+        retries.push(serde_json::to_string(&p.retry).map_err(json)?);
+        timeouts.push(p.timeout_ms);
+        deadlines.push(p.deadline);
+        concurrency.push(p.concurrency_key.as_deref());
+        tags.push(if p.tags.is_empty() {
+            None
+        } else {
+            Some(serde_json::to_string(&p.tags).map_err(json)?)
+        });
+        keeps.push(p.keep_ms);
+        fingerprints.push(p.fingerprint.packed());
+    }
+    let rows = sqlx::query(PLAIN)
+        .bind(&ids)
+        .bind(&types)
+        .bind(&queues)
+        .bind(&payloads)
+        .bind(&priorities)
+        .bind(&run_ats)
+        .bind(&delays)
+        .bind(&max_attempts)
+        .bind(&retries)
+        .bind(&timeouts)
+        .bind(&deadlines)
+        .bind(&concurrency)
+        .bind(&tags)
+        .bind(&keeps)
+        .bind(&fingerprints)
+        .persistent(db::prepared())
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db_err)?;
+    if rows.len() != n {
+        return Err(Error::Backend {
+            message: "the enqueue statement returned too few rows".into(),
+        });
+    }
+    rows.iter()
+        .map(|row| {
+            let refused: Option<String> = row.try_get("refused").map_err(db_err)?;
+            Ok(match refused.as_deref() {
+                None => Ok(EnqueueResult {
+                    job_id: row.try_get("id").map_err(db_err)?,
+                    outcome: Outcome::Accepted,
+                }),
+                Some("deadline") => Err(Error::validation("deadline", "must be in the future")),
+                Some(field) => Err(Error::validation(field, "must be before the deadline")),
+            })
+        })
+        .collect()
 }
 
 /// The real enqueue path inside a transaction the caller rolls back.
