@@ -229,25 +229,24 @@ fn is_plain(p: &PreparedEnqueue) -> bool {
     p.idempotency.is_none() && p.job_id.is_none() && p.dedupe.is_none()
 }
 
-/// Inserts requests without keys in one statement from typed arrays: the
-/// clock of record read once, each deadline checked against it (a refused
-/// item writes nothing and the others stand), the jobs inserted in request
-/// order (their `accepted` events are derived from them), and each queue
-/// given a wake-up. The same checks as `idemq.enqueue_one`'s, in one plan
-/// the session keeps.
-const PLAIN: &str = "
-WITH clock AS MATERIALIZED (SELECT idemq.now() AS now),
+/// Inserts requests without keys in one statement: the clock of record
+/// read once, each deadline checked against it (a refused item writes
+/// nothing and the others stand), the jobs inserted in request order (their
+/// `accepted` events are derived from them), and each queue given a
+/// wake-up. The same checks as `idemq.enqueue_one`'s, in one plan the
+/// session keeps. `$source` yields the items as rows `x` (a batch from
+/// typed arrays, one request from scalar parameters).
+macro_rules! plain_statement {
+    ($source:literal) => {
+        concat!(
+            "WITH clock AS MATERIALIZED (SELECT idemq.now() AS now),
 items AS (
-    SELECT (x.ord - 1)::integer AS i, x.*, c.now,
+    SELECT x.*, c.now,
            CASE WHEN x.run_at IS NOT NULL THEN idemq.us(x.run_at)
                 ELSE c.now + idemq.ms(coalesce(x.delay_ms, 0)) END AS due
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::int8[],
-                $7::int8[], $8::int4[], $9::text[], $10::int8[], $11::int8[], $12::text[],
-                $13::text[], $14::int8[], $15::bytea[])
-         WITH ORDINALITY AS x(id, type, queue, payload, priority, run_at, delay_ms,
-                              max_attempts, retry, timeout_ms, deadline, concurrency_key,
-                              tags, keep_ms, fingerprint, ord)
-    CROSS JOIN clock c
+    FROM ",
+            $source,
+            " CROSS JOIN clock c
 ),
 checked AS MATERIALIZED (
     SELECT t.*, CASE
@@ -267,78 +266,109 @@ inserted AS (
         CASE WHEN c.tags IS NULL THEN '{}'::text[]
              ELSE ARRAY(SELECT jsonb_array_elements_text(c.tags::jsonb)) END,
         c.keep_ms, c.fingerprint, c.now, c.now, nullif(c.due, c.now)
-    FROM checked c WHERE c.refused IS NULL ORDER BY c.i
+    FROM checked c WHERE c.refused IS NULL ORDER BY c.ord
     RETURNING queue
 )
-SELECT c.i, c.id, c.refused,
+SELECT c.id, c.refused,
        (SELECT bool_or(idemq.wake(q.queue)) FROM (SELECT DISTINCT queue FROM inserted) q) AS woke
-FROM checked c ORDER BY c.i";
+FROM checked c ORDER BY c.ord"
+        )
+    };
+}
+
+/// A batch: typed arrays, one element per request.
+const PLAIN_BATCH: &str = plain_statement!(
+    "unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int2[], $6::int8[],
+                $7::int8[], $8::int4[], $9::text[], $10::int8[], $11::int8[], $12::text[],
+                $13::text[], $14::int8[], $15::bytea[])
+         WITH ORDINALITY AS x(id, type, queue, payload, priority, run_at, delay_ms,
+                              max_attempts, retry, timeout_ms, deadline, concurrency_key,
+                              tags, keep_ms, fingerprint, ord)"
+);
+
+/// One request (the common call): the same statement over one row of
+/// scalar parameters, without unnesting arrays.
+const PLAIN_ONE: &str = plain_statement!(
+    "(SELECT $1::text AS id, $2::text AS type, $3::text AS queue, $4::text AS payload,
+             $5::int2 AS priority, $6::int8 AS run_at, $7::int8 AS delay_ms,
+             $8::int4 AS max_attempts, $9::text AS retry, $10::int8 AS timeout_ms,
+             $11::int8 AS deadline, $12::text AS concurrency_key, $13::text AS tags,
+             $14::int8 AS keep_ms, $15::bytea AS fingerprint, 1::bigint AS ord) x"
+);
+
+/// The columns of one request as the plain statements bind them.
+struct PlainItem<'a> {
+    id: String,
+    p: &'a PreparedEnqueue,
+    retry: String,
+    tags: Option<String>,
+}
+
+impl<'a> PlainItem<'a> {
+    fn of(p: &'a PreparedEnqueue) -> Result<Self> {
+        let json = |e: serde_json::Error| Error::Backend {
+            message: e.to_string(),
+        };
+        Ok(Self {
+            id: uuid::Uuid::now_v7().to_string(),
+            p,
+            retry: serde_json::to_string(&p.retry).map_err(json)?,
+            tags: if p.tags.is_empty() {
+                None
+            } else {
+                Some(serde_json::to_string(&p.tags).map_err(json)?)
+            },
+        })
+    }
+}
 
 async fn enqueue_plain(
     conn: &mut PgConnection,
     items: &[PreparedEnqueue],
 ) -> Result<Vec<Result<EnqueueResult>>> {
-    let n = items.len();
-    let mut ids = Vec::with_capacity(n);
-    let mut types = Vec::with_capacity(n);
-    let mut queues = Vec::with_capacity(n);
-    let mut payloads = Vec::with_capacity(n);
-    let mut priorities = Vec::with_capacity(n);
-    let mut run_ats = Vec::with_capacity(n);
-    let mut delays = Vec::with_capacity(n);
-    let mut max_attempts = Vec::with_capacity(n);
-    let mut retries = Vec::with_capacity(n);
-    let mut timeouts = Vec::with_capacity(n);
-    let mut deadlines = Vec::with_capacity(n);
-    let mut concurrency = Vec::with_capacity(n);
-    let mut tags = Vec::with_capacity(n);
-    let mut keeps = Vec::with_capacity(n);
-    let mut fingerprints = Vec::with_capacity(n);
-    let json = |e: serde_json::Error| Error::Backend {
-        message: e.to_string(),
+    let plain: Vec<PlainItem> = items.iter().map(PlainItem::of).collect::<Result<_>>()?;
+    let query = match plain.as_slice() {
+        [one] => sqlx::query(PLAIN_ONE)
+            .bind(&one.id)
+            .bind(&one.p.job_type)
+            .bind(&one.p.queue)
+            .bind(&one.p.payload)
+            .bind(one.p.priority)
+            .bind(one.p.run_at)
+            .bind(one.p.delay_ms)
+            .bind(one.p.max_attempts)
+            .bind(&one.retry)
+            .bind(one.p.timeout_ms)
+            .bind(one.p.deadline)
+            .bind(one.p.concurrency_key.as_deref())
+            .bind(one.tags.as_deref())
+            .bind(one.p.keep_ms)
+            .bind(one.p.fingerprint.packed()),
+        many => {
+            sqlx::query(PLAIN_BATCH)
+                .bind(many.iter().map(|i| i.id.as_str()).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.p.job_type.as_str()).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.p.queue.as_str()).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.p.payload.as_str()).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.p.priority).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.p.run_at).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.p.delay_ms).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.p.max_attempts).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.retry.as_str()).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.p.timeout_ms).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.p.deadline).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.p.concurrency_key.as_deref()).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.tags.as_deref()).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.p.keep_ms).collect::<Vec<_>>())
+                .bind(many.iter().map(|i| i.p.fingerprint.packed()).collect::<Vec<_>>())
+        }
     };
-    for p in items {
-        ids.push(uuid::Uuid::now_v7().to_string());
-        types.push(p.job_type.as_str());
-        queues.push(p.queue.as_str());
-        payloads.push(p.payload.as_str());
-        priorities.push(p.priority);
-        run_ats.push(p.run_at);
-        delays.push(p.delay_ms);
-        max_attempts.push(p.max_attempts);
-        retries.push(serde_json::to_string(&p.retry).map_err(json)?);
-        timeouts.push(p.timeout_ms);
-        deadlines.push(p.deadline);
-        concurrency.push(p.concurrency_key.as_deref());
-        tags.push(if p.tags.is_empty() {
-            None
-        } else {
-            Some(serde_json::to_string(&p.tags).map_err(json)?)
-        });
-        keeps.push(p.keep_ms);
-        fingerprints.push(p.fingerprint.packed());
-    }
-    let rows = sqlx::query(PLAIN)
-        .bind(&ids)
-        .bind(&types)
-        .bind(&queues)
-        .bind(&payloads)
-        .bind(&priorities)
-        .bind(&run_ats)
-        .bind(&delays)
-        .bind(&max_attempts)
-        .bind(&retries)
-        .bind(&timeouts)
-        .bind(&deadlines)
-        .bind(&concurrency)
-        .bind(&tags)
-        .bind(&keeps)
-        .bind(&fingerprints)
+    let rows = query
         .persistent(db::prepared())
         .fetch_all(&mut *conn)
         .await
         .map_err(db_err)?;
-    if rows.len() != n {
+    if rows.len() != items.len() {
         return Err(Error::Backend {
             message: "the enqueue statement returned too few rows".into(),
         });
