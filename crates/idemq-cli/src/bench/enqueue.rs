@@ -50,6 +50,8 @@ fn target(workload: &str, backend: &Backend, producers: usize) -> Option<f64> {
         ("W3", _) => Some(0.4),
         ("W4", 8) if pg => Some(1.0),
         ("W4r", _) if pg => Some(1.0),
+        ("W1h", _) if pg => Some(0.8),
+        ("W3h", _) if pg => Some(0.5),
         _ => None,
     }
 }

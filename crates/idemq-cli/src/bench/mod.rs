@@ -9,6 +9,7 @@
 //! idemq workloads, `report` prints rows and tracks memory.
 
 mod enqueue;
+mod http;
 mod raw_pg;
 mod raw_sqlite;
 mod report;
@@ -34,7 +35,8 @@ pub(crate) struct BenchArgs {
     /// Small counts (a smoke run of a few seconds per backend).
     #[arg(long)]
     quick: bool,
-    /// Run only these workloads (comma-separated: W1,W2,W3,W4,W4r,W5,W6).
+    /// Run only these workloads (comma-separated: W1,W2,W3,W4,W4r,W5,W6, and
+    /// W1h,W3h over HTTP; W3h runs W3 too, to compare with it).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Instead of the workloads, a mixed load for this long (e.g. 10m),
@@ -114,7 +116,7 @@ async fn bench(args: BenchArgs, database: &str, json: bool) -> Result<()> {
     let sizes = Sizes::new(args.quick);
     let wanted =
         |name: &str| args.only.is_empty() || args.only.iter().any(|o| o.eq_ignore_ascii_case(name));
-    let known = ["W1", "W2", "W3", "W4", "W4r", "W5", "W6"];
+    let known = ["W1", "W2", "W3", "W4", "W4r", "W5", "W6", "W1h", "W3h"];
     if let Some(bad) = args
         .only
         .iter()
@@ -142,8 +144,12 @@ async fn bench(args: BenchArgs, database: &str, json: bool) -> Result<()> {
     if wanted("W2") {
         emit(enqueue::batch(&backend, sizes.batch).await?, &mut rows);
     }
-    if wanted("W3") {
-        emit(worker::drain(&backend, sizes.drain).await?, &mut rows);
+    // W3h compares with the library's W3 of the same run, so it runs W3 too.
+    let mut library_drain = None;
+    if wanted("W3") || wanted("W3h") {
+        let row = worker::drain(&backend, sizes.drain).await?;
+        library_drain = Some(row.ops_per_sec);
+        emit(row, &mut rows);
     }
     if wanted("W4") {
         for producers in [1, 8] {
@@ -164,6 +170,15 @@ async fn bench(args: BenchArgs, database: &str, json: bool) -> Result<()> {
     if wanted("W6") {
         emit(
             worker::latency(&backend, sizes.latency_jobs).await?,
+            &mut rows,
+        );
+    }
+    if wanted("W1h") {
+        emit(http::enqueue(&backend, sizes.single_8).await?, &mut rows);
+    }
+    if let Some(library) = library_drain.filter(|_| wanted("W3h")) {
+        emit(
+            http::drain(&backend, sizes.drain, library).await?,
             &mut rows,
         );
     }
@@ -233,7 +248,7 @@ where
 pub(crate) const ROUNDS: usize = 20;
 
 /// The slices of `0..ops` of `rounds` paired rounds.
-fn slices(ops: usize, rounds: usize) -> Vec<Range<usize>> {
+pub(crate) fn slices(ops: usize, rounds: usize) -> Vec<Range<usize>> {
     let rounds = rounds.clamp(1, ops.max(1));
     (0..rounds)
         .map(|r| r * ops / rounds..(r + 1) * ops / rounds)

@@ -344,24 +344,38 @@ async fn enqueue_plain(
             .bind(one.tags.as_deref())
             .bind(one.p.keep_ms)
             .bind(one.p.fingerprint.packed()),
-        many => {
-            sqlx::query(PLAIN_BATCH)
-                .bind(many.iter().map(|i| i.id.as_str()).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.p.job_type.as_str()).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.p.queue.as_str()).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.p.payload.as_str()).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.p.priority).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.p.run_at).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.p.delay_ms).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.p.max_attempts).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.retry.as_str()).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.p.timeout_ms).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.p.deadline).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.p.concurrency_key.as_deref()).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.tags.as_deref()).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.p.keep_ms).collect::<Vec<_>>())
-                .bind(many.iter().map(|i| i.p.fingerprint.packed()).collect::<Vec<_>>())
-        }
+        many => sqlx::query(PLAIN_BATCH)
+            .bind(many.iter().map(|i| i.id.as_str()).collect::<Vec<_>>())
+            .bind(
+                many.iter()
+                    .map(|i| i.p.job_type.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(many.iter().map(|i| i.p.queue.as_str()).collect::<Vec<_>>())
+            .bind(
+                many.iter()
+                    .map(|i| i.p.payload.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(many.iter().map(|i| i.p.priority).collect::<Vec<_>>())
+            .bind(many.iter().map(|i| i.p.run_at).collect::<Vec<_>>())
+            .bind(many.iter().map(|i| i.p.delay_ms).collect::<Vec<_>>())
+            .bind(many.iter().map(|i| i.p.max_attempts).collect::<Vec<_>>())
+            .bind(many.iter().map(|i| i.retry.as_str()).collect::<Vec<_>>())
+            .bind(many.iter().map(|i| i.p.timeout_ms).collect::<Vec<_>>())
+            .bind(many.iter().map(|i| i.p.deadline).collect::<Vec<_>>())
+            .bind(
+                many.iter()
+                    .map(|i| i.p.concurrency_key.as_deref())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(many.iter().map(|i| i.tags.as_deref()).collect::<Vec<_>>())
+            .bind(many.iter().map(|i| i.p.keep_ms).collect::<Vec<_>>())
+            .bind(
+                many.iter()
+                    .map(|i| i.p.fingerprint.packed())
+                    .collect::<Vec<_>>(),
+            ),
     };
     let rows = query
         .persistent(db::prepared())
