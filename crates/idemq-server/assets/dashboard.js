@@ -58,11 +58,13 @@ document.addEventListener("submit", function (ev) {
     }
   }
 
-  function updateCounters(totals) {
+  function updateCounters(totals, estimated) {
     var els = document.querySelectorAll("[data-total]");
     for (var i = 0; i < els.length; i++) {
       var k = els[i].getAttribute("data-total");
-      if (Object.prototype.hasOwnProperty.call(totals, k)) { els[i].textContent = String(totals[k]); }
+      if (Object.prototype.hasOwnProperty.call(totals, k)) {
+        els[i].textContent = (estimated.indexOf(k) >= 0 ? "\u2248" : "") + String(totals[k]);
+      }
     }
   }
 
@@ -87,7 +89,7 @@ document.addEventListener("submit", function (ev) {
           }
         }
         last = now;
-        updateCounters(s.totals);
+        updateCounters(s.totals, s.estimated || []);
         draw();
       })
       .catch(function () { /* the next poll tries again */ });

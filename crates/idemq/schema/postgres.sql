@@ -50,26 +50,38 @@ $$;
 
 CREATE FUNCTION idemq.binding_sweep(p_limit integer) RETURNS bigint
     LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := idemq.now();
-    n1    bigint;
-    n2    bigint;
+    v_now   timestamptz := idemq.now();
+    v_ctids tid[];
+    n       bigint := 0;
 BEGIN
-    DELETE FROM idemq.idempotency i USING (
-        SELECT scope, key_hash FROM idemq.idempotency WHERE expires_at <= v_now
-        LIMIT p_limit FOR UPDATE SKIP LOCKED) e
-    WHERE i.scope = e.scope AND i.key_hash = e.key_hash;
-    GET DIAGNOSTICS n1 = ROW_COUNT;
-    DELETE FROM idemq.dedupe x USING (
-        SELECT d.type, d.key FROM idemq.dedupe d
-        LEFT JOIN idemq.jobs j ON j.id = d.job_id
-        WHERE NOT idemq.binding_live(d.window_until, j.state, v_now)
-        LIMIT greatest(p_limit - n1, 0) FOR UPDATE OF d SKIP LOCKED) e
-    WHERE x.type = e.type AND x.key = e.key;
-    GET DIAGNOSTICS n2 = ROW_COUNT;
-    RETURN n1 + n2;
+    -- Each batch is locked, then deleted by its ctids (still theirs while
+    -- locked). enable_seqscan is off: for a range of expiries the planner
+    -- would read the table from its start, past every live binding.
+    v_ctids := ARRAY(SELECT ctid FROM idemq.idempotency WHERE expires_at <= v_now
+                     LIMIT p_limit FOR UPDATE SKIP LOCKED);
+    DELETE FROM idemq.idempotency WHERE ctid = ANY (v_ctids);
+    n := n + cardinality(v_ctids);
+    v_ctids := ARRAY(SELECT ctid FROM idemq.dedupe WHERE window_until <= v_now
+                     LIMIT greatest(p_limit - n, 0) FOR UPDATE SKIP LOCKED);
+    DELETE FROM idemq.dedupe WHERE ctid = ANY (v_ctids);
+    n := n + cardinality(v_ctids);
+    v_ctids := ARRAY(SELECT d.ctid FROM idemq.dedupe d
+                     LEFT JOIN idemq.jobs j ON j.id = d.job_id
+                     WHERE d.window_until IS NULL AND j.state IS DISTINCT FROM 'waiting'
+                       AND j.state IS DISTINCT FROM 'active'
+                     LIMIT greatest(p_limit - n, 0) FOR UPDATE OF d SKIP LOCKED);
+    DELETE FROM idemq.dedupe WHERE ctid = ANY (v_ctids);
+    n := n + cardinality(v_ctids);
+    v_ctids := ARRAY(SELECT d.ctid FROM idemq.dedupe d
+                     JOIN idemq.jobs j ON j.id = d.job_id
+                     WHERE d.window_until > v_now AND j.state = 'cancelled'
+                     LIMIT greatest(p_limit - n, 0) FOR UPDATE OF d SKIP LOCKED);
+    DELETE FROM idemq.dedupe WHERE ctid = ANY (v_ctids);
+    RETURN n + cardinality(v_ctids);
 END
 $$;
 
@@ -984,6 +996,48 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION idemq.queue_counts(p_exact_pages bigint, p_sample_pages bigint) RETURNS TABLE(queue text, state text, n bigint, estimated boolean)
+    LANGUAGE plpgsql
+    SET jit TO 'off'
+    AS $_$
+#variable_conflict use_column
+DECLARE
+    v_now   timestamptz := idemq.now();
+    v_pages bigint := pg_relation_size('idemq.jobs') / current_setting('block_size')::bigint;
+    v_bound bigint;
+    v_pct   double precision;
+BEGIN
+    RETURN QUERY
+    SELECT c.queue, CASE WHEN c.state = 'active' THEN 'active'
+                         WHEN c.due THEN 'ready' ELSE 'scheduled' END, c.n, false
+    FROM (SELECT j.queue, j.state, j.run_at <= v_now AS due, count(*) AS n
+          FROM idemq.jobs j WHERE j.state IN ('waiting', 'active') GROUP BY 1, 2, 3) c;
+    IF v_pages <= p_exact_pages THEN
+        RETURN QUERY
+        SELECT j.queue, j.state, count(*), false
+        FROM idemq.jobs j WHERE j.state IN ('completed', 'dead', 'cancelled') GROUP BY 1, 2;
+        RETURN;
+    END IF;
+    v_bound := ((SELECT max(seq) FROM idemq.jobs) / 16384 - 1) * 16384;
+    v_pct := least(100.0, 100.0 * p_sample_pages / v_pages);
+    RETURN QUERY SELECT NULL::text, NULL::text, 0::bigint, true;
+    -- Planned with the boundary and the fraction written in: a plan made
+    -- for any boundary would read the whole table.
+    RETURN QUERY EXECUTE format($q$
+        SELECT r.queue, r.state, sum(r.n)::bigint, true
+        FROM (SELECT j.queue, j.state, count(*) AS n
+              FROM idemq.jobs j
+              WHERE j.seq > %1$s AND j.state IN ('completed', 'dead', 'cancelled')
+              GROUP BY 1, 2
+              UNION ALL
+              SELECT j.queue, j.state, round(count(*) * 100.0 / %2$s)::bigint
+              FROM idemq.jobs j TABLESAMPLE SYSTEM (%2$s) REPEATABLE (0)
+              WHERE j.seq <= %1$s AND j.state IN ('completed', 'dead', 'cancelled')
+              GROUP BY 1, 2) r
+        GROUP BY 1, 2$q$, v_bound, v_pct);
+END
+$_$;
+
 CREATE FUNCTION idemq.reap(p_limit integer, p_now timestamp with time zone) RETURNS integer
     LANGUAGE plpgsql
     AS $$
@@ -1082,26 +1136,32 @@ $$;
 
 CREATE FUNCTION idemq.retention_sweep(p_limit integer) RETURNS bigint
     LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
     AS $$
 #variable_conflict use_column
 DECLARE
-    v_now timestamptz := idemq.now();
-    v_id  text;
-    n     bigint := 0;
+    v_now   timestamptz := idemq.now();
+    v_ids   text[];
+    v_ctids tid[];
 BEGIN
-    FOR v_id IN
-        SELECT j.id FROM idemq.jobs j
+    -- The rows stay locked until the end, so their ctids stay theirs.
+    SELECT array_agg(id), array_agg(ctid) INTO v_ids, v_ctids FROM (
+        SELECT j.id, j.ctid FROM idemq.jobs j
         WHERE j.purge_after <= v_now AND j.state IN ('completed', 'dead', 'cancelled')
           AND NOT EXISTS (SELECT 1 FROM idemq.idempotency b
                           WHERE b.job_id = j.id AND b.expires_at > v_now)
           AND NOT EXISTS (SELECT 1 FROM idemq.dedupe d
                           WHERE d.job_id = j.id AND d.window_until > v_now)
-        ORDER BY j.purge_after LIMIT p_limit FOR UPDATE SKIP LOCKED
-    LOOP
-        PERFORM idemq.delete_job(v_id);
-        n := n + 1;
-    END LOOP;
-    RETURN n;
+        ORDER BY j.purge_after LIMIT p_limit FOR UPDATE OF j SKIP LOCKED) due;
+    IF v_ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM idemq.events WHERE job_id = ANY (v_ids);
+    DELETE FROM idemq.runs WHERE job_id = ANY (v_ids);
+    DELETE FROM idemq.checkpoints WHERE job_id = ANY (v_ids);
+    DELETE FROM idemq.dedupe WHERE job_id = ANY (v_ids);
+    DELETE FROM idemq.jobs WHERE ctid = ANY (v_ctids);
+    RETURN cardinality(v_ids);
 END
 $$;
 
@@ -1313,6 +1373,10 @@ ALTER TABLE ONLY idemq.test_clocks
 
 CREATE INDEX dedupe_job ON idemq.dedupe USING btree (job_id);
 
+CREATE INDEX dedupe_pending ON idemq.dedupe USING btree (job_id) WHERE (window_until IS NULL);
+
+CREATE INDEX dedupe_window ON idemq.dedupe USING btree (window_until) WHERE (window_until IS NOT NULL);
+
 CREATE INDEX events_job ON idemq.events USING btree (job_id, seq);
 
 CREATE INDEX idempotency_expiry ON idemq.idempotency USING btree (expires_at);
@@ -1328,6 +1392,14 @@ CREATE INDEX jobs_dedupe ON idemq.jobs USING btree (type, dedupe_key) WHERE (ded
 CREATE INDEX jobs_lease ON idemq.jobs USING btree (lease_expires_at) WHERE (state = 'active'::text);
 
 CREATE INDEX jobs_purge ON idemq.jobs USING btree (purge_after) WHERE (purge_after IS NOT NULL);
+
+CREATE INDEX jobs_queue_seq ON idemq.jobs USING btree (queue, seq);
+
+CREATE INDEX jobs_state_seq ON idemq.jobs USING btree (state, seq) INCLUDE (queue, run_at) WHERE (state <> 'completed'::text);
+
+CREATE INDEX jobs_tags ON idemq.jobs USING gin (tags) WHERE (tags <> '{}'::text[]);
+
+CREATE INDEX jobs_type_seq ON idemq.jobs USING btree (type, seq);
 
 CREATE INDEX schedules_due ON idemq.schedules USING btree (next_fire_at) WHERE (next_fire_at IS NOT NULL);
 

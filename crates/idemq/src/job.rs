@@ -340,6 +340,10 @@ pub struct QueueInfo {
     pub paused: bool,
     /// Jobs per state.
     pub counts: StateCounts,
+    /// The states whose count is an estimate (empty: every count is exact).
+    /// On PostgreSQL the terminal states of a large table are estimated
+    /// (docs/scaling.md, "Big tables"); the live states are always exact.
+    pub estimated: Vec<JobState>,
 }
 
 /// Jobs per state.

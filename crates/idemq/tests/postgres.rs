@@ -441,3 +441,106 @@ async fn bad_connect_parameters_are_refused() {
         assert!(matches!(err, Error::Validation { .. }), "{bad}: {err:?}");
     }
 }
+
+/// Past its page bound `idemq.queue_counts` estimates the terminal states
+/// (exact for the jobs after the boundary, sampled before it) and says so
+/// with a row without a queue; the live states stay exact. With every page
+/// sampled the estimate is the count itself, so this checks the arithmetic
+/// of both parts exactly. `Queue::queues` on a small table is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_counts_of_a_large_table_are_estimated_and_say_so() {
+    let h = Harness::postgres().await;
+    for i in 0..12 {
+        h.put(
+            EnqueueRequest::new("count.me")
+                .queue("a")
+                .payload(json!({ "i": i })),
+        )
+        .await;
+    }
+    for j in h.claim(7).await {
+        h.queue.complete(&j.id, &j.lease_token, None).await.unwrap();
+    }
+    h.claim(2).await;
+    let pool = h.caller_pool().await;
+    let counts = |exact_pages: i64| {
+        let pool = pool.clone();
+        async move {
+            let rows: Vec<(Option<String>, Option<String>, i64, bool)> = sqlx::query_as(
+                "SELECT queue, state, n, estimated FROM idemq.queue_counts($1, 1000000)
+                 ORDER BY 1, 2",
+            )
+            .bind(exact_pages)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            rows
+        }
+    };
+    let a = |s: &str, n: i64, e: bool| (Some("a".to_string()), Some(s.to_string()), n, e);
+    assert_eq!(
+        counts(0).await,
+        vec![
+            a("active", 2, false),
+            a("completed", 7, true),
+            a("ready", 3, false),
+            (None, None, 0, true),
+        ]
+    );
+    assert_eq!(
+        counts(1 << 20).await,
+        vec![
+            a("active", 2, false),
+            a("completed", 7, false),
+            a("ready", 3, false)
+        ]
+    );
+    let queues = h.queue.queues().await.unwrap();
+    assert_eq!(queues.len(), 1);
+    assert!(queues[0].estimated.is_empty());
+    assert_eq!(queues[0].counts.completed, 7);
+}
+
+/// The sweeps delete what they find in batches, with everything that
+/// belongs to each job, and leave what is still live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweeps_delete_whole_batches_and_leave_the_live() {
+    let h = Harness::postgres().await;
+    let mut done = Vec::new();
+    for i in 0..6 {
+        let id = h
+            .put(
+                EnqueueRequest::new("sweep.me")
+                    .payload(json!({ "i": i }))
+                    .keep(Duration::from_millis(1000))
+                    .idempotency(
+                        idemq::IdempotencyOptions::new(format!("sweep-{i}"))
+                            .ttl(Duration::from_millis(2000)),
+                    ),
+            )
+            .await;
+        done.push(id);
+    }
+    let kept = h
+        .put(EnqueueRequest::new("sweep.me").payload(json!({"kept": true})))
+        .await;
+    for j in h.claim(6).await {
+        assert_ne!(j.id, kept);
+        h.queue.complete(&j.id, &j.lease_token, None).await.unwrap();
+    }
+    // Retention passed, bindings still live: nothing goes.
+    h.advance_ms(1500);
+    assert_eq!(h.queue.sweep_retention(1000).await.unwrap(), 0);
+    h.advance_ms(1000);
+    // Batches of 4: every job and binding goes, none twice.
+    assert_eq!(h.queue.sweep_bindings(4).await.unwrap(), 4);
+    assert_eq!(h.queue.sweep_bindings(4).await.unwrap(), 2);
+    assert_eq!(h.queue.sweep_bindings(4).await.unwrap(), 0);
+    assert_eq!(h.queue.sweep_retention(4).await.unwrap(), 4);
+    assert_eq!(h.queue.sweep_retention(4).await.unwrap(), 2);
+    assert_eq!(h.queue.sweep_retention(4).await.unwrap(), 0);
+    for id in &done {
+        assert!(h.queue.get(id).await.unwrap().is_none(), "{id} swept");
+    }
+    assert!(h.queue.get(&kept).await.unwrap().is_some());
+}

@@ -439,6 +439,9 @@ pub(crate) struct QueueDoc {
     name: String,
     paused: bool,
     counts: CountsDoc,
+    /// The states whose count is an estimate (empty: every count is exact).
+    /// On PostgreSQL, the terminal states of a large table.
+    estimated: Vec<String>,
 }
 
 /// Every queue.

@@ -47,6 +47,23 @@ fn total(queues: &[idemq::QueueInfo]) -> StateCounts {
     t
 }
 
+/// The states whose count is an estimate in some queue.
+fn estimated(queues: &[idemq::QueueInfo]) -> Vec<JobState> {
+    JobState::ALL
+        .into_iter()
+        .filter(|s| queues.iter().any(|q| q.estimated.contains(s)))
+        .collect()
+}
+
+/// A count as shown: `≈` before an estimate.
+fn shown(n: u64, estimate: bool) -> String {
+    if estimate {
+        format!("≈{n}")
+    } else {
+        n.to_string()
+    }
+}
+
 fn count(c: &StateCounts, s: JobState) -> u64 {
     match s {
         JobState::Scheduled => c.scheduled,
@@ -126,6 +143,7 @@ pub(crate) async fn page(State(state): State<AppState>, Query(f): Query<Flash>) 
     let queues = state.queue.queues().await?;
     let now = state.queue.store().now().await?;
     let t = total(&queues);
+    let est = estimated(&queues);
     let mut body = String::new();
 
     body.push_str(r#"<section class="cards">"#);
@@ -133,10 +151,17 @@ pub(crate) async fn page(State(state): State<AppState>, Query(f): Query<Flash>) 
         body.push_str(&format!(
             r#"<a class="card s-{0}" href="/jobs?state={0}"><span class="n" data-total="{0}">{1}</span><span class="l">{0}</span></a>"#,
             s.as_str(),
-            count(&t, s)
+            shown(count(&t, s), est.contains(&s))
         ));
     }
     body.push_str("</section>");
+    if !est.is_empty() {
+        let names: Vec<&str> = est.iter().map(|s| s.as_str()).collect();
+        body.push_str(&format!(
+            r#"<p class="muted small" id="estimated">≈ {}: estimated from a sample of the table (the newest jobs counted exactly); the other counts are exact.</p>"#,
+            names.join(", ")
+        ));
+    }
 
     body.push_str(
         r#"<section class="panel"><h2>Throughput <small>jobs per second, sampled every 2 s</small></h2>
@@ -161,11 +186,12 @@ pub(crate) async fn page(State(state): State<AppState>, Query(f): Query<Flash>) 
             ));
             for s in JobState::ALL {
                 let n = count(&q.counts, s);
+                let shown = shown(n, q.estimated.contains(&s));
                 let cell = if n == 0 {
-                    r#"<span class="muted">0</span>"#.to_string()
+                    format!(r#"<span class="muted">{shown}</span>"#)
                 } else {
                     format!(
-                        r#"<a href="/jobs{}">{n}</a>"#,
+                        r#"<a href="/jobs{}">{shown}</a>"#,
                         query(&[("queue", Some(&q.name)), ("state", Some(s.as_str()))])
                     )
                 };
@@ -263,6 +289,8 @@ pub(crate) async fn stats(
         // Every job ever accepted and still on record: its growth is the
         // enqueue rate (purges and retention only make it dip).
         "jobs": all,
+        // The states whose totals are estimates (docs/dashboard.md).
+        "estimated": estimated(&queues),
         "queues": queues,
     }))
     .into_response();

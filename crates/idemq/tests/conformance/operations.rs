@@ -489,6 +489,7 @@ fn info(name: &str, paused: bool, counts: StateCounts) -> QueueInfo {
         name: name.into(),
         paused,
         counts,
+        estimated: Vec::new(),
     }
 }
 

@@ -50,6 +50,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "schedule_errors_session_clock",
         include_str!("../../../migrations/postgres/0007_schedule_errors_session_clock.sql"),
     ),
+    (
+        8,
+        "big_tables",
+        include_str!("../../../migrations/postgres/0008_big_tables.sql"),
+    ),
 ];
 
 /// Every function of the schema, as this binary defines them.

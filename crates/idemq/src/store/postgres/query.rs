@@ -120,17 +120,24 @@ pub(super) async fn job_get(pool: Db<'_>, id: &str) -> Result<Option<Job>> {
 pub(super) async fn job_list(pool: Db<'_>, p: &JobList) -> Result<JobPage> {
     let (stored, due) = p.stored_state();
     let (cursor, limit) = (p.seq_cursor(), p.limit.clamp(1, 1000));
+    // Sent unprepared, so it is planned with its values: a filter left out
+    // (`$n IS NULL`) folds away, and the planner sees which index returns
+    // the page in order (0008_big_tables.sql). A prepared statement's one
+    // plan for every combination walked the whole table for a rare queue.
+    // The tag is matched with `@>` (what the tags index answers) on a
+    // non-empty array (its predicate).
     let sql = format!(
         "{JOB_SELECT}
          WHERE ($1::text IS NULL OR j.state = $1)
            AND ($2::boolean IS NULL OR $2 = (j.run_at <= n.now))
            AND ($3::text IS NULL OR j.queue = $3)
            AND ($4::text IS NULL OR j.type = $4)
-           AND ($5::text IS NULL OR $5 = ANY (j.tags))
+           AND ($5::text IS NULL OR (j.tags @> ARRAY[$5] AND j.tags <> '{{}}'))
            AND ($6::bigint IS NULL OR j.seq < $6)
          ORDER BY j.seq DESC LIMIT $7"
     );
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .persistent(false)
         .bind(stored)
         .bind(due)
         .bind(&p.queue)
@@ -250,16 +257,19 @@ pub(super) async fn dedupe_lookup(db: Db<'_>, p: &DedupeRef) -> Result<Option<Ex
     .await
 }
 
+/// Up to this many heap pages, every count is exact (a scan of the table
+/// costs tens of milliseconds).
+const EXACT_PAGES: i64 = 8192;
+/// About this many pages are sampled for the estimated counts.
+const SAMPLE_PAGES: i64 = 2000;
+
 pub(super) async fn queue_list(pool: Db<'_>) -> Result<Vec<QueueInfo>> {
-    let counts = sqlx::query(
-        "SELECT j.queue, CASE WHEN j.state = 'waiting' AND j.run_at <= n.now THEN 'ready'
-                              WHEN j.state = 'waiting' THEN 'scheduled' ELSE j.state END AS s,
-                count(*) AS n
-         FROM idemq.jobs j CROSS JOIN (SELECT idemq.now() AS now) n GROUP BY 1, 2",
-    )
-    .fetch_all(pool)
-    .await
-    .map_err(db_err)?;
+    let counts = sqlx::query("SELECT queue, state, n, estimated FROM idemq.queue_counts($1, $2)")
+        .bind(EXACT_PAGES)
+        .bind(SAMPLE_PAGES)
+        .fetch_all(pool)
+        .await
+        .map_err(db_err)?;
     let paused = sqlx::query("SELECT name, paused FROM idemq.queues")
         .fetch_all(pool)
         .await
@@ -269,6 +279,7 @@ pub(super) async fn queue_list(pool: Db<'_>) -> Result<Vec<QueueInfo>> {
         name: name.to_owned(),
         paused: false,
         counts: Default::default(),
+        estimated: Vec::new(),
     };
     for r in &paused {
         let name: String = r.try_get("name").map_err(db_err)?;
@@ -276,15 +287,25 @@ pub(super) async fn queue_list(pool: Db<'_>) -> Result<Vec<QueueInfo>> {
             .or_insert_with(|| blank(&name))
             .paused = r.try_get("paused").map_err(db_err)?;
     }
+    let mut estimated = false;
     for r in &counts {
-        let name: String = r.try_get("queue").map_err(db_err)?;
-        let s: String = r.try_get("s").map_err(db_err)?;
+        // A row without a queue: the terminal counts are estimates.
+        let Some(name) = r.try_get::<Option<String>, _>("queue").map_err(db_err)? else {
+            estimated |= r.try_get::<bool, _>("estimated").map_err(db_err)?;
+            continue;
+        };
+        let s: String = r.try_get("state").map_err(db_err)?;
         let n: i64 = r.try_get("n").map_err(db_err)?;
         if let Some(state) = JobState::parse(&s) {
             out.entry(name.clone())
                 .or_insert_with(|| blank(&name))
                 .counts
-                .add(state, n as u64);
+                .add(state, n.max(0) as u64);
+        }
+    }
+    if estimated {
+        for q in out.values_mut() {
+            q.estimated = vec![JobState::Completed, JobState::Dead, JobState::Cancelled];
         }
     }
     Ok(out.into_values().collect())

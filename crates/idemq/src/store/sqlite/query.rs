@@ -288,6 +288,7 @@ pub(super) fn queue_list(cx: &Cx) -> Result<Vec<QueueInfo>> {
         name: name.to_owned(),
         paused: false,
         counts: Default::default(),
+        estimated: Vec::new(),
     };
     for (name, is_paused) in paused {
         out.entry(name.clone())
