@@ -1393,13 +1393,9 @@ CREATE INDEX jobs_lease ON idemq.jobs USING btree (lease_expires_at) WHERE (stat
 
 CREATE INDEX jobs_purge ON idemq.jobs USING btree (purge_after) WHERE (purge_after IS NOT NULL);
 
-CREATE INDEX jobs_queue_seq ON idemq.jobs USING btree (queue, seq);
-
 CREATE INDEX jobs_state_seq ON idemq.jobs USING btree (state, seq) INCLUDE (queue, run_at) WHERE (state <> 'completed'::text);
 
 CREATE INDEX jobs_tags ON idemq.jobs USING gin (tags) WHERE (tags <> '{}'::text[]);
-
-CREATE INDEX jobs_type_seq ON idemq.jobs USING btree (type, seq);
 
 CREATE INDEX schedules_due ON idemq.schedules USING btree (next_fire_at) WHERE (next_fire_at IS NOT NULL);
 
