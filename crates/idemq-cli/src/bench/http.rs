@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use idemq::{BatchOptions, EnqueueRequest, Queue};
+use idemq::{EnqueueRequest, Queue};
 use idemq_server::ServerOptions;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -22,6 +22,7 @@ use tokio::sync::Mutex;
 use super::enqueue::{NOOP, row, total_jobs};
 use super::report::{Row, reset_peak_memory};
 use super::target::Backend;
+use super::worker::fill_paused;
 use super::{ROUNDS, bar, drive, rate, slices};
 
 /// Connections of W1h (as the library's W1 x8 has producers).
@@ -261,16 +262,7 @@ pub(crate) async fn drain(backend: &Backend, n: usize, library_rate: f64) -> Res
         .with_fresh(async |db| {
             let queue = Queue::connect(db.url()).await?;
             let server = Server::start(queue.clone()).await?;
-            queue.pause("default").await?;
-            for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-                let reqs = chunk
-                    .iter()
-                    .map(|&i| EnqueueRequest::new(NOOP).payload(json!({ "i": i })))
-                    .collect();
-                for r in queue.enqueue_many(reqs, BatchOptions::default()).await? {
-                    r?;
-                }
-            }
+            fill_paused(&queue, 0..n).await?;
             let drain = Arc::new(Drain {
                 runs: (0..n).map(|_| AtomicU32::new(0)).collect(),
                 completed: AtomicUsize::new(0),

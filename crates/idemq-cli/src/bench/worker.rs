@@ -52,6 +52,22 @@ fn start_worker(
     (tx, handle)
 }
 
+/// Pauses the default queue and fills it with the no-op jobs of `range`
+/// (payload `{"i": i}`), in batches of 1,000.
+pub(crate) async fn fill_paused(queue: &Queue, range: std::ops::Range<usize>) -> Result<()> {
+    queue.pause(QUEUE).await?;
+    for chunk in range.collect::<Vec<_>>().chunks(1000) {
+        let reqs = chunk
+            .iter()
+            .map(|&i| EnqueueRequest::new(NOOP).payload(json!({ "i": i })))
+            .collect();
+        for r in queue.enqueue_many(reqs, BatchOptions::default()).await? {
+            r?;
+        }
+    }
+    Ok(())
+}
+
 /// W3: pre-enqueued no-op jobs run to completion by one `Worker` that runs
 /// for the whole workload, vs the two-step claim/complete loop of a minimal
 /// queue, in alternating slices. Each slice fills its queue while the
@@ -92,16 +108,7 @@ pub(crate) async fn drain(backend: &Backend, n: usize) -> Result<Row> {
             );
             let measured = paired(db, limit, n, 4, "W3 drain", async |range, bar| {
                 *progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar.clone());
-                queue.pause(QUEUE).await?;
-                for chunk in range.clone().collect::<Vec<_>>().chunks(1000) {
-                    let reqs = chunk
-                        .iter()
-                        .map(|&i| EnqueueRequest::new(NOOP).payload(json!({ "i": i })))
-                        .collect();
-                    for r in queue.enqueue_many(reqs, BatchOptions::default()).await? {
-                        r?;
-                    }
-                }
+                fill_paused(&queue, range.clone()).await?;
                 goal.store(handled.load(Ordering::Relaxed) + range.len(), Ordering::Relaxed);
                 let start = Instant::now();
                 queue.resume(QUEUE).await?;
