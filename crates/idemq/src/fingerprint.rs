@@ -469,6 +469,12 @@ mod tests {
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
         assert_eq!(got, expected.to_vec());
+        // The packed form is the same digests in the order of FIELDS, which
+        // is the order of the names (what `idemq.fp_pack` writes).
+        let names: Vec<&str> = expected.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, FIELDS.to_vec());
+        let packed: String = expected.iter().map(|(_, h)| *h).collect();
+        assert_eq!(hex(&p.fingerprint.packed()), packed);
     }
 
     #[test]

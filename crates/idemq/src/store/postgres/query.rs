@@ -123,7 +123,8 @@ pub(super) async fn job_list(pool: Db<'_>, p: &JobList) -> Result<JobPage> {
     // Sent unprepared, so it is planned with its values: a filter left out
     // (`$n IS NULL`) folds away, and the planner sees which index returns
     // the page in order (0008_big_tables.sql). A prepared statement's one
-    // plan for every combination walked the whole table for a rare queue.
+    // plan for every combination walked the whole table for a rare state
+    // or tag.
     // The tag is matched with `@>` (what the tags index answers) on a
     // non-empty array (its predicate).
     let sql = format!(
