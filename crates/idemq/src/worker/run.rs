@@ -25,6 +25,22 @@ use crate::store::Wakeups;
 /// backlog is being worked off.
 const CLAIM_WINDOW: Duration = Duration::from_millis(5);
 
+/// Claims in flight at once while a backlog lasts, each for a share of the
+/// slots: the database works on one while this process runs the jobs of
+/// the other.
+const IN_FLIGHT: usize = 2;
+
+/// A `complete_and_claim` call that ended: the completions it carried, the
+/// slots its claim asked for, and what the store answered.
+struct Call {
+    done: Vec<Entry>,
+    asked: usize,
+    outcome: Result<Answer>,
+}
+
+/// What `complete_and_claim` answers: each completion's result, then the claim's.
+type Answer = (Vec<Result<()>>, Result<Vec<ClaimedJob>>);
+
 /// Why a supervisor must stop its handler early.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stop {
@@ -118,6 +134,12 @@ pub(super) async fn run(
         Ended::Lost => report.lost += 1,
     };
     tokio::pin!(shutdown);
+    // Store calls in flight, and the slots each one's claim asked for.
+    let mut calls: JoinSet<Call> = JoinSet::new();
+    let mut asked_by: HashMap<tokio::task::Id, usize> = HashMap::new();
+    // Calls that ended while the loop waited, not yet taken in.
+    let mut arrived: Vec<std::result::Result<(tokio::task::Id, Call), tokio::task::JoinError>> =
+        Vec::new();
     // Whether the last claim took all it asked for: more work is waiting.
     let mut backlog = false;
     // Since when fewer slots than a batch have been free.
@@ -126,42 +148,35 @@ pub(super) async fn run(
     let mut retry = Backoff::new(w.poll_interval);
     // A claim refused for good ends the run (after the running handlers).
     let mut fatal: Option<Error> = None;
+    // Shutdown (or a fatal refusal) came: no more calls; the ones in flight
+    // are taken in (their jobs run in the grace period) before the loop ends.
+    let mut stopping = false;
+    // The last claim came back short and nothing has happened since.
+    let mut idle = false;
     loop {
         while let Some(done) = tasks.try_join_next() {
             count(&mut report, done.unwrap_or(Ended::Failed));
         }
-        let free = w.concurrency.saturating_sub(tasks.len());
-        // With a backlog, claim in batches of at least half the concurrency:
-        // a claim costs about as much for one job as for a dozen, so claiming
-        // each freed slot on its own would spend the database on claims.
-        // Without one, any free slot claims at once (a new job starts
-        // without delay). Completions ride along with the claim.
-        // Slots (or completions) that wait for CLAIM_WINDOW are served
-        // however few they are, so long-running handlers never hold the
-        // rest back and a completion is recorded within the window.
-        let wanted = if backlog {
-            (w.concurrency / 2).max(1)
-        } else {
-            1
-        };
-        let waiting = free > 0 || !pending.is_empty();
-        if !waiting {
-            free_since = None;
-        } else if free < wanted && free_since.is_none() {
-            free_since = Some(tokio::time::Instant::now());
+        while let Some(done) = calls.try_join_next_with_id() {
+            arrived.push(done);
         }
-        let window_over = free_since.is_some_and(|t| t.elapsed() >= CLAIM_WINDOW);
         let mut full = false;
-        if waiting && (free >= wanted || window_over) && retry.ready() {
-            free_since = None;
-            let options = claim_options(
-                u32::try_from(free)
-                    .unwrap_or(MAX_CLAIM_LIMIT)
-                    .min(MAX_CLAIM_LIMIT),
-            );
-            let done = pending.take();
-            let completions = done.iter().map(|e| e.completion.clone()).collect();
-            match w.queue.complete_and_claim(completions, options).await {
+        for done in arrived.drain(..) {
+            let call = match done {
+                Ok((id, call)) => {
+                    asked_by.remove(&id);
+                    call
+                }
+                // The call's task panicked: its claim's slots are free again;
+                // the completions it carried are not recorded (those jobs
+                // run again once their leases expire).
+                Err(e) => {
+                    tracing::error!(error = %e, "a claim call ended without an answer");
+                    asked_by.remove(&e.id());
+                    continue;
+                }
+            };
+            match call.outcome {
                 Ok((recorded, claimed)) => {
                     retry.succeeded();
                     for r in recorded {
@@ -171,79 +186,120 @@ pub(super) async fn run(
                         }
                     }
                     let jobs = claimed.unwrap_or_default();
-                    full = free > 0 && jobs.len() == free;
-                    backlog = full;
+                    // A call that only carried completions says nothing
+                    // of the backlog.
+                    if call.asked > 0 {
+                        let took_all = jobs.len() == call.asked;
+                        full |= took_all;
+                        backlog = took_all;
+                        // Short of what it asked: claim again only when
+                        // something changes (a slot frees, a wake-up, the
+                        // poll interval, the window).
+                        idle |= !took_all;
+                    }
                     for job in jobs {
-                        let Some(handler) = w.registry.get(&job.job_type) else {
-                            continue;
-                        };
-                        let (cancel, cancel_rx) = watch::channel(false);
-                        let (stop, stop_rx) = watch::channel(Stop::Running);
-                        let completed_in_tx = Arc::new(AtomicBool::new(false));
-                        lock(&slots).insert(
-                            job.id.clone(),
-                            Slot {
-                                token: job.lease_token.clone(),
-                                cancel,
-                                stop,
-                                completed_in_tx: completed_in_tx.clone(),
-                            },
-                        );
-                        let (queue, slots, lease) = (w.queue.clone(), slots.clone(), w.lease);
-                        let pending = pending.clone();
-                        tasks.spawn(async move {
-                            let id = job.id.clone();
-                            let control = Control {
-                                cancel_rx,
-                                stop_rx,
-                                completed_in_tx,
-                            };
-                            let ended =
-                                supervise(queue, &pending, job, handler, lease, control).await;
-                            lock(&slots).remove(&id);
-                            ended
-                        });
+                        start(&w, &slots, &pending, &mut tasks, job);
                     }
                 }
                 // The backend is down or busy: keep the completions (while
                 // their leases last) and retry with backoff.
                 Err(e) if e.is_retryable() => {
                     retry.failed(&e);
-                    report.lost += pending.put_back(done);
+                    report.lost += pending.put_back(call.done);
                     backlog = false;
                 }
                 // One completion the store cannot take refuses the whole
                 // call: record them one by one, then claim again.
-                Err(e) if !done.is_empty() => {
+                Err(e) if !call.done.is_empty() => {
                     tracing::debug!(error = %e, "a completion batch was refused; recording one by one");
-                    one_by_one(&w.queue, done, &mut report).await;
+                    one_by_one(&w.queue, call.done, &mut report).await;
                     backlog = false;
                 }
                 // A claim refused for good: nothing this worker does will
                 // change the answer.
                 Err(e) => {
-                    tracing::error!(error = %e, "the store refused this worker's claim; stopping");
-                    fatal = Some(e);
-                    break;
+                    if fatal.is_none() {
+                        tracing::error!(error = %e, "the store refused this worker's claim; stopping");
+                        fatal = Some(e);
+                    }
+                    stopping = true;
                 }
             }
+        }
+        if stopping && calls.is_empty() {
+            break;
+        }
+        let free = w
+            .concurrency
+            .saturating_sub(tasks.len())
+            .saturating_sub(asked_by.values().sum());
+        // With a backlog, claim in batches: a claim costs about as much for
+        // one job as for a dozen, so claiming each freed slot on its own
+        // would spend the database on claims. IN_FLIGHT calls of a share of
+        // the slots each go out at once, so the database works on the next
+        // batch while this process starts and finishes the last one.
+        // Without a backlog, any free slot claims at once (a new job starts
+        // without delay), one call at a time. Completions ride along with
+        // the claim. Slots (or completions) that wait for CLAIM_WINDOW are
+        // served however few they are, so long-running handlers never hold
+        // the rest back and a completion is recorded within the window.
+        let (wanted, most, max_calls) = if backlog {
+            let share = w.concurrency.div_ceil(IN_FLIGHT);
+            (share, share, IN_FLIGHT)
+        } else {
+            (1, w.concurrency, 1)
+        };
+        let waiting = free > 0 || !pending.is_empty();
+        if !waiting {
+            free_since = None;
+        } else if free < wanted && free_since.is_none() {
+            free_since = Some(tokio::time::Instant::now());
+        }
+        let window_over = free_since.is_some_and(|t| t.elapsed() >= CLAIM_WINDOW);
+        if !stopping
+            && !idle
+            && calls.len() < max_calls
+            && waiting
+            && (free >= wanted || window_over)
+            && retry.ready()
+        {
+            free_since = None;
+            let asked = free.min(most).min(MAX_CLAIM_LIMIT as usize);
+            let options = claim_options(u32::try_from(asked).unwrap_or(MAX_CLAIM_LIMIT));
+            let done = pending.take();
+            let completions = done.iter().map(|e| e.completion.clone()).collect();
+            let queue = w.queue.clone();
+            let call = calls.spawn(async move {
+                let outcome = queue.complete_and_claim(completions, options).await;
+                Call {
+                    done,
+                    asked,
+                    outcome,
+                }
+            });
+            asked_by.insert(call.id(), asked);
+            // Another call may go out at once.
+            continue;
         }
         if full {
             continue;
         }
+        // Whatever ends the wait below may have made a claim worth making.
+        idle = false;
         tokio::select! {
-            () = &mut shutdown => break,
+            () = &mut shutdown, if !stopping => stopping = true,
             () = retry.wait(), if !retry.ready() => {}
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
                 count(&mut report, done.unwrap_or(Ended::Failed));
             }
-            _ = wait(&mut wakeups, w.poll_interval) => {}
+            Some(done) = calls.join_next_with_id(), if !calls.is_empty() => arrived.push(done),
+            _ = wait(&mut wakeups, w.poll_interval), if !stopping => {}
             () = async {
                 match free_since {
                     Some(t) => tokio::time::sleep_until(t + CLAIM_WINDOW).await,
                     None => std::future::pending().await,
                 }
-            } => {}
+            }, if !stopping => {}
         }
     }
 
@@ -283,6 +339,44 @@ pub(super) async fn run(
         Some(e) => Err(e),
         None => Ok(report),
     }
+}
+
+/// Starts one claimed attempt under its supervisor.
+fn start(
+    w: &Worker,
+    slots: &Slots,
+    pending: &Arc<Pending>,
+    tasks: &mut JoinSet<Ended>,
+    job: ClaimedJob,
+) {
+    let Some(handler) = w.registry.get(&job.job_type) else {
+        return;
+    };
+    let (cancel, cancel_rx) = watch::channel(false);
+    let (stop, stop_rx) = watch::channel(Stop::Running);
+    let completed_in_tx = Arc::new(AtomicBool::new(false));
+    lock(slots).insert(
+        job.id.clone(),
+        Slot {
+            token: job.lease_token.clone(),
+            cancel,
+            stop,
+            completed_in_tx: completed_in_tx.clone(),
+        },
+    );
+    let (queue, slots, lease) = (w.queue.clone(), slots.clone(), w.lease);
+    let pending = pending.clone();
+    tasks.spawn(async move {
+        let id = job.id.clone();
+        let control = Control {
+            cancel_rx,
+            stop_rx,
+            completed_in_tx,
+        };
+        let ended = supervise(queue, &pending, job, handler, lease, control).await;
+        lock(&slots).remove(&id);
+        ended
+    });
 }
 
 /// Exponential backoff after failed store calls: from 50 ms, doubling, up to
