@@ -361,6 +361,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// `sqlite`, `postgres`, …
     fn backend(&self) -> &'static str;
 
+    /// How many claim calls a worker keeps in flight while a backlog
+    /// lasts. More than one only where the backend runs calls side by side:
+    /// SQLite has one writer, so a second call would only wait for it.
+    fn claims_in_flight(&self) -> usize {
+        1
+    }
+
     /// The SQLite store, for the operations that run on a caller's own
     /// connection to its file (`None` on other backends).
     fn as_sqlite(&self) -> Option<&sqlite::SqliteStore> {

@@ -25,11 +25,6 @@ use crate::store::Wakeups;
 /// backlog is being worked off.
 const CLAIM_WINDOW: Duration = Duration::from_millis(5);
 
-/// Claims in flight at once while a backlog lasts, each for a share of the
-/// slots: the database works on one while this process runs the jobs of
-/// the other.
-const IN_FLIGHT: usize = 2;
-
 /// A `complete_and_claim` call that ended: the completions it carried, the
 /// slots its claim asked for, and what the store answered.
 struct Call {
@@ -137,6 +132,7 @@ pub(super) async fn run(
     // Store calls in flight, and the slots each one's claim asked for.
     let mut calls: JoinSet<Call> = JoinSet::new();
     let mut asked_by: HashMap<tokio::task::Id, usize> = HashMap::new();
+    let in_flight = w.queue.store().claims_in_flight().max(1);
     // Calls that ended while the loop waited, not yet taken in.
     let mut arrived: Vec<std::result::Result<(tokio::task::Id, Call), tokio::task::JoinError>> =
         Vec::new();
@@ -235,17 +231,18 @@ pub(super) async fn run(
             .saturating_sub(asked_by.values().sum());
         // With a backlog, claim in batches: a claim costs about as much for
         // one job as for a dozen, so claiming each freed slot on its own
-        // would spend the database on claims. IN_FLIGHT calls of a share of
-        // the slots each go out at once, so the database works on the next
-        // batch while this process starts and finishes the last one.
+        // would spend the database on claims. Where the store runs calls
+        // side by side, `in_flight` calls of a share of the slots each go
+        // out at once, so the database works on the next batch while this
+        // process starts and finishes the last one.
         // Without a backlog, any free slot claims at once (a new job starts
         // without delay), one call at a time. Completions ride along with
         // the claim. Slots (or completions) that wait for CLAIM_WINDOW are
         // served however few they are, so long-running handlers never hold
         // the rest back and a completion is recorded within the window.
         let (wanted, most, max_calls) = if backlog {
-            let share = w.concurrency.div_ceil(IN_FLIGHT);
-            (share, share, IN_FLIGHT)
+            let share = w.concurrency.div_ceil(in_flight);
+            (share, share, in_flight)
         } else {
             (1, w.concurrency, 1)
         };

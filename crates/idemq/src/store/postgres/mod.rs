@@ -294,6 +294,12 @@ impl Store for PgStore {
         "postgres"
     }
 
+    /// Two: the database works on one claim while the worker runs the jobs
+    /// of the other (W3 in docs/benchmarks.md).
+    fn claims_in_flight(&self) -> usize {
+        2
+    }
+
     async fn wakeups(&self) -> Result<Wakeups> {
         let mut listener = match (&self.net.wakeup, self.net.bouncer) {
             (Some(url), _) => sqlx::postgres::PgListener::connect(url).await,
