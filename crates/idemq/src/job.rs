@@ -10,6 +10,7 @@ use crate::request::{DedupeMode, RetryPolicy};
 /// The state of a job (docs/state-machine.md). `Scheduled` and `Ready` are one stored state;
 /// which one a job is in is derived from the clock: ready iff `run_at <= now`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     /// Waiting, not yet due.
@@ -68,6 +69,7 @@ impl std::fmt::Display for JobState {
 
 /// Why a `replace` request could not land (docs/dedupe.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum NonReplaceableReason {
     /// A live binding of another mode holds the key.
@@ -163,6 +165,7 @@ impl Serialize for EnqueueResult {
 
 /// The idempotency key a job was accepted under, as it may be shown.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobIdempotency {
     /// The key's scope.
     pub scope: String,
@@ -176,6 +179,7 @@ pub struct JobIdempotency {
 
 /// The job's own dedupe key and whether it still holds the binding.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobDedupe {
     /// The dedupe key (scoped per job type).
     pub key: String,
@@ -189,6 +193,7 @@ pub struct JobDedupe {
 
 /// A job record as queries return it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Job {
     /// The job id.
     pub id: String,
@@ -220,6 +225,7 @@ pub struct Job {
     /// When it turned terminal.
     pub finished_at: Option<DateTime<Utc>>,
     /// The backoff policy.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::Retry))]
     pub retry: RetryPolicy,
     /// Execution timeout of one attempt, in milliseconds.
     pub timeout_ms: i64,
@@ -245,6 +251,7 @@ pub struct Job {
 
 /// One entry of a job's event log.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Event {
     /// Global order.
     pub seq: i64,
@@ -260,6 +267,7 @@ pub struct Event {
 
 /// One attempt in a job's run ledger.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Run {
     /// The attempt number (claim count).
     pub attempt: i32,
@@ -278,6 +286,7 @@ pub struct Run {
 
 /// A job handed to a worker by a claim.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClaimedJob {
     /// The job id.
     pub id: String,
@@ -306,6 +315,7 @@ pub struct ClaimedJob {
 
 /// The answer to a heartbeat.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Heartbeat {
     /// The renewed lease expiry.
     pub lease_expires_at: DateTime<Utc>,
@@ -315,6 +325,7 @@ pub struct Heartbeat {
 
 /// The answer to a `fail`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FailOutcome {
     /// `scheduled` (a retry or snooze), `dead` or `cancelled`.
     pub state: JobState,
@@ -324,6 +335,8 @@ pub struct FailOutcome {
 
 /// The answer to a `cancel`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = Cancelled))]
 pub struct CancelOutcome {
     /// True when the job turned cancelled, or an active job was flagged.
     pub cancelled: bool,
@@ -333,6 +346,7 @@ pub struct CancelOutcome {
 
 /// A queue with its counts by state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QueueInfo {
     /// The queue name.
     pub name: String,
@@ -348,6 +362,7 @@ pub struct QueueInfo {
 
 /// Jobs per state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StateCounts {
     /// Waiting, not due.
     pub scheduled: u64,

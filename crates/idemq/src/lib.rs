@@ -46,6 +46,8 @@ pub mod dedupe;
 mod error;
 pub mod fingerprint;
 mod job;
+#[cfg(feature = "openapi")]
+pub mod openapi;
 mod queue;
 pub mod request;
 pub mod retry;

@@ -105,7 +105,7 @@ pub struct ClaimOptions {
     pub queues: Vec<String>,
     /// Job types to claim; `None` for any.
     pub types: Option<Vec<String>>,
-    /// The worker's name (1–128 bytes).
+    /// The worker's name (1–128 characters).
     pub worker: String,
     /// At most this many jobs (1–1000).
     pub limit: u32,
@@ -576,15 +576,18 @@ impl Queue {
 
     /// A page of jobs, newest first.
     pub async fn list(&self, filter: JobList) -> Result<JobPage> {
-        if !(1..=1000).contains(&filter.limit) {
-            return Err(Error::validation("limit", "must be 1–1000"));
+        if !(1..=bounds::MAX_PAGE_LIMIT).contains(&filter.limit) {
+            return Err(Error::validation(
+                "limit",
+                format!("must be 1–{}", bounds::MAX_PAGE_LIMIT),
+            ));
         }
         // A cursor is what a previous page returned; anything else is refused
         // rather than silently restarting from the first page.
         if filter
             .cursor
             .as_deref()
-            .is_some_and(|c| c.parse::<u64>().is_err())
+            .is_some_and(|c| !crate::store::is_cursor(c))
         {
             return Err(Error::validation(
                 "cursor",
@@ -1024,9 +1027,7 @@ impl Queue {
         name: &str,
         value: &Value,
     ) -> Result<bool> {
-        if name.is_empty() || name.len() > 255 || name.contains('\0') {
-            return Err(Error::validation("name", "must be 1–255 bytes"));
-        }
+        crate::request::check_checkpoint_name("name", name)?;
         let value = encode_json("value", value, self.payload_limit)?;
         Self::lease_text(job_id, lease_token)?;
         self.store

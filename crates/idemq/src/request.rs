@@ -57,13 +57,14 @@ pub mod bounds {
     pub const MAX_QUEUE_BYTES: usize = 64;
     /// Longest explicit job id in bytes.
     pub const MAX_JOB_ID_BYTES: usize = 128;
-    /// Longest idempotency key, dedupe key, concurrency key and checkpoint name in bytes.
+    /// Longest idempotency key, dedupe key, concurrency key and checkpoint name,
+    /// in characters (free text: a character may take up to 4 bytes).
     pub const MAX_KEY_BYTES: usize = 255;
     /// Longest idempotency scope in bytes.
     pub const MAX_SCOPE_BYTES: usize = 64;
-    /// Longest tag in bytes.
+    /// Longest tag, in characters.
     pub const MAX_TAG_BYTES: usize = 64;
-    /// Longest worker name in bytes.
+    /// Longest worker name, in characters.
     pub const MAX_WORKER_BYTES: usize = 128;
     /// Most jobs one claim hands out.
     pub const MAX_CLAIM_LIMIT: u32 = 1000;
@@ -75,10 +76,17 @@ pub mod bounds {
     pub const MAX_ATTEMPTS: i64 = 1000;
     /// Shortest idempotency retention (1 s).
     pub const MIN_IDEMPOTENCY_TTL_MS: i64 = 1000;
+    /// Smallest growth factor of an exponential backoff.
+    pub const MIN_RETRY_FACTOR: f64 = 1.0;
+    /// Largest growth factor of an exponential backoff.
+    pub const MAX_RETRY_FACTOR: f64 = 1000.0;
+    /// Largest page of a job list.
+    pub const MAX_PAGE_LIMIT: u32 = 1000;
 }
 
 /// The backoff between failed attempts.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum RetryPolicy {
     /// `initial × factor^(n-1)`, capped at `max`; with full jitter a delay is
@@ -86,20 +94,26 @@ pub enum RetryPolicy {
     Exponential {
         /// First delay in milliseconds.
         #[serde(default = "d_initial", deserialize_with = "null_initial")]
+        #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::PositiveMs>))]
         initial_ms: i64,
         /// Growth factor (≥ 1).
         #[serde(default = "d_factor", deserialize_with = "null_factor")]
+        #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::RetryFactor>))]
         factor: f64,
         /// Largest delay in milliseconds.
         #[serde(default = "d_max", deserialize_with = "null_max")]
+        #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::PositiveMs>))]
         max_ms: i64,
         /// Full jitter.
         #[serde(default = "d_jitter", deserialize_with = "null_jitter")]
+        #[cfg_attr(feature = "openapi", schema(value_type = Option<bool>))]
         jitter: bool,
     },
     /// The same delay after every failure.
     Fixed {
         /// The delay in milliseconds.
+        #[serde(deserialize_with = "crate::wire::int")]
+        #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::PositiveMs))]
         delay_ms: i64,
     },
     /// No retries: the first failure is final.
@@ -121,17 +135,17 @@ fn d_jitter() -> bool {
 
 /// `null` for an exponential policy's member is its default, as when omitted.
 macro_rules! null_is {
-    ($($name:ident: $ty:ty = $default:ident),* $(,)?) => {$(
+    ($($name:ident: $ty:ty = $default:ident via $read:path),* $(,)?) => {$(
         fn $name<'de, D: Deserializer<'de>>(d: D) -> Result<$ty, D::Error> {
-            Ok(Option::<$ty>::deserialize(d)?.unwrap_or_else($default))
+            Ok($read(d)?.unwrap_or_else($default))
         }
     )*};
 }
 null_is!(
-    null_initial: i64 = d_initial,
-    null_factor: f64 = d_factor,
-    null_max: i64 = d_max,
-    null_jitter: bool = d_jitter,
+    null_initial: i64 = d_initial via crate::wire::opt_int,
+    null_factor: f64 = d_factor via Option::<f64>::deserialize,
+    null_max: i64 = d_max via crate::wire::opt_int,
+    null_jitter: bool = d_jitter via Option::<bool>::deserialize,
 );
 
 impl Default for RetryPolicy {
@@ -147,15 +161,20 @@ impl Default for RetryPolicy {
 
 /// `idempotency: { key, scope?, ttl? }` (docs/idempotency.md).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = Idempotency))]
 #[serde(deny_unknown_fields)]
 pub struct IdempotencyOptions {
-    /// The caller's stable id of the business operation (1–255 bytes).
+    /// The caller's stable id of the business operation (1–255 characters).
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::Key))]
     pub key: String,
     /// Namespace of keys; `default` when omitted.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::EnqueueScope>))]
     pub scope: Option<String>,
     /// Retention window in milliseconds (1 s – 30 d); 24 h when omitted.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_int")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::IdempotencyTtlMs>))]
     pub ttl_ms: Option<i64>,
 }
 
@@ -173,16 +192,24 @@ impl std::fmt::Debug for IdempotencyOptions {
 /// `dedupe: { key, ttl?, extend?, replace?, max_wait? }` (docs/dedupe.md). A bare
 /// string deserializes as `{ key }`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+// For the schema: the object form refuses unknown members (see `Full` below).
+#[serde(deny_unknown_fields)]
 pub struct DedupeOptions {
-    /// The dedupe key, scoped per job type (1–255 bytes).
+    /// The dedupe key, scoped per job type (1–255 characters).
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::Key))]
     pub key: String,
     /// Window in milliseconds (1 ms – 30 d).
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::WindowMs>))]
     pub ttl_ms: Option<i64>,
     /// Debounce: every dropped enqueue pushes the window out again.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<bool>, required = false))]
     pub extend: bool,
     /// Replace: latest wins while the keyed job is waiting and not due.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<bool>, required = false))]
     pub replace: bool,
     /// Debounce and replace: cap on the window (and on `run_at`) from first acceptance.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::WindowMs>))]
     pub max_wait_ms: Option<i64>,
 }
 
@@ -192,13 +219,13 @@ impl<'de> Deserialize<'de> for DedupeOptions {
         #[serde(deny_unknown_fields)]
         struct Full {
             key: String,
-            #[serde(default)]
+            #[serde(default, deserialize_with = "crate::wire::opt_int")]
             ttl_ms: Option<i64>,
             #[serde(default)]
             extend: Option<bool>,
             #[serde(default)]
             replace: Option<bool>,
-            #[serde(default)]
+            #[serde(default, deserialize_with = "crate::wire::opt_int")]
             max_wait_ms: Option<i64>,
         }
         // A string or an object, told apart by the visitor rather than an
@@ -235,6 +262,7 @@ impl<'de> Deserialize<'de> for DedupeOptions {
 
 /// The mode a dedupe request selects (docs/dedupe.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum DedupeMode {
     /// `{ key }`: dedupe while the keyed job is pending.
@@ -270,55 +298,69 @@ impl DedupeMode {
 /// [`EnqueueRequest::new`] and the chained setters, or deserialize it from the
 /// API's JSON body.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct EnqueueRequest {
     /// The job type (1–128 bytes of `[A-Za-z0-9._:-]`).
     #[serde(rename = "type")]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::JobType))]
     pub job_type: String,
     /// Any JSON value; `null` when omitted.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::JsonValue))]
     pub payload: Value,
     /// The queue; `default` when omitted.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::QueueName>))]
     pub queue: Option<String>,
     /// An explicit job id; a UUIDv7 is generated when omitted.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::JobId>))]
     pub job_id: Option<String>,
     /// Higher runs first among due jobs (an i16); 0 when omitted.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_int")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::Priority>))]
     pub priority: Option<i64>,
     /// Absolute time the job becomes due.
     #[serde(default)]
     pub run_at: Option<DateTime<Utc>>,
     /// Relative delay before the job becomes due, in milliseconds.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_int")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::DurationMs>))]
     pub delay_ms: Option<i64>,
     /// Attempt budget (1–1000); 10 when omitted.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_int")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::MaxAttempts>))]
     pub max_attempts: Option<i64>,
     /// Backoff policy; exponential 1 s ×2, max 1 h, full jitter when omitted.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_object")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::Retry>))]
     pub retry: Option<RetryPolicy>,
     /// Execution timeout of one attempt (1 ms – 24 h); 30 min when omitted.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_int")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::TimeoutMs>))]
     pub timeout_ms: Option<i64>,
     /// The job must not start or go on after this instant.
     #[serde(default)]
     pub deadline: Option<DateTime<Utc>>,
     /// At most one active job per key at a time.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::Key>))]
     pub concurrency_key: Option<String>,
-    /// Labels for operators (≤ 16 distinct, 1–64 bytes each).
+    /// Labels for operators (≤ 16 distinct, 1–64 characters each).
     #[serde(default, deserialize_with = "crate::wire::null_as_default")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::Tags>))]
     pub tags: Vec<String>,
     /// Retention after the job turns terminal, in milliseconds.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_int")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::DurationMs>))]
     pub keep_ms: Option<i64>,
     /// Idempotent acceptance (docs/idempotency.md).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_object")]
     pub idempotency: Option<IdempotencyOptions>,
     /// Rate policy (docs/dedupe.md).
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::Dedupe>))]
     pub dedupe: Option<DedupeOptions>,
 }
 
@@ -561,14 +603,19 @@ pub fn check_scope(field: &str, v: &str) -> Result<()> {
     check_name(field, v, bounds::MAX_SCOPE_BYTES, "")
 }
 
-/// A dedupe key: 1–[`bounds::MAX_KEY_BYTES`] bytes, no U+0000.
+/// A dedupe key: 1–[`bounds::MAX_KEY_BYTES`] characters, no U+0000.
 pub fn check_dedupe_key(field: &str, v: &str) -> Result<()> {
     check_text(field, v, bounds::MAX_KEY_BYTES)
 }
 
-/// A worker name: 1–[`bounds::MAX_WORKER_BYTES`] bytes, no U+0000.
+/// A worker name: 1–[`bounds::MAX_WORKER_BYTES`] characters, no U+0000.
 pub fn check_worker_name(field: &str, v: &str) -> Result<()> {
     check_text(field, v, bounds::MAX_WORKER_BYTES)
+}
+
+/// A checkpoint (step) name: 1–[`bounds::MAX_KEY_BYTES`] characters, no U+0000.
+pub fn check_checkpoint_name(field: &str, v: &str) -> Result<()> {
+    check_text(field, v, bounds::MAX_KEY_BYTES)
 }
 
 fn check_name(field: &str, v: &str, max: usize, extra: &str) -> Result<()> {
@@ -586,9 +633,14 @@ fn check_name(field: &str, v: &str, max: usize, extra: &str) -> Result<()> {
     }
 }
 
+/// Free text: 1–`max` characters (Unicode scalar values, as JSON Schema's
+/// `maxLength` counts them), no U+0000.
 fn check_text(field: &str, v: &str, max: usize) -> Result<()> {
-    if v.is_empty() || v.len() > max {
-        return Err(Error::validation(field, format!("must be 1–{max} bytes")));
+    if v.is_empty() || v.chars().count() > max {
+        return Err(Error::validation(
+            field,
+            format!("must be 1–{max} characters"),
+        ));
     }
     if v.contains('\0') {
         return Err(Error::validation(field, "must not contain U+0000"));
@@ -664,10 +716,16 @@ fn validate_retry(p: &RetryPolicy) -> Result<()> {
                 "a positive duration",
             )?;
             check_ms("retry.max_ms", max_ms, 1, max, "a positive duration")?;
-            if !(factor.is_finite() && (1.0..=1000.0).contains(&factor)) {
+            if !(factor.is_finite()
+                && (bounds::MIN_RETRY_FACTOR..=bounds::MAX_RETRY_FACTOR).contains(&factor))
+            {
                 return Err(Error::validation(
                     "retry.factor",
-                    "must be a number from 1 to 1000",
+                    format!(
+                        "must be a number from {} to {}",
+                        bounds::MIN_RETRY_FACTOR,
+                        bounds::MAX_RETRY_FACTOR
+                    ),
                 ));
             }
         }
@@ -733,10 +791,10 @@ pub(crate) fn prepare_key(
     ttl_ms: i64,
     hasher: &KeyHasher,
 ) -> Result<PreparedKey> {
-    if key.is_empty() || key.len() > bounds::MAX_KEY_BYTES {
+    if key.is_empty() || key.chars().count() > bounds::MAX_KEY_BYTES {
         return Err(Error::validation(
             format!("{field}.key"),
-            format!("must be 1–{} bytes of UTF-8", bounds::MAX_KEY_BYTES),
+            format!("must be 1–{} characters", bounds::MAX_KEY_BYTES),
         ));
     }
     // Its preview is stored as text, which PostgreSQL cannot hold with U+0000.

@@ -41,8 +41,12 @@ pub const TICK_KEY_TTL_MS: i64 = 24 * 3600 * 1000;
 pub const MAX_MISFIRE_GRACE: Duration = Duration::from_secs(60);
 /// Shortest interval (1 s): tick keys have seconds precision.
 pub const MIN_EVERY_MS: i64 = 1000;
-/// Longest cron expression in bytes.
-const MAX_CRON_BYTES: usize = 255;
+/// Longest cron expression (ASCII in any expression that parses).
+pub const MAX_CRON_BYTES: usize = 255;
+/// The members of an enqueue request a schedule's job template may not carry.
+pub const TEMPLATE_REFUSES: &[&str] = &["idempotency", "job_id", "run_at", "deadline"];
+/// Longest schedule name (of ASCII name characters).
+pub const MAX_NAME_BYTES: usize = 128;
 /// Longest time zone name in bytes.
 const MAX_ZONE_BYTES: usize = 64;
 /// Matches a search may step over before it gives up: an hour of
@@ -323,7 +327,7 @@ pub fn tick_key(name: &str, tick: DateTime<Utc>) -> String {
 /// Validates a schedule name: 1–128 bytes of `[A-Za-z0-9._:-]`.
 pub fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
-        && name.len() <= 128
+        && name.len() <= MAX_NAME_BYTES
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
@@ -341,22 +345,29 @@ pub fn check_name(name: &str) -> Result<()> {
 /// expression or an interval, and the job each tick enqueues. The same shape
 /// as the HTTP API's `PUT /v1/schedules/{name}` body.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleDefinition {
     /// A cron expression of six fields, seconds first (`0 */5 * * * *`).
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::CronExpression>))]
     pub cron: Option<String>,
     /// A fixed interval in milliseconds (≥ 1 s), anchored at the schedule's creation.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::opt_int")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::EveryMs>))]
     pub every_ms: Option<i64>,
     /// The IANA time zone of a cron expression; `UTC` when omitted.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::TimeZone>))]
     pub timezone: Option<String>,
     /// The job every tick enqueues. It may not carry its own idempotency
     /// key, `job_id`, `run_at` or `deadline` (use `delay_ms`).
+    #[serde(deserialize_with = "crate::wire::object")]
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ScheduleJob))]
     pub job: EnqueueRequest,
     /// A paused schedule does not fire.
     #[serde(default, deserialize_with = "crate::wire::null_as_default")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<bool>))]
     pub paused: bool,
 }
 
@@ -398,6 +409,7 @@ impl ScheduleDefinition {
 
 /// A stored schedule.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Schedule {
     /// Its name.
     pub name: String,

@@ -13,3 +13,175 @@ where
 {
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
+
+/// An integer member: a JSON number with no fraction part, `10` or `10.0`
+/// (JSON Schema's `integer`), in the range of `T`.
+struct IntVisitor<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: TryFrom<i128>> serde::de::Visitor<'de> for IntVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an integer")
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<T, E> {
+        T::try_from(v.into()).map_err(|_| E::custom(format!("integer {v} is out of range")))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<T, E> {
+        T::try_from(v.into()).map_err(|_| E::custom(format!("integer {v} is out of range")))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<T, E> {
+        // 2^100 is far beyond every bound and exactly representable.
+        if v.is_finite() && v.fract() == 0.0 && v.abs() < 2f64.powi(100) {
+            T::try_from(v as i128).map_err(|_| E::custom(format!("integer {v} is out of range")))
+        } else {
+            Err(E::invalid_type(serde::de::Unexpected::Float(v), &self))
+        }
+    }
+}
+
+/// Reads a required integer member (see [`opt_int`]).
+pub fn int<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<i128>,
+{
+    d.deserialize_any(IntVisitor(std::marker::PhantomData))
+}
+
+/// Reads an optional integer member: `null` or a JSON number with no
+/// fraction part (`10` and `10.0` alike; `10.5` is refused). Use with
+/// `#[serde(default, deserialize_with = …)]`.
+pub fn opt_int<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<i128>,
+{
+    struct Opt<T>(std::marker::PhantomData<T>);
+    impl<'de, T: TryFrom<i128>> serde::de::Visitor<'de> for Opt<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an integer or null")
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Option<T>, E> {
+            Ok(None)
+        }
+        fn visit_some<D2: Deserializer<'de>>(self, d: D2) -> Result<Option<T>, D2::Error> {
+            int(d).map(Some)
+        }
+    }
+    d.deserialize_option(Opt(std::marker::PhantomData))
+}
+
+/// Reads a member that must be a JSON object: serde's derived structs take
+/// an array of their members too, which the API refuses (a `400` naming the
+/// member). Errors inside the object still name their member's path.
+pub fn object<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    d.deserialize_map(ObjectVisitor(std::marker::PhantomData))
+}
+
+/// [`object`] for an optional member (`null` means omitted).
+pub fn opt_object<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<Obj<T>>::deserialize(d).map(|o| o.map(|o| o.0))
+}
+
+/// [`object`] for an optional list of objects (`null` means empty).
+pub fn opt_objects<'de, D, T>(d: D) -> Result<Option<Vec<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<Vec<Obj<T>>>::deserialize(d).map(|o| o.map(|v| v.into_iter().map(|o| o.0).collect()))
+}
+
+/// [`object`] for a required list of objects.
+pub fn objects<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Vec::<Obj<T>>::deserialize(d).map(|v| v.into_iter().map(|o| o.0).collect())
+}
+
+/// A value read by [`object`].
+struct Obj<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        object(d).map(Obj)
+    }
+}
+
+struct ObjectVisitor<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for ObjectVisitor<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    struct Inner {
+        a: i64,
+    }
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    struct Outer {
+        #[serde(default, deserialize_with = "opt_int")]
+        n: Option<u32>,
+        #[serde(default, deserialize_with = "opt_object")]
+        inner: Option<Inner>,
+    }
+
+    fn read(s: &str) -> Result<Outer, serde_json::Error> {
+        serde_json::from_str(s)
+    }
+
+    #[test]
+    fn integers_may_be_written_with_a_zero_fraction() {
+        assert_eq!(read(r#"{"n": 10}"#).unwrap().n, Some(10));
+        assert_eq!(read(r#"{"n": 10.0}"#).unwrap().n, Some(10));
+        assert_eq!(read(r#"{"n": 1e3}"#).unwrap().n, Some(1000));
+        assert_eq!(read(r#"{"n": null}"#).unwrap().n, None);
+        assert!(read(r#"{"n": 10.5}"#).is_err());
+        assert!(read(r#"{"n": -1}"#).is_err());
+        assert!(read(r#"{"n": 1e300}"#).is_err());
+        assert!(read(r#"{"n": "10"}"#).is_err());
+    }
+
+    #[test]
+    fn objects_must_be_objects() {
+        assert_eq!(
+            read(r#"{"inner": {"a": 1}}"#).unwrap().inner,
+            Some(Inner { a: 1 })
+        );
+        assert_eq!(read(r#"{"inner": null}"#).unwrap().inner, None);
+        assert!(read(r#"{"inner": [1]}"#).is_err());
+        // Without the helper serde takes the array form.
+        assert!(serde_json::from_str::<Inner>("[1]").is_ok());
+    }
+}

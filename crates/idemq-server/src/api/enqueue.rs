@@ -6,13 +6,15 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idemq::{BatchOptions, EnqueueRequest, EnqueueResult, Outcome};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{PartialSchema, ToSchema};
 
 use super::ApiState;
 use super::extract::{Json, RawJson, from_value, idempotency_key, parse};
 use super::problem::{ApiResult, Problem};
-use super::schema::{BatchDoc, BatchResultsDoc, EnqueueDoc, EnqueuedDoc, ExplainDoc, ProblemDoc};
 
 /// The body of `POST /v1/jobs/batch`. Items are read one by one so that a
 /// malformed item is that item's error, not the whole batch's.
@@ -22,6 +24,88 @@ pub(crate) struct BatchBody {
     jobs: Vec<Value>,
     #[serde(default, deserialize_with = "idemq::wire::null_as_default")]
     atomic: bool,
+}
+
+impl PartialSchema for BatchBody {
+    /// Two forms, told apart by `atomic`: an atomic batch refuses the whole
+    /// call for one bad item, so its items must be enqueue requests; any
+    /// other batch answers each item on its own (a malformed one is that
+    /// item's `error`), so its items may be any JSON value.
+    fn schema() -> RefOr<Schema> {
+        let form = |atomic: ObjectBuilder, items: RefOr<Schema>, description: &str| {
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .property(
+                    "jobs",
+                    ArrayBuilder::new()
+                        .items(items)
+                        .max_items(Some(idemq::MAX_BATCH_ITEMS))
+                        .description(Some("The requests, decided in order")),
+                )
+                .required("jobs")
+                .property("atomic", atomic)
+                .additional_properties(Some(
+                    utoipa::openapi::schema::AdditionalProperties::FreeForm(false),
+                ))
+                .description(Some(description))
+        };
+        OneOfBuilder::new()
+            .item(form(
+                ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+                        Type::Boolean,
+                        Type::Null,
+                    ]))
+                    .enum_values(Some([Value::Bool(false), Value::Null])),
+                ObjectBuilder::new()
+                    .schema_type(utoipa::openapi::schema::SchemaType::AnyValue)
+                    .into(),
+                "Each item is decided on its own (any value: a malformed item is its own error)",
+            ))
+            .item(
+                form(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Boolean)
+                        .enum_values(Some([true])),
+                    Ref::from_schema_name(EnqueueRequest::name()).into(),
+                    "All or nothing",
+                )
+                .required("atomic"),
+            )
+            .description(Some("At most 1,000 requests and 16 MiB"))
+            .into()
+    }
+}
+
+impl ToSchema for BatchBody {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "BatchRequest".into()
+    }
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((EnqueueRequest::name().into(), EnqueueRequest::schema()));
+        EnqueueRequest::schemas(schemas);
+    }
+}
+
+/// One item of a batch's answer.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(crate) enum BatchItem {
+    /// The item's result.
+    Result(EnqueueResult),
+    /// The item's error.
+    Error {
+        /// The problem document.
+        error: Problem,
+    },
+}
+
+/// A batch's answer.
+#[derive(Serialize, ToSchema)]
+#[schema(as = BatchResults)]
+pub(crate) struct BatchResults {
+    /// One per request, in order.
+    results: Vec<BatchItem>,
 }
 
 /// The request of an enqueue or explain body, with the `Idempotency-Key`
@@ -80,16 +164,16 @@ fn enqueued(result: &EnqueueResult) -> Response {
     path = "/v1/jobs",
     operation_id = "enqueueJob",
     tag = "enqueue",
-    request_body = EnqueueDoc,
-    params(("Idempotency-Key" = Option<String>, Header,
+    request_body = EnqueueRequest,
+    params(("Idempotency-Key" = Option<idemq::openapi::IdempotencyKeyHeader>, Header,
         description = "The same as `idempotency.key`: a structured-field string (`\"k\"`) or a bare token")),
     responses(
-        (status = 201, description = "A new job was accepted", body = EnqueuedDoc),
-        (status = 200, description = "replayed, coalesced, replaced or non_replaceable", body = EnqueuedDoc),
-        (status = 400, description = "Malformed body", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 409, description = "Idempotency conflict", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 413, description = "Payload or body too large", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 201, description = "A new job was accepted", body = EnqueueResult),
+        (status = 200, description = "replayed, coalesced, replaced or non_replaceable", body = EnqueueResult),
+        (status = 400, description = "Malformed body", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Idempotency conflict", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Payload or body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn enqueue(
@@ -119,13 +203,13 @@ pub(crate) async fn enqueue(
     path = "/v1/jobs/batch",
     operation_id = "enqueueBatch",
     tag = "enqueue",
-    request_body = BatchDoc,
+    request_body = BatchBody,
     responses(
-        (status = 200, description = "One result or error per item, in request order", body = BatchResultsDoc),
-        (status = 400, description = "Malformed body (or, atomic, a malformed item: member `index`)", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 409, description = "Atomic: the first failing item's conflict, member `index`", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 413, description = "Over 1,000 items or 16 MiB", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "The Idempotency-Key header was sent, or (atomic) the first failing item's validation, member `index`", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "One result or error per item, in request order", body = BatchResults),
+        (status = 400, description = "Malformed body (or, atomic, a malformed item: member `index`)", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Atomic: the first failing item's conflict, member `index`", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Over 1,000 items or 16 MiB", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The Idempotency-Key header was sent, or (atomic) the first failing item's validation, member `index`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn batch(
@@ -173,7 +257,7 @@ pub(crate) async fn batch(
     }
     .into_iter();
     let took = started.elapsed();
-    let results: Vec<Value> = slots
+    let results: Vec<BatchItem> = slots
         .into_iter()
         .map(|slot| {
             let item = match slot {
@@ -190,13 +274,13 @@ pub(crate) async fn batch(
             match item {
                 Ok(r) => {
                     s.metrics.enqueue(r.outcome.as_str(), Some(took));
-                    json!(r)
+                    BatchItem::Result(r)
                 }
-                Err(p) => json!({ "error": p.to_json() }),
+                Err(p) => BatchItem::Error { error: p },
             }
         })
         .collect();
-    Ok(axum::Json(json!({ "results": results })).into_response())
+    Ok(axum::Json(BatchResults { results }).into_response())
 }
 
 /// An all-or-nothing batch: any failing item fails the call with that item's
@@ -240,17 +324,19 @@ async fn atomic(s: &ApiState, parsed: Vec<Result<EnqueueRequest, Problem>>) -> A
     {
         Ok(results) => {
             let took = started.elapsed();
-            let results: Vec<Value> = results
+            let results: Vec<BatchItem> = results
                 .into_iter()
                 .map(|r| match r {
                     Ok(r) => {
                         s.metrics.enqueue(r.outcome.as_str(), Some(took));
-                        json!(r)
+                        BatchItem::Result(r)
                     }
-                    Err(e) => json!({ "error": Problem::from(e).to_json() }),
+                    Err(e) => BatchItem::Error {
+                        error: Problem::from(e),
+                    },
                 })
                 .collect();
-            Ok(axum::Json(json!({ "results": results })).into_response())
+            Ok(axum::Json(BatchResults { results }).into_response())
         }
         Err(e) => {
             if let idemq::Error::BatchItem { error, .. } = &e {
@@ -267,13 +353,13 @@ async fn atomic(s: &ApiState, parsed: Vec<Result<EnqueueRequest, Problem>>) -> A
     path = "/v1/jobs/explain",
     operation_id = "explainEnqueue",
     tag = "enqueue",
-    request_body = EnqueueDoc,
-    params(("Idempotency-Key" = Option<String>, Header, description = "As for enqueue")),
+    request_body = EnqueueRequest,
+    params(("Idempotency-Key" = Option<idemq::openapi::IdempotencyKeyHeader>, Header, description = "As for enqueue")),
     responses(
-        (status = 200, description = "What an enqueue would do", body = ExplainDoc),
-        (status = 400, description = "Malformed body", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 413, description = "Payload or body too large", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "Validation (as enqueue would answer)", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "What an enqueue would do", body = idemq::Explain),
+        (status = 400, description = "Malformed body", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Payload or body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation (as enqueue would answer)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn explain(

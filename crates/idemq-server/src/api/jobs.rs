@@ -8,16 +8,14 @@ use axum::http::HeaderMap;
 use chrono::{DateTime, Utc};
 use idemq::{JobList, JobState, RedriveOptions};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use super::ApiState;
 use super::extract::{Json, OptionalJson, Path, Query, idempotency_key};
 use super::problem::{ApiResult, Problem};
-use super::schema::{
-    CancelledDoc, CheckpointsDoc, EnqueuedDoc, EventsDoc, JobDoc, JobPageDoc, ProblemDoc,
-    PromotedDoc, PurgedDoc, RunsDoc,
-};
+
+use super::schema::{BulkLimit, WaitMs};
 
 /// Longest `wait_ms` of a long-poll (60 s).
 pub(crate) const MAX_WAIT_MS: u64 = 60_000;
@@ -25,14 +23,47 @@ pub(crate) const MAX_WAIT_MS: u64 = 60_000;
 const DEFAULT_LIST_LIMIT: u32 = 100;
 /// Jobs a bulk action touches without `limit`, and at most.
 const BULK_DEFAULT: u32 = 1000;
-const BULK_MAX: u32 = 10_000;
+pub(crate) const BULK_MAX: u32 = 10_000;
+
+/// A job's events, oldest first.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Events {
+    events: Vec<idemq::Event>,
+}
+
+/// A job's run ledger.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Runs {
+    runs: Vec<idemq::Run>,
+}
+
+/// A job's checkpoints.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Checkpoints {
+    /// Stored values by step name.
+    checkpoints: std::collections::BTreeMap<String, Value>,
+}
+
+/// The answer of a purge.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Purged {
+    /// `false` for an unknown or active job.
+    purged: bool,
+}
+
+/// The answer of a promote.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Promoted {
+    /// `false` when the job is not scheduled.
+    promoted: bool,
+}
 
 /// `?wait_ms=` of `GET /v1/jobs/{id}`.
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct WaitQuery {
     /// Hold the request up to this many milliseconds (≤ 60,000) until the job is terminal.
-    #[param(minimum = 0, maximum = 60000)]
+    #[param(value_type = Option<WaitMs>)]
     wait_ms: Option<u64>,
 }
 
@@ -41,7 +72,7 @@ pub(crate) struct WaitQuery {
 #[into_params(parameter_in = Query)]
 pub(crate) struct ListQuery {
     /// `scheduled`, `ready`, `active`, `completed`, `dead` or `cancelled` (empty: any).
-    #[param(pattern = r"^(|scheduled|ready|active|completed|dead|cancelled)$")]
+    #[param(value_type = Option<StateFilter>)]
     state: Option<String>,
     /// The queue.
     queue: Option<String>,
@@ -51,11 +82,44 @@ pub(crate) struct ListQuery {
     /// A tag.
     tag: Option<String>,
     /// Page size, 1–1000 (100 when omitted).
-    #[param(minimum = 1, maximum = 1000)]
+    #[param(value_type = Option<idemq::openapi::PageLimit>)]
     limit: Option<u32>,
-    /// The `next_cursor` of the previous page.
+    /// The `next_cursor` of the previous page (empty: the first page).
+    #[param(value_type = Option<CursorFilter>)]
     cursor: Option<String>,
 }
+
+/// A state in a query: a job state, or empty for any.
+pub(crate) struct StateFilter;
+
+impl utoipa::PartialSchema for StateFilter {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(
+                std::iter::once("").chain(JobState::ALL.iter().map(|s| s.as_str())),
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for StateFilter {}
+
+/// A cursor in a query: a page's `next_cursor`, or empty for the first page.
+pub(crate) struct CursorFilter;
+
+impl utoipa::PartialSchema for CursorFilter {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let pattern = idemq::store::CURSOR_PATTERN;
+        let body = &pattern[1..pattern.len() - 1];
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some(format!("^(|{body})$")))
+            .into()
+    }
+}
+
+impl ToSchema for CursorFilter {}
 
 /// An empty query value (`?state=`, as an HTML form sends it) means omitted.
 fn given(v: Option<String>) -> Option<String> {
@@ -82,9 +146,9 @@ fn parse_state(field: &str, s: Option<&str>) -> ApiResult<Option<JobState>> {
     tag = "jobs",
     params(("id" = String, Path, description = "The job id"), WaitQuery),
     responses(
-        (status = 200, description = "The job", body = JobDoc),
-        (status = 404, description = "No such job", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "wait_ms over 60,000", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The job", body = idemq::Job),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "wait_ms over 60,000", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn get_job(
@@ -115,8 +179,8 @@ pub(crate) async fn get_job(
     tag = "jobs",
     params(ListQuery),
     responses(
-        (status = 200, description = "A page of jobs", body = JobPageDoc),
-        (status = 422, description = "Unknown state, limit out of 1–1000, or a foreign cursor", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "A page of jobs", body = idemq::JobPage),
+        (status = 422, description = "Unknown state, limit out of 1–1000, or a foreign cursor", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn list(
@@ -150,19 +214,19 @@ async fn must_exist(s: &ApiState, id: &str) -> ApiResult<()> {
     tag = "jobs",
     params(("id" = String, Path, description = "The job id")),
     responses(
-        (status = 200, description = "The events", body = EventsDoc),
-        (status = 404, description = "No such job", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The events", body = Events),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn events(
     State(s): State<ApiState>,
     Path(id): Path<String>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<Events>> {
     let events = s.queue().events(&id).await?;
     if events.is_empty() {
         must_exist(&s, &id).await?;
     }
-    Ok(axum::Json(json!({ "events": events })))
+    Ok(axum::Json(Events { events }))
 }
 
 /// A job's run ledger.
@@ -173,19 +237,19 @@ pub(crate) async fn events(
     tag = "jobs",
     params(("id" = String, Path, description = "The job id")),
     responses(
-        (status = 200, description = "The runs", body = RunsDoc),
-        (status = 404, description = "No such job", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The runs", body = Runs),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn runs(
     State(s): State<ApiState>,
     Path(id): Path<String>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<Runs>> {
     let runs = s.queue().runs(&id).await?;
     if runs.is_empty() {
         must_exist(&s, &id).await?;
     }
-    Ok(axum::Json(json!({ "runs": runs })))
+    Ok(axum::Json(Runs { runs }))
 }
 
 /// A job's checkpoints.
@@ -196,19 +260,19 @@ pub(crate) async fn runs(
     tag = "jobs",
     params(("id" = String, Path, description = "The job id")),
     responses(
-        (status = 200, description = "The checkpoints by name", body = CheckpointsDoc),
-        (status = 404, description = "No such job", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The checkpoints by name", body = Checkpoints),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn checkpoints(
     State(s): State<ApiState>,
     Path(id): Path<String>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<Checkpoints>> {
     let checkpoints = s.queue().checkpoints(&id).await?;
     if checkpoints.is_empty() {
         must_exist(&s, &id).await?;
     }
-    Ok(axum::Json(json!({ "checkpoints": checkpoints })))
+    Ok(axum::Json(Checkpoints { checkpoints }))
 }
 
 /// Cancels a job (an active one at its next heartbeat).
@@ -219,8 +283,8 @@ pub(crate) async fn checkpoints(
     tag = "jobs",
     params(("id" = String, Path, description = "The job id")),
     responses(
-        (status = 200, description = "Whether the job was cancelled (or flagged), and its state", body = CancelledDoc),
-        (status = 404, description = "No such job", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "Whether the job was cancelled (or flagged), and its state", body = idemq::CancelOutcome),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn cancel(
@@ -237,14 +301,14 @@ pub(crate) async fn cancel(
     operation_id = "purgeJob",
     tag = "jobs",
     params(("id" = String, Path, description = "The job id")),
-    responses((status = 200, description = "`false` for an unknown or active job", body = PurgedDoc))
+    responses((status = 200, description = "`false` for an unknown or active job", body = Purged))
 )]
 pub(crate) async fn purge(
     State(s): State<ApiState>,
     Path(id): Path<String>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<Purged>> {
     let purged = s.queue().purge(&id).await?;
-    Ok(axum::Json(json!({ "purged": purged })))
+    Ok(axum::Json(Purged { purged }))
 }
 
 /// Makes a scheduled job due now.
@@ -254,14 +318,14 @@ pub(crate) async fn purge(
     operation_id = "promoteJob",
     tag = "jobs",
     params(("id" = String, Path, description = "The job id")),
-    responses((status = 200, description = "`false` when the job is not scheduled", body = PromotedDoc))
+    responses((status = 200, description = "`false` when the job is not scheduled", body = Promoted))
 )]
 pub(crate) async fn promote(
     State(s): State<ApiState>,
     Path(id): Path<String>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<Promoted>> {
     let promoted = s.queue().promote(&id).await?;
-    Ok(axum::Json(json!({ "promoted": promoted })))
+    Ok(axum::Json(Promoted { promoted }))
 }
 
 /// The optional body of `POST /v1/jobs/{id}/redrive`.
@@ -269,8 +333,8 @@ pub(crate) async fn promote(
 #[serde(deny_unknown_fields)]
 pub(crate) struct RedriveBody {
     /// A new attempt budget (1–1000); the job keeps its own otherwise.
-    #[serde(default)]
-    #[schema(minimum = 1, maximum = 1000)]
+    #[serde(default, deserialize_with = "idemq::wire::opt_int")]
+    #[schema(value_type = Option<idemq::openapi::MaxAttempts>)]
     max_attempts: Option<i64>,
     /// A new deadline; a passed one is cleared otherwise.
     #[serde(default)]
@@ -280,6 +344,7 @@ pub(crate) struct RedriveBody {
     run_at: Option<DateTime<Utc>>,
     /// Drop the stored checkpoints.
     #[serde(default, deserialize_with = "idemq::wire::null_as_default")]
+    #[schema(value_type = Option<bool>)]
     reset_checkpoints: bool,
 }
 
@@ -291,14 +356,14 @@ pub(crate) struct RedriveBody {
     tag = "jobs",
     params(
         ("id" = String, Path, description = "The dead job's id"),
-        ("Idempotency-Key" = Option<String>, Header, description = "Makes the redrive idempotent (scope `idemq.redrive`, 24 h)"),
+        ("Idempotency-Key" = Option<idemq::openapi::IdempotencyKeyHeader>, Header, description = "Makes the redrive idempotent (scope `idemq.redrive`, 24 h)"),
     ),
     request_body(content = Option<RedriveBody>, description = "Optional overrides"),
     responses(
-        (status = 200, description = "accepted, or replayed for a repeated key", body = EnqueuedDoc),
-        (status = 404, description = "No such job", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 409, description = "`not-dead`, or `idempotency-conflict` (the key redrove another job)", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "accepted, or replayed for a repeated key", body = idemq::EnqueueResult),
+        (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`not-dead`, or `idempotency-conflict` (the key redrove another job)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn redrive(
@@ -335,7 +400,7 @@ pub(crate) enum BulkAction {
 pub(crate) struct BulkFilter {
     /// The derived state.
     #[serde(default)]
-    #[schema(pattern = r"^(scheduled|ready|active|completed|dead|cancelled)$")]
+    #[schema(value_type = Option<JobState>)]
     state: Option<String>,
     /// The queue.
     #[serde(default)]
@@ -358,11 +423,12 @@ pub(crate) struct BulkBody {
     /// What to do to each matching job.
     action: BulkAction,
     /// Which jobs (every job when omitted).
-    #[serde(default, deserialize_with = "idemq::wire::null_as_default")]
-    filter: BulkFilter,
+    #[serde(default, deserialize_with = "idemq::wire::opt_object")]
+    #[schema(value_type = Option<BulkFilter>)]
+    filter: Option<BulkFilter>,
     /// At most this many jobs (1–10,000; 1,000 when omitted).
-    #[serde(default)]
-    #[schema(minimum = 1, maximum = 10000)]
+    #[serde(default, deserialize_with = "idemq::wire::opt_int")]
+    #[schema(value_type = Option<BulkLimit>)]
     limit: Option<u32>,
 }
 
@@ -386,8 +452,8 @@ pub(crate) struct BulkDone {
     request_body = BulkBody,
     responses(
         (status = 200, description = "How many jobs matched and how many were changed", body = BulkDone),
-        (status = 400, description = "Malformed body", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn bulk(
@@ -398,7 +464,7 @@ pub(crate) async fn bulk(
     if !(1..=BULK_MAX).contains(&limit) {
         return Err(Problem::validation("limit", "must be 1–10000"));
     }
-    let f = body.filter;
+    let f = body.filter.unwrap_or_default();
     let mut filter = JobList {
         state: parse_state("filter.state", f.state.as_deref())?,
         queue: f.queue,

@@ -3,18 +3,42 @@
 //! and resume.
 
 use axum::extract::State;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::ApiState;
 use super::extract::{Json, Path};
 use super::problem::{ApiResult, Problem};
-use super::schema::{
-    BindingDoc, CancelledKeyDoc, DedupeBindingDoc, PausedDoc, ProblemDoc, QueuesDoc, ReleasedDoc,
-};
 
-/// A dedupe key of a job type.
+/// The answer of a dedupe cancel.
+#[derive(Serialize, ToSchema)]
+#[schema(as = CancelledByKey)]
+pub(crate) struct CancelledByKey {
+    /// `false` when no pending job of that type has that key.
+    cancelled: bool,
+}
+
+/// The answer of a release.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Released {
+    /// Whether a live binding was released.
+    released: bool,
+}
+
+/// Every queue.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Queues {
+    queues: Vec<idemq::QueueInfo>,
+}
+
+/// Whether a queue is paused.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Paused {
+    paused: bool,
+}
+
+/// A dedupe key of a job type (any strings: a type or key no job has
+/// matches nothing).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DedupeKeyBody {
@@ -31,10 +55,10 @@ pub(crate) struct DedupeKeyBody {
 pub(crate) struct KeyBody {
     /// The scope (`default` when omitted; the reserved `idemq.` scopes may be named).
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9._:-]+$")]
+    #[schema(value_type = Option<idemq::openapi::Scope>)]
     scope: Option<String>,
-    /// The raw key (1–255 bytes of UTF-8).
-    #[schema(min_length = 1, max_length = 255, pattern = r"^[^\u0000]+$")]
+    /// The raw key (1–255 characters).
+    #[schema(value_type = idemq::openapi::Key)]
     key: String,
 }
 
@@ -54,16 +78,16 @@ impl std::fmt::Debug for KeyBody {
     tag = "bindings",
     request_body = DedupeKeyBody,
     responses(
-        (status = 200, description = "`false` when no pending job of that type has that key", body = CancelledKeyDoc),
-        (status = 400, description = "Malformed body", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "`false` when no pending job of that type has that key", body = CancelledByKey),
+        (status = 400, description = "Malformed body", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn dedupe_cancel(
     State(s): State<ApiState>,
     Json(body): Json<DedupeKeyBody>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<CancelledByKey>> {
     let cancelled = s.queue().cancel_by_key(&body.job_type, &body.key).await?;
-    Ok(axum::Json(json!({ "cancelled": cancelled })))
+    Ok(axum::Json(CancelledByKey { cancelled }))
 }
 
 /// The live dedupe binding of a key.
@@ -73,12 +97,12 @@ pub(crate) async fn dedupe_cancel(
     operation_id = "lookupDedupeKey",
     tag = "bindings",
     params(
-        ("type" = String, Path, description = "The job type"),
+        ("type" = String, Path, description = "The job type (one no job has matches nothing)"),
         ("key" = String, Path, description = "The dedupe key"),
     ),
     responses(
-        (status = 200, description = "The binding", body = DedupeBindingDoc),
-        (status = 404, description = "No live binding", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The binding", body = idemq::store::ExplainDedupe),
+        (status = 404, description = "No live binding", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn dedupe_lookup(
@@ -100,9 +124,9 @@ pub(crate) async fn dedupe_lookup(
     tag = "bindings",
     request_body = KeyBody,
     responses(
-        (status = 200, description = "The binding (preview and digest only)", body = BindingDoc),
-        (status = 404, description = "No live binding", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The binding (preview and digest only)", body = idemq::BindingInfo),
+        (status = 404, description = "No live binding", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn idempotency_lookup(
@@ -125,17 +149,17 @@ pub(crate) async fn idempotency_lookup(
     tag = "bindings",
     request_body = KeyBody,
     responses(
-        (status = 200, description = "Whether a live binding was released", body = ReleasedDoc),
-        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "Whether a live binding was released", body = Released),
+        (status = 422, description = "Validation", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn idempotency_release(
     State(s): State<ApiState>,
     Json(body): Json<KeyBody>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<Released>> {
     let scope = body.scope.as_deref().unwrap_or("default");
     let released = s.queue().release_key(scope, &body.key).await?;
-    Ok(axum::Json(json!({ "released": released })))
+    Ok(axum::Json(Released { released }))
 }
 
 /// Queues with counts by state.
@@ -144,11 +168,11 @@ pub(crate) async fn idempotency_release(
     path = "/v1/queues",
     operation_id = "listQueues",
     tag = "queues",
-    responses((status = 200, description = "Every queue", body = QueuesDoc))
+    responses((status = 200, description = "Every queue", body = Queues))
 )]
-pub(crate) async fn queues(State(s): State<ApiState>) -> ApiResult<axum::Json<Value>> {
+pub(crate) async fn queues(State(s): State<ApiState>) -> ApiResult<axum::Json<Queues>> {
     let queues = s.queue().queues().await?;
-    Ok(axum::Json(json!({ "queues": queues })))
+    Ok(axum::Json(Queues { queues }))
 }
 
 /// Pauses a queue: enqueue still accepts, claims skip it.
@@ -157,18 +181,18 @@ pub(crate) async fn queues(State(s): State<ApiState>) -> ApiResult<axum::Json<Va
     path = "/v1/queues/{name}/pause",
     operation_id = "pauseQueue",
     tag = "queues",
-    params(("name" = String, Path, description = "The queue", min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9._:-]+$")),
+    params(("name" = idemq::openapi::QueueName, Path, description = "The queue")),
     responses(
-        (status = 200, description = "The queue is paused", body = PausedDoc),
-        (status = 422, description = "Invalid queue name", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The queue is paused", body = Paused),
+        (status = 422, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn pause(
     State(s): State<ApiState>,
     Path(name): Path<String>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<Paused>> {
     let paused = s.queue().pause(&name).await?;
-    Ok(axum::Json(json!({ "paused": paused })))
+    Ok(axum::Json(Paused { paused }))
 }
 
 /// Resumes a paused queue.
@@ -177,16 +201,16 @@ pub(crate) async fn pause(
     path = "/v1/queues/{name}/resume",
     operation_id = "resumeQueue",
     tag = "queues",
-    params(("name" = String, Path, description = "The queue", min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9._:-]+$")),
+    params(("name" = idemq::openapi::QueueName, Path, description = "The queue")),
     responses(
-        (status = 200, description = "The queue is not paused", body = PausedDoc),
-        (status = 422, description = "Invalid queue name", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The queue is not paused", body = Paused),
+        (status = 422, description = "Invalid queue name", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn resume(
     State(s): State<ApiState>,
     Path(name): Path<String>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<Paused>> {
     let paused = s.queue().resume(&name).await?;
-    Ok(axum::Json(json!({ "paused": paused })))
+    Ok(axum::Json(Paused { paused }))
 }

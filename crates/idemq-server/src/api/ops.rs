@@ -6,11 +6,17 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
 use super::ApiState;
-use super::problem::{ApiResult, unavailable};
-use super::schema::{HealthDoc, ProblemDoc};
+use super::problem::{ApiResult, Problem, unavailable};
+
+/// The answer of `/healthz`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct Health {
+    ok: bool,
+    /// `sqlite`, `postgres`, …
+    backend: &'static str,
+}
 
 /// How long the health probe waits for the backend.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -23,8 +29,8 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
     tag = "operations",
     security(()),
     responses(
-        (status = 200, description = "The backend answers", body = HealthDoc),
-        (status = 503, description = "The backend is unreachable (members `ok: false`, `backend`)", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The backend answers", body = Health),
+        (status = 503, description = "The backend is unreachable (members `ok: false`, `backend`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn healthz(State(s): State<ApiState>) -> ApiResult<Response> {
@@ -32,7 +38,7 @@ pub(crate) async fn healthz(State(s): State<ApiState>) -> ApiResult<Response> {
     // A key lookup reaches the database on every backend (the embedded
     // store's clock alone would answer without it).
     match tokio::time::timeout(HEALTH_TIMEOUT, s.queue().get("healthz")).await {
-        Ok(Ok(_)) => Ok(axum::Json(json!({ "ok": true, "backend": backend })).into_response()),
+        Ok(Ok(_)) => Ok(axum::Json(Health { ok: true, backend }).into_response()),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "health check failed");
             Err(unavailable("the backend is unreachable", 1)

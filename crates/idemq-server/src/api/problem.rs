@@ -173,6 +173,109 @@ impl Problem {
     }
 }
 
+impl serde::Serialize for Problem {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_json().serialize(s)
+    }
+}
+
+impl utoipa::PartialSchema for Problem {
+    /// The document's members: the four of RFC 9457 (`type` one of
+    /// [`TYPES`]) and the extension members some types add.
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Type};
+        let text = |d: &str| {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some(d))
+        };
+        let nullable_text = |d: &str| {
+            ObjectBuilder::new()
+                .schema_type(utoipa::openapi::schema::SchemaType::from_iter([
+                    Type::String,
+                    Type::Null,
+                ]))
+                .description(Some(d))
+        };
+        let names: Vec<&str> = TYPES.iter().map(|t| t.0).collect();
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some("An RFC 9457 problem document (`application/problem+json`)."))
+            .property(
+                "type",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(names.iter().map(|n| format!("/problems/{n}"))))
+                    .description(Some(format!("`/problems/<name>`: {}.", names.join(", ")))),
+            )
+            .required("type")
+            .property("title", text("A short summary of the type."))
+            .required("title")
+            .property(
+                "status",
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .enum_values(Some(TYPES.iter().map(|t| t.1)))
+                    .description(Some("The HTTP status.")),
+            )
+            .required("status")
+            .property("detail", text("What happened (never a raw idempotency key)."))
+            .required("detail")
+            .property(
+                "field",
+                text("`validation`: the dotted path of the member; `payload-too-large`: the too large member."),
+            )
+            .property("reason", text("`validation`: the bound broken."))
+            .property(
+                "limit",
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .description(Some("`payload-too-large`: the limit, in bytes or items.")),
+            )
+            .property("job_id", text("`idempotency-conflict`, `lease-lost`, `not-dead`: the job."))
+            .property("state", text("`not-dead`: the job's state."))
+            .property(
+                "source",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some([
+                        idemq::ConflictSource::IdempotencyKey.as_str(),
+                        idemq::ConflictSource::JobId.as_str(),
+                    ]))
+                    .description(Some("`idempotency-conflict`: where the conflict was found.")),
+            )
+            .property("scope", nullable_text("`idempotency-conflict`: the key's scope (null for `job_id`)."))
+            .property("key_preview", nullable_text("`idempotency-conflict`: the key's preview (null for `job_id`)."))
+            .property(
+                "key_digest",
+                nullable_text("`idempotency-conflict`: 16 hex digits of the key hash (null for `job_id`)."),
+            )
+            .property(
+                "fields",
+                ArrayBuilder::new()
+                    .items(ObjectBuilder::new().schema_type(Type::String))
+                    .description(Some("`idempotency-conflict`: the differing members, sorted dotted paths.")),
+            )
+            .property(
+                "index",
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(0))
+                    .description(Some("Atomic batches: the index of the first failing item.")),
+            )
+            .property(
+                "ok",
+                ObjectBuilder::new()
+                    .schema_type(Type::Boolean)
+                    .description(Some("`/healthz` when unavailable: false.")),
+            )
+            .property("backend", text("`/healthz` when unavailable: the backend."))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Problem {}
+
 /// Replaces the content of every double-quoted run of `s` with `…`.
 fn scrub(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -297,7 +400,7 @@ pub(crate) fn unavailable(detail: &str, secs: u64) -> Problem {
     params(("name" = String, Path, description = "A problem name, e.g. `validation`")),
     responses(
         (status = 200, description = "A short HTML page on the problem type", content_type = "text/html", body = String),
-        (status = 404, description = "No such problem type", body = crate::api::schema::ProblemDoc, content_type = "application/problem+json"),
+        (status = 404, description = "No such problem type", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn page(

@@ -3,13 +3,27 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use idemq::ScheduleDefinition;
-use serde_json::{Value, json};
+use idemq::{Schedule, ScheduleDefinition};
+use serde::Serialize;
+use serde_json::json;
+use utoipa::ToSchema;
 
 use super::ApiState;
 use super::extract::{Json, Path};
-use super::problem::ApiResult;
-use super::schema::{DeletedDoc, ProblemDoc, ScheduleDefinitionDoc, ScheduleDoc, SchedulesDoc};
+use super::problem::{ApiResult, Problem};
+
+/// Every schedule.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Schedules {
+    schedules: Vec<Schedule>,
+}
+
+/// The answer of a delete.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Deleted {
+    /// Whether a schedule was deleted.
+    deleted: bool,
+}
 
 /// Every schedule, by name, with its next fire.
 #[utoipa::path(
@@ -17,11 +31,11 @@ use super::schema::{DeletedDoc, ProblemDoc, ScheduleDefinitionDoc, ScheduleDoc, 
     path = "/v1/schedules",
     operation_id = "listSchedules",
     tag = "schedules",
-    responses((status = 200, description = "Every schedule", body = SchedulesDoc))
+    responses((status = 200, description = "Every schedule", body = Schedules))
 )]
-pub(crate) async fn list(State(s): State<ApiState>) -> ApiResult<axum::Json<Value>> {
+pub(crate) async fn list(State(s): State<ApiState>) -> ApiResult<axum::Json<Schedules>> {
     let schedules = s.queue().schedules().await?;
-    Ok(axum::Json(json!({ "schedules": schedules })))
+    Ok(axum::Json(Schedules { schedules }))
 }
 
 /// Creates or replaces a schedule.
@@ -30,13 +44,13 @@ pub(crate) async fn list(State(s): State<ApiState>) -> ApiResult<axum::Json<Valu
     path = "/v1/schedules/{name}",
     operation_id = "putSchedule",
     tag = "schedules",
-    params(("name" = String, Path, description = "The schedule's name (1–128 bytes of [A-Za-z0-9._:-])", min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9._:-]+$")),
-    request_body = ScheduleDefinitionDoc,
+    params(("name" = idemq::openapi::ScheduleName, Path, description = "The schedule's name")),
+    request_body = ScheduleDefinition,
     responses(
-        (status = 201, description = "Created; the schedule", body = ScheduleDoc),
-        (status = 200, description = "Replaced; the schedule", body = ScheduleDoc),
-        (status = 400, description = "Malformed body", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "Validation (errors in the template name `job.<field>`)", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 201, description = "Created; the schedule", body = Schedule),
+        (status = 200, description = "Replaced; the schedule", body = Schedule),
+        (status = 400, description = "Malformed body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation (errors in the template name `job.<field>`)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn put(
@@ -70,16 +84,16 @@ pub(crate) async fn put(
     path = "/v1/schedules/{name}",
     operation_id = "deleteSchedule",
     tag = "schedules",
-    params(("name" = String, Path, description = "The schedule's name", min_length = 1, max_length = 128, pattern = r"^[A-Za-z0-9._:-]+$")),
+    params(("name" = idemq::openapi::ScheduleName, Path, description = "The schedule's name")),
     responses(
-        (status = 200, description = "Whether a schedule was deleted", body = DeletedDoc),
-        (status = 422, description = "Invalid name", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "Whether a schedule was deleted", body = Deleted),
+        (status = 422, description = "Invalid name", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn delete(
     State(s): State<ApiState>,
     Path(name): Path<String>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<Deleted>> {
     let deleted = s.queue().schedule_delete(&name).await?;
-    Ok(axum::Json(json!({ "deleted": deleted })))
+    Ok(axum::Json(Deleted { deleted }))
 }

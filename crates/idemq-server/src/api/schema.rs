@@ -1,601 +1,54 @@
-//! The OpenAPI 3.1 document: the schemas of the library's wire types (which
-//! live in `idemq` and cannot derive `ToSchema` there) and the list of every
-//! documented path. Request bodies the server defines itself derive their
-//! schema where they are declared. `tests/openapi.rs` pins the output.
+//! The OpenAPI 3.1 document. Every schema in it is the schema of a type the
+//! server reads or writes: the request and response types of `idemq` (feature
+//! `openapi`) and of this crate derive `utoipa::ToSchema` next to their serde
+//! attributes, and their bounds are the validators' constants (the named
+//! schemas of `idemq::openapi`, and [`WaitMs`] and [`BulkLimit`] here).
+//! `tests/openapi.rs` pins the output.
 
-#![allow(dead_code)] // The schema structs are never built: they only describe JSON.
+use std::borrow::Cow;
 
-use std::collections::BTreeMap;
-
-use chrono::{DateTime, Utc};
-use serde::Serialize;
-use serde_json::Value;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::openapi::{RefOr, schema::Schema};
+use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
-/// An RFC 9457 problem document (`application/problem+json`).
-#[derive(Serialize, ToSchema)]
-#[schema(as = Problem)]
-pub(crate) struct ProblemDoc {
-    /// `/problems/<name>`: bad-request, validation, idempotency-conflict,
-    /// lease-lost, not-dead, not-found, unauthorized, forbidden-host,
-    /// method-not-allowed, payload-too-large, unavailable, internal.
-    #[serde(rename = "type")]
-    problem_type: String,
-    /// A short summary of the type.
-    title: String,
-    /// The HTTP status.
-    status: u16,
-    /// What happened (never a raw idempotency key).
-    detail: String,
-    /// `validation`: the dotted path of the field; `payload-too-large`: the too large field.
-    field: Option<String>,
-    /// `validation`: the bound broken.
-    reason: Option<String>,
-    /// `idempotency-conflict`, `lease-lost`, `not-dead`: the job.
-    job_id: Option<String>,
-    /// `idempotency-conflict`: `idempotency_key` or `job_id`.
-    source: Option<String>,
-    /// `idempotency-conflict`: the key's scope (null for `job_id`).
-    scope: Option<String>,
-    /// `idempotency-conflict`: the key's preview (null for `job_id`).
-    key_preview: Option<String>,
-    /// `idempotency-conflict`: 16 hex digits of the key hash (null for `job_id`).
-    key_digest: Option<String>,
-    /// `idempotency-conflict`: the differing fields, sorted dotted paths.
-    fields: Option<Vec<String>>,
-    /// Atomic batches: the index of the first failing item.
-    index: Option<usize>,
+/// The `wait_ms` of a long poll (claim, `GET /v1/jobs/{id}`).
+pub(crate) struct WaitMs;
+
+impl PartialSchema for WaitMs {
+    fn schema() -> RefOr<Schema> {
+        idemq::openapi::integer(
+            0,
+            super::jobs::MAX_WAIT_MS as i64,
+            "Milliseconds to hold the request, from 0 to 60 s",
+        )
+        .into()
+    }
 }
 
-/// The backoff between failed attempts.
-#[derive(Serialize, ToSchema)]
-#[schema(as = RetryPolicy)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub(crate) enum RetryDoc {
-    /// `initial × factor^(n-1)`, capped at `max_ms`, with optional full jitter.
-    Exponential {
-        /// First delay (1000).
-        initial_ms: Option<i64>,
-        /// Growth factor ≥ 1 (2.0).
-        factor: Option<f64>,
-        /// Largest delay (3600000).
-        max_ms: Option<i64>,
-        /// Full jitter (true).
-        jitter: Option<bool>,
-    },
-    /// The same delay after every failure.
-    Fixed {
-        /// The delay.
-        delay_ms: i64,
-    },
-    /// No retries.
-    None,
+impl ToSchema for WaitMs {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("WaitMs")
+    }
 }
 
-/// `idempotency: { key, scope?, ttl_ms? }`.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Idempotency)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct IdempotencyDoc {
-    /// The caller's stable id of the operation (1–255 bytes; never stored raw).
-    #[schema(min_length = 1, max_length = 255, pattern = "^[^\\u0000]+$")]
-    key: String,
-    /// Namespace of keys (`default`); 1–64 bytes, not starting with `idemq.`.
-    #[schema(
-        min_length = 1,
-        max_length = 64,
-        pattern = "^(?!idemq\\.)[A-Za-z0-9._:-]+$"
-    )]
-    scope: Option<String>,
-    /// Retention window, 1 s – 30 d (86400000).
-    #[schema(minimum = 1000, maximum = 2592000000_i64)]
-    ttl_ms: Option<i64>,
+/// The `limit` of a bulk action.
+pub(crate) struct BulkLimit;
+
+impl PartialSchema for BulkLimit {
+    fn schema() -> RefOr<Schema> {
+        idemq::openapi::integer(
+            1,
+            super::jobs::BULK_MAX.into(),
+            "Jobs one bulk action touches at most",
+        )
+        .into()
+    }
 }
 
-/// `dedupe: { key, ttl_ms?, extend?, replace?, max_wait_ms? }`.
-#[derive(Serialize, ToSchema)]
-#[schema(as = DedupeOptions)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct DedupeOptionsDoc {
-    /// The dedupe key, scoped per job type (1–255 bytes).
-    #[schema(min_length = 1, max_length = 255, pattern = "^[^\\u0000]+$")]
-    key: String,
-    /// Window, 1 ms – 30 d (throttle; with `extend`, debounce).
-    #[schema(minimum = 1, maximum = 2592000000_i64)]
-    ttl_ms: Option<i64>,
-    /// Debounce: every dropped enqueue re-arms the window.
-    extend: Option<bool>,
-    /// Replace: latest wins while the keyed job waits.
-    replace: Option<bool>,
-    /// Cap of the window and of `run_at` from first acceptance (with `extend` or `replace`).
-    #[schema(minimum = 1, maximum = 2592000000_i64)]
-    max_wait_ms: Option<i64>,
-}
-
-/// A dedupe key alone (pending mode) or its options.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Dedupe)]
-#[serde(untagged)]
-pub(crate) enum DedupeDoc {
-    /// The key (pending mode).
-    Key(String),
-    /// The options.
-    Options(DedupeOptionsDoc),
-}
-
-/// An enqueue request (docs/http-api.md, "Enqueue"). Only `type` is required.
-#[derive(Serialize, ToSchema)]
-#[schema(as = EnqueueRequest)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct EnqueueDoc {
-    /// The job type (1–128 bytes of `[A-Za-z0-9._:-]`).
-    #[serde(rename = "type")]
-    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:-]+$")]
-    job_type: String,
-    /// Any JSON value (≤ the payload limit, 1 MiB by default).
-    payload: Option<Value>,
-    /// The queue (`default`).
-    #[schema(min_length = 1, max_length = 64, pattern = "^[A-Za-z0-9._:-]+$")]
-    queue: Option<String>,
-    /// An explicit job id (a UUIDv7 is generated otherwise).
-    #[schema(min_length = 1, max_length = 128, pattern = "^[A-Za-z0-9._:~-]+$")]
-    job_id: Option<String>,
-    /// Higher runs first among due jobs (i16; 0).
-    #[schema(minimum = -32768, maximum = 32767)]
-    priority: Option<i64>,
-    /// When the job becomes due (not with `delay_ms`).
-    run_at: Option<DateTime<Utc>>,
-    /// Delay before the job becomes due.
-    #[schema(minimum = 0, maximum = 3162240000000_i64)]
-    delay_ms: Option<i64>,
-    /// Attempt budget, 1–1000 (10).
-    #[schema(minimum = 1, maximum = 1000)]
-    max_attempts: Option<i64>,
-    /// Backoff policy.
-    retry: Option<RetryDoc>,
-    /// Execution timeout of one attempt, 1 ms – 24 h (1800000).
-    #[schema(minimum = 1, maximum = 86400000)]
-    timeout_ms: Option<i64>,
-    /// The job must not start or go on after this instant.
-    deadline: Option<DateTime<Utc>>,
-    /// At most one active job per key (1–255 bytes).
-    #[schema(min_length = 1, max_length = 255, pattern = "^[^\\u0000]+$")]
-    concurrency_key: Option<String>,
-    /// Labels (≤ 16 of 1–64 bytes).
-    #[schema(max_items = 16)]
-    tags: Option<Vec<String>>,
-    /// Retention after the job turns terminal.
-    #[schema(minimum = 0, maximum = 3162240000000_i64)]
-    keep_ms: Option<i64>,
-    /// Idempotent acceptance.
-    idempotency: Option<IdempotencyDoc>,
-    /// Rate policy.
-    dedupe: Option<DedupeDoc>,
-}
-
-/// What an enqueue did.
-#[derive(Serialize, ToSchema)]
-#[schema(as = EnqueueResult)]
-pub(crate) struct EnqueuedDoc {
-    /// The job the request refers to.
-    job_id: String,
-    /// `accepted`, `replayed`, `coalesced`, `replaced` or `non_replaceable`.
-    outcome: String,
-    /// With `non_replaceable` only: `incompatible_mode`, `not_pending` or `window_elapsed`.
-    reason: Option<String>,
-}
-
-/// `POST /v1/jobs/batch`.
-#[derive(Serialize, ToSchema)]
-#[schema(as = BatchRequest)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct BatchDoc {
-    /// At most 1,000 requests (16 MiB).
-    #[schema(max_items = 1000)]
-    jobs: Vec<EnqueueDoc>,
-    /// All or nothing (false).
-    atomic: Option<bool>,
-}
-
-/// One item of a batch's answer.
-#[derive(Serialize, ToSchema)]
-#[schema(as = BatchItem)]
-#[serde(untagged)]
-pub(crate) enum BatchItemDoc {
-    /// The item's result.
-    Result(EnqueuedDoc),
-    /// The item's error.
-    Error {
-        /// The problem document.
-        error: Box<ProblemDoc>,
-    },
-}
-
-/// A batch's answer.
-#[derive(Serialize, ToSchema)]
-#[schema(as = BatchResults)]
-pub(crate) struct BatchResultsDoc {
-    /// One per request, in order.
-    results: Vec<BatchItemDoc>,
-}
-
-/// Conflict details of an explain.
-#[derive(Serialize, ToSchema)]
-#[schema(as = ExplainConflict)]
-pub(crate) struct ExplainConflictDoc {
-    job_id: String,
-    fields: Vec<String>,
-}
-
-/// A live idempotency binding as explain reports it.
-#[derive(Serialize, ToSchema)]
-#[schema(as = ExplainIdempotency)]
-pub(crate) struct ExplainIdempotencyDoc {
-    job_id: String,
-    expires_at: DateTime<Utc>,
-}
-
-/// A live dedupe binding.
-#[derive(Serialize, ToSchema)]
-#[schema(as = DedupeBinding)]
-pub(crate) struct DedupeBindingDoc {
-    /// The keyed job.
-    job_id: String,
-    /// `pending`, `throttle`, `debounce` or `replace`.
-    mode: String,
-    /// The end of its window (null for modes live while the job is pending).
-    window_until: Option<DateTime<Utc>>,
-}
-
-/// What an enqueue would do now, and why.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Explain)]
-pub(crate) struct ExplainDoc {
-    /// As enqueue's outcome, or `conflict`.
-    outcome: String,
-    /// For `non_replaceable`.
-    reason: Option<String>,
-    /// The job the enqueue would return.
-    job_id: Option<String>,
-    conflict: Option<ExplainConflictDoc>,
-    idempotency: Option<ExplainIdempotencyDoc>,
-    dedupe: Option<DedupeBindingDoc>,
-}
-
-/// The idempotency key a job was accepted under.
-#[derive(Serialize, ToSchema)]
-#[schema(as = JobIdempotency)]
-pub(crate) struct JobIdempotencyDoc {
-    scope: String,
-    key_preview: String,
-    key_digest: String,
-    expires_at: Option<DateTime<Utc>>,
-}
-
-/// The job's own dedupe key.
-#[derive(Serialize, ToSchema)]
-#[schema(as = JobDedupe)]
-pub(crate) struct JobDedupeDoc {
-    key: String,
-    mode: String,
-    window_until: Option<DateTime<Utc>>,
-    holds_binding: bool,
-}
-
-/// A job.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Job)]
-pub(crate) struct JobDoc {
-    id: String,
-    #[serde(rename = "type")]
-    job_type: String,
-    queue: String,
-    /// `scheduled`, `ready`, `active`, `completed`, `dead` or `cancelled`.
-    state: String,
-    payload: Value,
-    result: Option<Value>,
-    priority: i16,
-    /// Claims so far.
-    attempt: i32,
-    /// Consumed attempts.
-    attempts_used: i32,
-    max_attempts: i32,
-    run_at: DateTime<Utc>,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-    finished_at: Option<DateTime<Utc>>,
-    retry: RetryDoc,
-    timeout_ms: i64,
-    deadline: Option<DateTime<Utc>>,
-    concurrency_key: Option<String>,
-    tags: Vec<String>,
-    keep_ms: Option<i64>,
-    last_error: Option<String>,
-    cancel_requested: bool,
-    lease_expires_at: Option<DateTime<Utc>>,
-    idempotency: Option<JobIdempotencyDoc>,
-    dedupe: Option<JobDedupeDoc>,
-}
-
-/// A page of jobs, newest first.
-#[derive(Serialize, ToSchema)]
-#[schema(as = JobPage)]
-pub(crate) struct JobPageDoc {
-    jobs: Vec<JobDoc>,
-    /// The cursor of the next page.
-    next_cursor: Option<String>,
-}
-
-/// One event.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Event)]
-pub(crate) struct EventDoc {
-    seq: i64,
-    kind: String,
-    at: DateTime<Utc>,
-    data: Value,
-}
-
-/// A job's events, oldest first.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Events)]
-pub(crate) struct EventsDoc {
-    events: Vec<EventDoc>,
-}
-
-/// One attempt.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Run)]
-pub(crate) struct RunDoc {
-    attempt: i32,
-    worker: String,
-    started_at: DateTime<Utc>,
-    finished_at: Option<DateTime<Utc>>,
-    /// `completed`, `failed`, `lease_expired`, `released`, `snoozed`, `cancelled`.
-    outcome: Option<String>,
-    error: Option<String>,
-}
-
-/// A job's run ledger.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Runs)]
-pub(crate) struct RunsDoc {
-    runs: Vec<RunDoc>,
-}
-
-/// A job's checkpoints.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Checkpoints)]
-pub(crate) struct CheckpointsDoc {
-    /// Stored values by step name.
-    checkpoints: BTreeMap<String, Value>,
-}
-
-/// The answer of a cancel.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Cancelled)]
-pub(crate) struct CancelledDoc {
-    /// True when the job turned cancelled, or an active job was flagged.
-    cancelled: bool,
-    /// Its state after the call.
-    state: String,
-}
-
-/// The answer of a dedupe cancel.
-#[derive(Serialize, ToSchema)]
-#[schema(as = CancelledByKey)]
-pub(crate) struct CancelledKeyDoc {
-    cancelled: bool,
-}
-
-/// The answer of a purge.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Purged)]
-pub(crate) struct PurgedDoc {
-    purged: bool,
-}
-
-/// The answer of a promote.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Promoted)]
-pub(crate) struct PromotedDoc {
-    promoted: bool,
-}
-
-/// A live idempotency binding.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Binding)]
-pub(crate) struct BindingDoc {
-    job_id: String,
-    key_preview: String,
-    key_digest: String,
-    expires_at: DateTime<Utc>,
-}
-
-/// The answer of a release.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Released)]
-pub(crate) struct ReleasedDoc {
-    released: bool,
-}
-
-/// Jobs per state.
-#[derive(Serialize, ToSchema)]
-#[schema(as = StateCounts)]
-pub(crate) struct CountsDoc {
-    scheduled: u64,
-    ready: u64,
-    active: u64,
-    completed: u64,
-    dead: u64,
-    cancelled: u64,
-}
-
-/// A queue.
-#[derive(Serialize, ToSchema)]
-#[schema(as = QueueInfo)]
-pub(crate) struct QueueDoc {
-    name: String,
-    paused: bool,
-    counts: CountsDoc,
-    /// The states whose count is an estimate (empty: every count is exact).
-    /// On PostgreSQL, the terminal states of a large table.
-    estimated: Vec<String>,
-}
-
-/// Every queue.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Queues)]
-pub(crate) struct QueuesDoc {
-    queues: Vec<QueueDoc>,
-}
-
-/// Whether a queue is paused.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Paused)]
-pub(crate) struct PausedDoc {
-    paused: bool,
-}
-
-/// A claimed job.
-#[derive(Serialize, ToSchema)]
-#[schema(as = ClaimedJob)]
-pub(crate) struct ClaimedJobDoc {
-    id: String,
-    #[serde(rename = "type")]
-    job_type: String,
-    queue: String,
-    payload: Value,
-    /// 1 on the first claim.
-    attempt: i32,
-    max_attempts: i32,
-    /// Presented by every later call of this attempt.
-    lease_token: String,
-    lease_expires_at: DateTime<Utc>,
-    timeout_ms: i64,
-    deadline: Option<DateTime<Utc>>,
-    tags: Vec<String>,
-}
-
-/// The answer of a claim.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Claimed)]
-pub(crate) struct ClaimedDoc {
-    jobs: Vec<ClaimedJobDoc>,
-    /// With a `complete` member only: one result per completion, in order.
-    completed: Option<Vec<CompletionItemDoc>>,
-}
-
-/// One completion's result.
-#[derive(Serialize, ToSchema)]
-#[schema(as = CompletionItem)]
-#[serde(untagged)]
-pub(crate) enum CompletionItemDoc {
-    /// `{"state": "completed"}`.
-    Completed(StateDoc),
-    /// The item's error (`lease-lost` for a stale token).
-    Error {
-        /// The problem document.
-        error: Box<ProblemDoc>,
-    },
-}
-
-/// The answer of `POST /v1/jobs/complete`.
-#[derive(Serialize, ToSchema)]
-#[schema(as = CompletionResults)]
-pub(crate) struct CompletedDoc {
-    /// One per item, in request order.
-    results: Vec<CompletionItemDoc>,
-}
-
-/// The answer of a heartbeat.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Heartbeat)]
-pub(crate) struct HeartbeatDoc {
-    lease_expires_at: DateTime<Utc>,
-    /// The job was cancelled: stop.
-    cancel_requested: bool,
-}
-
-/// A job's state after a worker call.
-#[derive(Serialize, ToSchema)]
-#[schema(as = JobStateAnswer)]
-pub(crate) struct StateDoc {
-    state: String,
-}
-
-/// The answer of a fail.
-#[derive(Serialize, ToSchema)]
-#[schema(as = FailOutcome)]
-pub(crate) struct FailDoc {
-    /// `scheduled`, `dead` or `cancelled`.
-    state: String,
-    /// When the next attempt is due, for `scheduled`.
-    next_run_at: Option<DateTime<Utc>>,
-}
-
-/// `PUT /v1/schedules/{name}`: a cron expression or an interval, and a job template.
-#[derive(Serialize, ToSchema)]
-#[schema(as = ScheduleDefinition)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ScheduleDefinitionDoc {
-    /// Six fields, seconds first (`0 */5 * * * *`).
-    cron: Option<String>,
-    /// An interval ≥ 1000, anchored at the schedule's creation.
-    #[schema(minimum = 1000, maximum = 3162240000000_i64)]
-    every_ms: Option<i64>,
-    /// IANA zone of the cron expression (`UTC`).
-    timezone: Option<String>,
-    /// The template (no idempotency key, `job_id`, `run_at` or `deadline`).
-    job: EnqueueDoc,
-    /// A paused schedule does not fire.
-    paused: Option<bool>,
-}
-
-/// A schedule.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Schedule)]
-pub(crate) struct ScheduleDoc {
-    name: String,
-    cron: Option<String>,
-    every_ms: Option<i64>,
-    timezone: String,
-    job: EnqueueDoc,
-    paused: bool,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-    last_fired_at: Option<DateTime<Utc>>,
-    next_fire_at: Option<DateTime<Utc>>,
-    /// Present when the latest tick that could not be enqueued (its template
-    /// over the payload limit, say) was passed: why. Cleared by the next tick
-    /// that fires.
-    last_error: Option<String>,
-    /// When `last_error` was recorded.
-    last_error_at: Option<DateTime<Utc>>,
-}
-
-/// Every schedule.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Schedules)]
-pub(crate) struct SchedulesDoc {
-    schedules: Vec<ScheduleDoc>,
-}
-
-/// The answer of a delete.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Deleted)]
-pub(crate) struct DeletedDoc {
-    deleted: bool,
-}
-
-/// The answer of `/healthz`.
-#[derive(Serialize, ToSchema)]
-#[schema(as = Health)]
-pub(crate) struct HealthDoc {
-    ok: bool,
-    /// `sqlite`, `postgres`, …
-    backend: String,
+impl ToSchema for BulkLimit {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("BulkLimit")
+    }
 }
 
 /// Adds the bearer token scheme.
@@ -721,6 +174,17 @@ impl Modify for CommonResponses {
             but GET /healthz needs `Authorization: Bearer <token>`."
     ),
     modifiers(&BearerToken, &CommonResponses),
+    // The schemas of path and query parameters (bodies register their own).
+    components(schemas(
+        WaitMs,
+        super::jobs::StateFilter,
+        super::jobs::CursorFilter,
+        idemq::openapi::PageLimit,
+        idemq::openapi::QueueName,
+        idemq::openapi::IdempotencyKeyHeader,
+        idemq::openapi::ScheduleName,
+        idemq::openapi::CheckpointName,
+    )),
     security(("token" = [])),
     paths(
         super::enqueue::enqueue,
@@ -782,36 +246,62 @@ mod tests {
     use idemq::request::bounds;
     use serde_json::Value;
 
-    /// The document names every problem type the server answers with.
+    fn doc() -> Value {
+        serde_json::from_str(&super::openapi_json()).expect("json")
+    }
+
+    /// The document names every problem type the server answers with, and
+    /// each type's status.
     #[test]
     fn every_problem_type_is_named() {
-        let doc: Value = serde_json::from_str(&super::openapi_json()).expect("json");
-        let described =
-            doc["components"]["schemas"]["Problem"]["properties"]["type"]["description"]
-                .as_str()
-                .expect("Problem.type is described");
-        let listed = described.split_once(':').map_or("", |(_, l)| l);
-        let listed: Vec<&str> = listed
-            .split(',')
-            .map(|n| n.trim_matches(|c: char| c == '.' || c.is_whitespace()))
+        let doc = doc();
+        let problem = &doc["components"]["schemas"]["Problem"]["properties"];
+        let listed: Vec<&str> = problem["type"]["enum"]
+            .as_array()
+            .expect("Problem.type is an enum")
+            .iter()
+            .map(|t| t.as_str().expect("a string"))
             .collect();
-        let types: Vec<&str> = crate::api::problem::TYPES.iter().map(|t| t.0).collect();
+        let types: Vec<String> = crate::api::problem::TYPES
+            .iter()
+            .map(|t| format!("/problems/{}", t.0))
+            .collect();
         assert_eq!(
             listed, types,
             "Problem.type lists the types of problem.rs, in order"
         );
+        let statuses: Vec<u64> = problem["status"]["enum"]
+            .as_array()
+            .expect("Problem.status is an enum")
+            .iter()
+            .map(|s| s.as_u64().expect("a number"))
+            .collect();
+        let want: Vec<u64> = crate::api::problem::TYPES
+            .iter()
+            .map(|t| t.1.into())
+            .collect();
+        assert_eq!(statuses, want);
     }
 
-    /// The bounds the document states are the library's constants: an
-    /// attribute cannot name a constant, so this pins each literal to it.
+    /// The bounds the document states are the library's constants, reached
+    /// through the members that use them.
     #[test]
     fn stated_bounds_are_the_library_bounds() {
-        let doc: Value = serde_json::from_str(&super::openapi_json()).expect("json");
+        let doc = doc();
         let schemas = &doc["components"]["schemas"];
-        let prop = |schema: &str, member: &str, key: &str| {
-            schemas[schema]["properties"][member][key]
-                .as_i64()
-                .unwrap_or_else(|| panic!("{schema}.{member} states no {key}"))
+        // A member's schema, through its `$ref` (alone or in a nullable `oneOf`).
+        let member = |schema: &str, member: &str| -> &Value {
+            let mut s = &schemas[schema]["properties"][member];
+            if let Some(alts) = s["oneOf"].as_array() {
+                s = alts
+                    .iter()
+                    .find(|a| a["type"] != "null")
+                    .expect("a non-null branch");
+            }
+            match s["$ref"].as_str() {
+                Some(r) => &schemas[r.rsplit('/').next().expect("a name")],
+                None => s,
+            }
         };
         let n = |v: usize| v as i64;
         let cases: &[(&str, &str, &str, i64)] = &[
@@ -851,12 +341,6 @@ mod tests {
                 "maximum",
                 bounds::MAX_DURATION_MS,
             ),
-            (
-                "EnqueueRequest",
-                "keep_ms",
-                "maximum",
-                bounds::MAX_DURATION_MS,
-            ),
             ("EnqueueRequest", "tags", "maxItems", n(bounds::MAX_TAGS)),
             (
                 "EnqueueRequest",
@@ -867,24 +351,10 @@ mod tests {
             ("Idempotency", "key", "maxLength", n(bounds::MAX_KEY_BYTES)),
             (
                 "Idempotency",
-                "scope",
-                "maxLength",
-                n(bounds::MAX_SCOPE_BYTES),
-            ),
-            (
-                "Idempotency",
                 "ttl_ms",
                 "minimum",
                 bounds::MIN_IDEMPOTENCY_TTL_MS,
             ),
-            ("Idempotency", "ttl_ms", "maximum", bounds::THIRTY_DAYS_MS),
-            (
-                "DedupeOptions",
-                "key",
-                "maxLength",
-                n(bounds::MAX_KEY_BYTES),
-            ),
-            ("DedupeOptions", "ttl_ms", "maximum", bounds::THIRTY_DAYS_MS),
             (
                 "DedupeOptions",
                 "max_wait_ms",
@@ -904,7 +374,6 @@ mod tests {
                 i64::from(bounds::MAX_CLAIM_LIMIT),
             ),
             ("ClaimBody", "lease_ms", "minimum", bounds::MIN_LEASE_MS),
-            ("ClaimBody", "lease_ms", "maximum", bounds::MAX_LEASE_MS),
             (
                 "ClaimBody",
                 "wait_ms",
@@ -923,27 +392,8 @@ mod tests {
                 "maxItems",
                 n(idemq::MAX_BATCH_ITEMS),
             ),
-            (
-                "BatchRequest",
-                "jobs",
-                "maxItems",
-                n(idemq::MAX_BATCH_ITEMS),
-            ),
-            ("KeyBody", "key", "maxLength", n(bounds::MAX_KEY_BYTES)),
             ("KeyBody", "scope", "maxLength", n(bounds::MAX_SCOPE_BYTES)),
-            (
-                "RedriveBody",
-                "max_attempts",
-                "maximum",
-                bounds::MAX_ATTEMPTS,
-            ),
             ("FailBody", "snooze_ms", "maximum", bounds::MAX_DURATION_MS),
-            (
-                "FailBody",
-                "retry_after_ms",
-                "maximum",
-                bounds::MAX_DURATION_MS,
-            ),
             (
                 "ScheduleDefinition",
                 "every_ms",
@@ -951,8 +401,33 @@ mod tests {
                 idemq::schedule::MIN_EVERY_MS,
             ),
         ];
-        for (schema, member, key, want) in cases {
-            assert_eq!(prop(schema, member, key), *want, "{schema}.{member} {key}");
+        for (schema, name, key, want) in cases {
+            let got = member(schema, name)[key]
+                .as_i64()
+                .unwrap_or_else(|| panic!("{schema}.{name} states no {key}"));
+            assert_eq!(got, *want, "{schema}.{name} {key}");
+        }
+    }
+
+    /// Every body that refuses unknown members says so.
+    #[test]
+    fn closed_bodies_refuse_unknown_members() {
+        let doc = doc();
+        for name in [
+            "EnqueueRequest",
+            "Idempotency",
+            "DedupeOptions",
+            "ClaimBody",
+            "FailBody",
+            "ScheduleDefinition",
+            "KeyBody",
+            "BulkBody",
+            "RedriveBody",
+        ] {
+            assert_eq!(
+                doc["components"]["schemas"][name]["additionalProperties"], false,
+                "{name}"
+            );
         }
     }
 }

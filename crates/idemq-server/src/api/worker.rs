@@ -15,7 +15,8 @@ use super::ApiState;
 use super::extract::{Json, OptionalJson, Path};
 use super::jobs::MAX_WAIT_MS;
 use super::problem::{ApiResult, Problem};
-use super::schema::{ClaimedDoc, CompletedDoc, FailDoc, HeartbeatDoc, ProblemDoc, StateDoc};
+use super::schema::WaitMs;
+use idemq::openapi::{ClaimLimit, ClaimName, DurationMs, JsonValue, LeaseMs, WorkerName};
 
 /// How often a long-polling claim looks again without a wake-up: wake-ups
 /// can be lost, and a scheduled job turning due sends none.
@@ -74,31 +75,60 @@ const DEFAULT_LEASE_MS: u64 = 30_000;
 pub(crate) struct ClaimBody {
     /// Queues to claim from (every queue when empty, `null` or omitted).
     #[serde(default)]
+    #[schema(value_type = Option<Vec<ClaimName>>)]
     queues: Option<Vec<String>>,
-    /// The worker's name (1–128 bytes), kept in the run ledger; `http` when omitted.
+    /// The worker's name (1–128 characters), kept in the run ledger; `http` when omitted.
     #[serde(default)]
-    #[schema(min_length = 1, max_length = 128, pattern = "^[^\\u0000]+$")]
+    #[schema(value_type = Option<WorkerName>)]
     worker: Option<String>,
     /// At most this many jobs (1–1000; 1 when omitted).
-    #[serde(default)]
-    #[schema(minimum = 1, maximum = 1000)]
+    #[serde(default, deserialize_with = "idemq::wire::opt_int")]
+    #[schema(value_type = Option<ClaimLimit>)]
     limit: Option<u32>,
     /// The lease in milliseconds (100 – 3,600,000; 30,000 when omitted).
-    #[serde(default)]
-    #[schema(minimum = 100, maximum = 3600000)]
+    #[serde(default, deserialize_with = "idemq::wire::opt_int")]
+    #[schema(value_type = Option<LeaseMs>)]
     lease_ms: Option<u64>,
     /// Job types to claim (`null`: any type).
     #[serde(default)]
+    #[schema(value_type = Option<Vec<ClaimName>>)]
     types: Option<Vec<String>>,
     /// Hold the request up to this many milliseconds (≤ 60,000) until work arrives.
-    #[serde(default)]
-    #[schema(minimum = 0, maximum = 60000)]
+    #[serde(default, deserialize_with = "idemq::wire::opt_int")]
+    #[schema(value_type = Option<WaitMs>)]
     wait_ms: Option<u64>,
     /// Attempts to complete first, in the same round trip (≤ 1,000); their
     /// results come back as `completed`.
-    #[serde(default)]
-    #[schema(max_items = 1000)]
+    #[serde(default, deserialize_with = "idemq::wire::opt_objects")]
+    #[schema(value_type = Option<Completions>)]
     complete: Option<Vec<CompleteItem>>,
+}
+
+/// A list of completions (≤ [`idemq::MAX_BATCH_ITEMS`]).
+pub(crate) struct Completions;
+
+impl utoipa::PartialSchema for Completions {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ArrayBuilder::new()
+            .items(utoipa::openapi::Ref::from_schema_name("CompleteItem"))
+            .max_items(Some(idemq::MAX_BATCH_ITEMS))
+            .description(Some("Attempts to complete"))
+            .into()
+    }
+}
+
+impl ToSchema for Completions {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        schemas.push((
+            "CompleteItem".into(),
+            <CompleteItem as utoipa::PartialSchema>::schema(),
+        ));
+    }
 }
 
 /// One attempt to complete (`POST /v1/jobs/complete`, claim's `complete`).
@@ -111,6 +141,7 @@ pub(crate) struct CompleteItem {
     lease_token: String,
     /// Any JSON result (≤ the payload limit), stored with the job.
     #[serde(default)]
+    #[schema(value_type = Option<JsonValue>)]
     result: Option<Value>,
 }
 
@@ -119,8 +150,47 @@ pub(crate) struct CompleteItem {
 #[serde(deny_unknown_fields)]
 pub(crate) struct CompleteManyBody {
     /// The attempts to complete (≤ 1,000), decided in one commit.
-    #[schema(max_items = 1000)]
+    #[serde(deserialize_with = "idemq::wire::objects")]
+    #[schema(value_type = Completions)]
     jobs: Vec<CompleteItem>,
+}
+
+/// One completion's result.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(crate) enum CompletionItem {
+    /// `{"state": "completed"}`.
+    Completed(StateAnswer),
+    /// The item's error (`lease-lost` for a stale token).
+    Error {
+        /// The problem document.
+        error: Problem,
+    },
+}
+
+/// The answer of `POST /v1/jobs/complete`.
+#[derive(Serialize, ToSchema)]
+#[schema(as = CompletionResults)]
+pub(crate) struct CompletionResults {
+    /// One per item, in request order.
+    results: Vec<CompletionItem>,
+}
+
+/// The answer of a claim.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct Claimed {
+    /// The claimed jobs (maybe none).
+    jobs: Vec<idemq::ClaimedJob>,
+    /// With a `complete` member only: one result per completion, in order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completed: Option<Vec<CompletionItem>>,
+}
+
+/// A job's state after a worker call.
+#[derive(Serialize, ToSchema)]
+#[schema(as = JobStateAnswer)]
+pub(crate) struct StateAnswer {
+    state: idemq::JobState,
 }
 
 /// The completions a body names, within the batch bound.
@@ -143,12 +213,16 @@ fn completions(field: &str, items: Vec<CompleteItem>) -> ApiResult<Vec<idemq::Co
 
 /// One answer per completion, in order (`{"state": "completed"}` or
 /// `{"error": problem}`).
-fn completion_answers(results: Vec<idemq::Result<()>>) -> Vec<Value> {
+fn completion_answers(results: Vec<idemq::Result<()>>) -> Vec<CompletionItem> {
     results
         .into_iter()
         .map(|r| match r {
-            Ok(()) => serde_json::json!({ "state": "completed" }),
-            Err(e) => serde_json::json!({ "error": Problem::from(e).to_json() }),
+            Ok(()) => CompletionItem::Completed(StateAnswer {
+                state: idemq::JobState::Completed,
+            }),
+            Err(e) => CompletionItem::Error {
+                error: Problem::from(e),
+            },
         })
         .collect()
 }
@@ -162,23 +236,23 @@ fn completion_answers(results: Vec<idemq::Result<()>>) -> Vec<Value> {
     tag = "worker",
     request_body = CompleteManyBody,
     responses(
-        (status = 200, description = "One result per item, in request order", body = CompletedDoc),
-        (status = 400, description = "Malformed body", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 413, description = "A result is over the payload limit", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "One result per item, in request order", body = CompletionResults),
+        (status = 400, description = "Malformed body", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "A result is over the payload limit", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn complete_many(
     State(s): State<ApiState>,
     Json(body): Json<CompleteManyBody>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<CompletionResults>> {
     let results = s
         .queue()
         .complete_many(completions("jobs", body.jobs)?)
         .await?;
-    Ok(axum::Json(
-        serde_json::json!({ "results": completion_answers(results) }),
-    ))
+    Ok(axum::Json(CompletionResults {
+        results: completion_answers(results),
+    }))
 }
 
 /// Claims up to `limit` due jobs under a lease, waiting up to `wait_ms` for
@@ -188,17 +262,17 @@ pub(crate) async fn complete_many(
     path = "/v1/claim",
     operation_id = "claimJobs",
     tag = "worker",
-    request_body = ClaimBody,
+    request_body(content = Option<ClaimBody>, description = "Every member is optional; so is the body"),
     responses(
-        (status = 200, description = "The claimed jobs (maybe none)", body = ClaimedDoc),
-        (status = 400, description = "Malformed body", body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The claimed jobs (maybe none)", body = Claimed),
+        (status = 400, description = "Malformed body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn claim(
     State(s): State<ApiState>,
     OptionalJson(body): OptionalJson<ClaimBody>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<Claimed>> {
     let wait_ms = body.wait_ms.unwrap_or(0);
     if wait_ms > MAX_WAIT_MS {
         return Err(Problem::validation(
@@ -221,7 +295,7 @@ pub(crate) async fn claim(
         .complete
         .map(|items| completions("complete", items))
         .transpose()?;
-    let mut completed: Option<Vec<Value>> = None;
+    let mut completed: Option<Vec<CompletionItem>> = None;
     let until = Instant::now() + Duration::from_millis(wait_ms);
     let notify = if wait_ms > 0 {
         s.wakeups.get(s.queue()).await
@@ -248,11 +322,7 @@ pub(crate) async fn claim(
         s.metrics.claim(started.elapsed());
         let now = Instant::now();
         if !jobs.is_empty() || now >= until {
-            let mut doc = serde_json::json!({ "jobs": jobs });
-            if let Some(completed) = completed {
-                doc["completed"] = Value::from(completed);
-            }
-            return Ok(axum::Json(doc));
+            return Ok(axum::Json(Claimed { jobs, completed }));
         }
         let nap = (until - now).min(POLL_INTERVAL);
         match notified.as_mut().as_pin_mut() {
@@ -280,6 +350,7 @@ pub(crate) struct CompleteBody {
     lease_token: String,
     /// Any JSON result (≤ the payload limit), stored with the job.
     #[serde(default)]
+    #[schema(value_type = Option<JsonValue>)]
     result: Option<Value>,
 }
 
@@ -296,12 +367,12 @@ pub(crate) struct FailBody {
     #[serde(default)]
     retryable: Option<bool>,
     /// Overrides the backoff for this retry.
-    #[serde(default)]
-    #[schema(minimum = 0, maximum = 3162240000000_u64)]
+    #[serde(default, deserialize_with = "idemq::wire::opt_int")]
+    #[schema(value_type = Option<DurationMs>)]
     retry_after_ms: Option<u64>,
     /// Reschedules after this delay without consuming the attempt.
-    #[serde(default)]
-    #[schema(minimum = 0, maximum = 3162240000000_u64)]
+    #[serde(default, deserialize_with = "idemq::wire::opt_int")]
+    #[schema(value_type = Option<DurationMs>)]
     snooze_ms: Option<u64>,
 }
 
@@ -312,6 +383,7 @@ pub(crate) struct CheckpointBody {
     /// The token the claim minted.
     lease_token: String,
     /// Any JSON value (≤ the payload limit).
+    #[schema(value_type = JsonValue)]
     value: Value,
 }
 
@@ -338,8 +410,8 @@ const LEASE_LOST: &str = "A stale or unknown lease token (`lease-lost`)";
     params(("id" = String, Path, description = "The job id")),
     request_body = LeaseBody,
     responses(
-        (status = 200, description = "The renewed lease", body = HeartbeatDoc),
-        (status = 409, description = LEASE_LOST, body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The renewed lease", body = idemq::Heartbeat),
+        (status = 409, description = LEASE_LOST, body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn heartbeat(
@@ -360,22 +432,24 @@ pub(crate) async fn heartbeat(
     params(("id" = String, Path, description = "The job id")),
     request_body = CompleteBody,
     responses(
-        (status = 200, description = "The job is completed", body = StateDoc),
-        (status = 409, description = LEASE_LOST, body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 413, description = "The result is over the payload limit", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The job is completed", body = StateAnswer),
+        (status = 409, description = LEASE_LOST, body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The result is over the payload limit", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn complete(
     State(s): State<ApiState>,
     Path(id): Path<String>,
     Json(body): Json<CompleteBody>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<StateAnswer>> {
     let r = s
         .queue()
         .complete(&id, &body.lease_token, body.result)
         .await;
     lease(r)?;
-    Ok(axum::Json(serde_json::json!({ "state": "completed" })))
+    Ok(axum::Json(StateAnswer {
+        state: idemq::JobState::Completed,
+    }))
 }
 
 /// Fails an attempt: a retry, a snooze, or the dead letters.
@@ -387,9 +461,9 @@ pub(crate) async fn complete(
     params(("id" = String, Path, description = "The job id")),
     request_body = FailBody,
     responses(
-        (status = 200, description = "scheduled (with next_run_at), dead or cancelled", body = FailDoc),
-        (status = 409, description = LEASE_LOST, body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 422, description = "Validation", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "scheduled (with next_run_at), dead or cancelled", body = idemq::FailOutcome),
+        (status = 409, description = LEASE_LOST, body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn fail(
@@ -416,23 +490,23 @@ pub(crate) async fn fail(
     params(("id" = String, Path, description = "The job id")),
     request_body = LeaseBody,
     responses(
-        (status = 200, description = "The job's state: ready (cancelled when a cancel was requested)", body = StateDoc),
-        (status = 409, description = LEASE_LOST, body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 200, description = "The job's state: ready (cancelled when a cancel was requested)", body = StateAnswer),
+        (status = 409, description = LEASE_LOST, body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn release(
     State(s): State<ApiState>,
     Path(id): Path<String>,
     Json(body): Json<LeaseBody>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<axum::Json<StateAnswer>> {
     let r = s.queue().release(&id, &body.lease_token).await;
     lease(r)?;
     // A job whose cancel was requested turns cancelled, not ready: say so.
     let state = match s.queue().get(&id).await? {
-        Some(job) if job.state == idemq::JobState::Cancelled => "cancelled",
-        _ => "ready",
+        Some(job) if job.state == idemq::JobState::Cancelled => idemq::JobState::Cancelled,
+        _ => idemq::JobState::Ready,
     };
-    Ok(axum::Json(serde_json::json!({ "state": state })))
+    Ok(axum::Json(StateAnswer { state }))
 }
 
 /// Stores a step result under the job; the first stored value wins.
@@ -443,13 +517,13 @@ pub(crate) async fn release(
     tag = "worker",
     params(
         ("id" = String, Path, description = "The job id"),
-        ("name" = String, Path, description = "The step name (1–255 bytes)"),
+        ("name" = idemq::openapi::CheckpointName, Path, description = "The step name"),
     ),
     request_body = CheckpointBody,
     responses(
         (status = 200, description = "Whether this value was stored", body = Stored),
-        (status = 409, description = LEASE_LOST, body = ProblemDoc, content_type = "application/problem+json"),
-        (status = 413, description = "The value is over the payload limit", body = ProblemDoc, content_type = "application/problem+json"),
+        (status = 409, description = LEASE_LOST, body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "The value is over the payload limit", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn checkpoint(

@@ -13,6 +13,7 @@ instantiate!(
     batch_items,
     batch_atomic,
     explain_writes_nothing,
+    wire_forms_the_document_states,
 );
 
 async fn enqueue_outcomes(b: Backend) {
@@ -372,5 +373,79 @@ async fn explain_writes_nothing(b: Backend) {
         .await
         .problem(422, "validation");
     assert_eq!(s.job_count().await, 1);
+    s.stop().await;
+}
+
+/// The forms the OpenAPI document states and Schemathesis checks: integers
+/// with a zero fraction part, object members that must be objects, lengths
+/// in characters, the cursor's form.
+async fn wire_forms_the_document_states(b: Backend) {
+    let s = Server::start(b).await;
+    let body = json!({"type": "x", "max_attempts": 3.0, "timeout_ms": 1e3, "priority": -2.0,
+        "idempotency": {"key": "float-ints", "ttl_ms": 60000.0}});
+    let id = s.post("/v1/jobs", body).await.ok(201)["job_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let job = s.get(&format!("/v1/jobs/{id}")).await.ok(200).clone();
+    assert_eq!(
+        (
+            job["max_attempts"].clone(),
+            job["timeout_ms"].clone(),
+            job["priority"].clone()
+        ),
+        (json!(3), json!(1000), json!(-2))
+    );
+    // The same request written with plain integers is a replay.
+    let same = json!({"type": "x", "max_attempts": 3, "timeout_ms": 1000, "priority": -2,
+        "idempotency": {"key": "float-ints", "ttl_ms": 60000}});
+    assert_eq!(
+        s.post("/v1/jobs", same).await.ok(200)["outcome"],
+        "replayed"
+    );
+    for (body, field) in [
+        (json!({"type": "x", "max_attempts": 3.5}), "max_attempts"),
+        (json!({"type": "x", "delay_ms": 1e300}), "delay_ms"),
+        (json!({"type": "x", "idempotency": ["k"]}), "idempotency"),
+        (json!({"type": "x", "retry": ["none"]}), "retry"),
+    ] {
+        let a = s.post("/v1/jobs", body).await;
+        assert_eq!(a.problem(400, "bad-request")["field"], field);
+    }
+    let a = s
+        .post(
+            "/v1/jobs/bulk",
+            json!({"action": "purge", "filter": [null, null]}),
+        )
+        .await;
+    assert_eq!(a.problem(400, "bad-request")["field"], "filter");
+    s.post("/v1/claim", json!({"limit": 2.0, "lease_ms": 1000.0}))
+        .await
+        .ok(200);
+    // Free text is bounded in characters: 255 two-byte characters pass.
+    let key = "é".repeat(255);
+    s.post(
+        "/v1/jobs",
+        json!({"type": "x", "idempotency": {"key": key}}),
+    )
+    .await
+    .ok(201);
+    let a = s
+        .post(
+            "/v1/jobs",
+            json!({"type": "x", "idempotency": {"key": format!("{key}é")}}),
+        )
+        .await;
+    assert_eq!(a.problem(422, "validation")["field"], "idempotency.key");
+    let a = s
+        .post("/v1/claim", json!({"worker": "ü".repeat(128)}))
+        .await;
+    a.ok(200);
+    // A cursor is 1–19 decimal digits.
+    s.get("/v1/jobs?cursor=123").await.ok(200);
+    for bad in ["%2B5", "12345678901234567890", "abc"] {
+        let a = s.get(&format!("/v1/jobs?cursor={bad}")).await;
+        assert_eq!(a.problem(422, "validation")["field"], "cursor");
+    }
     s.stop().await;
 }

@@ -27,6 +27,15 @@ use crate::schedule::Schedule;
 pub mod postgres;
 pub mod sqlite;
 
+/// What a page cursor looks like: the decimal acceptance sequence number of
+/// the last job of the previous page (`Queue::list` refuses anything else).
+pub const CURSOR_PATTERN: &str = "^[0-9]{1,19}$";
+
+/// Whether `cursor` has the form of [`CURSOR_PATTERN`].
+pub fn is_cursor(cursor: &str) -> bool {
+    (1..=19).contains(&cursor.len()) && cursor.bytes().all(|b| b.is_ascii_digit())
+}
+
 /// How a database's schema stands against this binary's (`idemq migrate
 /// --check`). Reading it changes nothing.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -71,11 +80,14 @@ pub struct JobExplain {
 
 /// What an explain found: the outcome an enqueue would have now, and who holds the keys.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Explain {
     /// `accepted`, `replayed`, `coalesced`, `replaced`, `non_replaceable` or `conflict`.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExplainOutcome))]
     pub outcome: String,
     /// For `non_replaceable`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::job::NonReplaceableReason>))]
     pub reason: Option<String>,
     /// The job the enqueue would return (`None` for a new job without an explicit id, and for a conflict).
     pub job_id: Option<String>,
@@ -89,6 +101,7 @@ pub struct Explain {
 
 /// Conflict details of an explain.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExplainConflict {
     /// The job that owns the key or id.
     pub job_id: String,
@@ -98,6 +111,7 @@ pub struct ExplainConflict {
 
 /// A live idempotency binding as explain reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExplainIdempotency {
     /// The job the key is bound to.
     pub job_id: String,
@@ -107,6 +121,8 @@ pub struct ExplainIdempotency {
 
 /// A live dedupe binding as explain and lookups report it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = DedupeBinding))]
 pub struct ExplainDedupe {
     /// The keyed job.
     pub job_id: String,
@@ -161,6 +177,7 @@ impl JobList {
 
 /// One page of jobs, newest first.
 #[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct JobPage {
     /// The jobs.
     pub jobs: Vec<Job>,
@@ -291,6 +308,8 @@ pub struct BindingRef {
 
 /// A live idempotency binding as a lookup reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = Binding))]
 pub struct BindingInfo {
     /// The job the key is bound to.
     pub job_id: String,
