@@ -6,8 +6,11 @@
 //! `#[schema(value_type = …)]`, so the OpenAPI document the server builds
 //! cannot drift from what the library accepts.
 //!
-//! Lengths are in characters (Unicode scalar values), as JSON Schema counts
-//! them and as the validators count them (docs/decisions.md).
+//! Bounds are in bytes of UTF-8, as the validators count them. Names are
+//! ASCII, so `maxLength` states their bound exactly; for free text (keys,
+//! tags, worker and checkpoint names) `maxLength` is the byte bound counted
+//! in characters — a value over it is always refused, and the description
+//! says that the bound is in bytes (docs/decisions.md).
 
 use std::borrow::Cow;
 
@@ -37,6 +40,18 @@ pub fn text(max: usize, pattern: &str, description: &str) -> ObjectBuilder {
         .max_length(Some(max))
         .pattern(Some(pattern))
         .description(Some(description))
+}
+
+/// Free text: 1–`max` bytes of UTF-8 without U+0000, stated as at most
+/// `max` characters (every longer value is refused) and in the description.
+pub fn free_text(max: usize, description: &str) -> ObjectBuilder {
+    text(
+        max,
+        TEXT_PATTERN,
+        &format!(
+            "{description}: 1–{max} bytes of UTF-8 (so at most {max} characters), without U+0000"
+        ),
+    )
 }
 
 /// An integer from `min` to `max`.
@@ -87,7 +102,7 @@ named!(
 );
 named!(
     /// An idempotency key, dedupe key or concurrency key.
-    Key => text(bounds::MAX_KEY_BYTES, TEXT_PATTERN, "A key: any text without U+0000")
+    Key => free_text(bounds::MAX_KEY_BYTES, "A key")
 );
 named!(
     /// The idempotency scope of an enqueue (`idemq.` scopes are reserved).
@@ -103,7 +118,7 @@ named!(
 );
 named!(
     /// A tag.
-    Tag => text(bounds::MAX_TAG_BYTES, TEXT_PATTERN, "A tag")
+    Tag => free_text(bounds::MAX_TAG_BYTES, "A tag")
 );
 named!(
     /// The tags of a job.
@@ -115,11 +130,11 @@ named!(
 );
 named!(
     /// A worker's name.
-    WorkerName => text(bounds::MAX_WORKER_BYTES, TEXT_PATTERN, "A worker's name")
+    WorkerName => free_text(bounds::MAX_WORKER_BYTES, "A worker's name")
 );
 named!(
     /// A checkpoint's (step's) name.
-    CheckpointName => text(bounds::MAX_KEY_BYTES, TEXT_PATTERN, "A step name")
+    CheckpointName => free_text(bounds::MAX_KEY_BYTES, "A step name")
 );
 named!(
     /// A schedule's name.
@@ -155,7 +170,7 @@ named!(
 named!(
     /// The `Idempotency-Key` header: a structured-field string (`"k"`,
     /// printable ASCII with `\"` and `\\` escapes) or a bare token, of
-    /// 1–[`bounds::MAX_KEY_BYTES`] characters after the surrounding blanks
+    /// 1–[`bounds::MAX_KEY_BYTES`] bytes after the surrounding blanks
     /// are trimmed.
     IdempotencyKeyHeader => ObjectBuilder::new()
         .schema_type(Type::String)

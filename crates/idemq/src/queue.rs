@@ -105,7 +105,7 @@ pub struct ClaimOptions {
     pub queues: Vec<String>,
     /// Job types to claim; `None` for any.
     pub types: Option<Vec<String>>,
-    /// The worker's name (1–128 characters).
+    /// The worker's name (1–128 bytes).
     pub worker: String,
     /// At most this many jobs (1–1000).
     pub limit: u32,

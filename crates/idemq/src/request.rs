@@ -57,14 +57,13 @@ pub mod bounds {
     pub const MAX_QUEUE_BYTES: usize = 64;
     /// Longest explicit job id in bytes.
     pub const MAX_JOB_ID_BYTES: usize = 128;
-    /// Longest idempotency key, dedupe key, concurrency key and checkpoint name,
-    /// in characters (free text: a character may take up to 4 bytes).
+    /// Longest idempotency key, dedupe key, concurrency key and checkpoint name in bytes.
     pub const MAX_KEY_BYTES: usize = 255;
     /// Longest idempotency scope in bytes.
     pub const MAX_SCOPE_BYTES: usize = 64;
-    /// Longest tag, in characters.
+    /// Longest tag in bytes.
     pub const MAX_TAG_BYTES: usize = 64;
-    /// Longest worker name, in characters.
+    /// Longest worker name in bytes.
     pub const MAX_WORKER_BYTES: usize = 128;
     /// Most jobs one claim hands out.
     pub const MAX_CLAIM_LIMIT: u32 = 1000;
@@ -165,7 +164,7 @@ impl Default for RetryPolicy {
 #[cfg_attr(feature = "openapi", schema(as = Idempotency))]
 #[serde(deny_unknown_fields)]
 pub struct IdempotencyOptions {
-    /// The caller's stable id of the business operation (1–255 characters).
+    /// The caller's stable id of the business operation (1–255 bytes).
     #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::Key))]
     pub key: String,
     /// Namespace of keys; `default` when omitted.
@@ -196,7 +195,7 @@ impl std::fmt::Debug for IdempotencyOptions {
 // For the schema: the object form refuses unknown members (see `Full` below).
 #[serde(deny_unknown_fields)]
 pub struct DedupeOptions {
-    /// The dedupe key, scoped per job type (1–255 characters).
+    /// The dedupe key, scoped per job type (1–255 bytes).
     #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::Key))]
     pub key: String,
     /// Window in milliseconds (1 ms – 30 d).
@@ -347,7 +346,7 @@ pub struct EnqueueRequest {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::Key>))]
     pub concurrency_key: Option<String>,
-    /// Labels for operators (≤ 16 distinct, 1–64 characters each).
+    /// Labels for operators (≤ 16 distinct, 1–64 bytes each).
     #[serde(default, deserialize_with = "crate::wire::null_as_default")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::Tags>))]
     pub tags: Vec<String>,
@@ -603,17 +602,17 @@ pub fn check_scope(field: &str, v: &str) -> Result<()> {
     check_name(field, v, bounds::MAX_SCOPE_BYTES, "")
 }
 
-/// A dedupe key: 1–[`bounds::MAX_KEY_BYTES`] characters, no U+0000.
+/// A dedupe key: 1–[`bounds::MAX_KEY_BYTES`] bytes, no U+0000.
 pub fn check_dedupe_key(field: &str, v: &str) -> Result<()> {
     check_text(field, v, bounds::MAX_KEY_BYTES)
 }
 
-/// A worker name: 1–[`bounds::MAX_WORKER_BYTES`] characters, no U+0000.
+/// A worker name: 1–[`bounds::MAX_WORKER_BYTES`] bytes, no U+0000.
 pub fn check_worker_name(field: &str, v: &str) -> Result<()> {
     check_text(field, v, bounds::MAX_WORKER_BYTES)
 }
 
-/// A checkpoint (step) name: 1–[`bounds::MAX_KEY_BYTES`] characters, no U+0000.
+/// A checkpoint (step) name: 1–[`bounds::MAX_KEY_BYTES`] bytes, no U+0000.
 pub fn check_checkpoint_name(field: &str, v: &str) -> Result<()> {
     check_text(field, v, bounds::MAX_KEY_BYTES)
 }
@@ -633,14 +632,10 @@ fn check_name(field: &str, v: &str, max: usize, extra: &str) -> Result<()> {
     }
 }
 
-/// Free text: 1–`max` characters (Unicode scalar values, as JSON Schema's
-/// `maxLength` counts them), no U+0000.
+/// Free text: 1–`max` bytes of UTF-8, no U+0000.
 fn check_text(field: &str, v: &str, max: usize) -> Result<()> {
-    if v.is_empty() || v.chars().count() > max {
-        return Err(Error::validation(
-            field,
-            format!("must be 1–{max} characters"),
-        ));
+    if v.is_empty() || v.len() > max {
+        return Err(Error::validation(field, format!("must be 1–{max} bytes")));
     }
     if v.contains('\0') {
         return Err(Error::validation(field, "must not contain U+0000"));
@@ -791,10 +786,10 @@ pub(crate) fn prepare_key(
     ttl_ms: i64,
     hasher: &KeyHasher,
 ) -> Result<PreparedKey> {
-    if key.is_empty() || key.chars().count() > bounds::MAX_KEY_BYTES {
+    if key.is_empty() || key.len() > bounds::MAX_KEY_BYTES {
         return Err(Error::validation(
             format!("{field}.key"),
-            format!("must be 1–{} characters", bounds::MAX_KEY_BYTES),
+            format!("must be 1–{} bytes of UTF-8", bounds::MAX_KEY_BYTES),
         ));
     }
     // Its preview is stored as text, which PostgreSQL cannot hold with U+0000.

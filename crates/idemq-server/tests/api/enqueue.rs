@@ -378,7 +378,7 @@ async fn explain_writes_nothing(b: Backend) {
 
 /// The forms the OpenAPI document states and Schemathesis checks: integers
 /// with a zero fraction part, object members that must be objects, lengths
-/// in characters, the cursor's form.
+/// in bytes, the cursor's form.
 async fn wire_forms_the_document_states(b: Backend) {
     let s = Server::start(b).await;
     let body = json!({"type": "x", "max_attempts": 3.0, "timeout_ms": 1e3, "priority": -2.0,
@@ -422,8 +422,10 @@ async fn wire_forms_the_document_states(b: Backend) {
     s.post("/v1/claim", json!({"limit": 2.0, "lease_ms": 1000.0}))
         .await
         .ok(200);
-    // Free text is bounded in characters: 255 two-byte characters pass.
-    let key = "é".repeat(255);
+    // Free text is bounded in bytes of UTF-8: 127 two-byte characters and
+    // one ASCII pass, 128 two-byte characters (fewer than the document's
+    // 255-character maxLength, but 256 bytes) are a 422.
+    let key = format!("{}a", "é".repeat(127));
     s.post(
         "/v1/jobs",
         json!({"type": "x", "idempotency": {"key": key}}),
@@ -433,14 +435,15 @@ async fn wire_forms_the_document_states(b: Backend) {
     let a = s
         .post(
             "/v1/jobs",
-            json!({"type": "x", "idempotency": {"key": format!("{key}é")}}),
+            json!({"type": "x", "idempotency": {"key": "é".repeat(128)}}),
         )
         .await;
     assert_eq!(a.problem(422, "validation")["field"], "idempotency.key");
-    let a = s
-        .post("/v1/claim", json!({"worker": "ü".repeat(128)}))
-        .await;
-    a.ok(200);
+    s.post("/v1/claim", json!({"worker": "ü".repeat(64)}))
+        .await
+        .ok(200);
+    let a = s.post("/v1/claim", json!({"worker": "ü".repeat(65)})).await;
+    assert_eq!(a.problem(422, "validation")["field"], "worker");
     // A cursor is 1–19 decimal digits.
     s.get("/v1/jobs?cursor=123").await.ok(200);
     for bad in ["%2B5", "12345678901234567890", "abc"] {
