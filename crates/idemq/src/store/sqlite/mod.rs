@@ -34,7 +34,6 @@ mod schedule;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
@@ -54,6 +53,14 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const READERS: usize = 4;
 /// Most writes committed together.
 const GROUP: usize = 256;
+/// The page cache of each read connection, in KiB (`PRAGMA cache_size`
+/// takes a negative number as KiB). SQLite's default is 2,000 KiB per
+/// connection; the reads are point lookups, whose interior pages fit in
+/// far less, and counting scans of the whole table, which a cache smaller
+/// than the table does not help. The heap profile of `idemq serve` showed
+/// the readers' page caches as most of its memory in use
+/// (docs/benchmarks.md).
+const READER_CACHE_KIB: i64 = 512;
 /// How often the checkpoint thread moves the WAL into the database file.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 
@@ -145,8 +152,10 @@ pub(crate) struct Cx<'a> {
 
 struct Inner {
     writer: Mutex<Connection>,
+    /// One per read thread: thread `i` of the read lane uses `readers[i]`
+    /// only, so a connection's page cache is allocated and freed by one
+    /// thread (one malloc arena) instead of by whichever thread was free.
     readers: Vec<Mutex<Connection>>,
-    next_reader: AtomicUsize,
     clock: Arc<dyn Clock>,
     wakeup: Arc<Notify>,
     /// Writes (and every operation of an in-memory database) run on one
@@ -159,8 +168,9 @@ struct Inner {
     _checkpoints: Option<mpsc::Sender<()>>,
 }
 
-/// One operation for a store thread.
-type Task = Box<dyn FnOnce() + Send>;
+/// One operation for a store thread, given the index of the thread that
+/// runs it within its lane.
+type Task = Box<dyn FnOnce(usize) + Send>;
 
 /// What a grouped write does once its group's transaction ended: answer
 /// its caller with its own result, or with the commit's failure.
@@ -222,7 +232,9 @@ fn lane(name: &str, threads: usize) -> Result<mpsc::Sender<Lane>> {
                     };
                     match task {
                         Lane::Solo(task) => {
-                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task));
+                            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                task(i);
+                            }));
                         }
                         Lane::Grouped(inner, op) => {
                             // Everything queued behind it, up to GROUP writes;
@@ -451,7 +463,11 @@ impl SqliteStore {
         };
         let readers = match path {
             Some(_) => (0..READERS)
-                .map(|_| open_conn(path).map(Mutex::new))
+                .map(|_| {
+                    let conn = open_conn(path)?;
+                    conn.pragma_update(None, "cache_size", -READER_CACHE_KIB)?;
+                    Ok(Mutex::new(conn))
+                })
                 .collect::<Result<_>>()?,
             None => Vec::new(),
         };
@@ -460,7 +476,6 @@ impl SqliteStore {
             inner: Arc::new(Inner {
                 writer: Mutex::new(writer),
                 readers,
-                next_reader: AtomicUsize::new(0),
                 clock,
                 wakeup: Arc::new(Notify::new()),
                 write_lane: lane("write", 1)?,
@@ -527,10 +542,10 @@ impl SqliteStore {
                 message: "sqlite operation panicked".into(),
             })?;
         }
-        let task: Task = Box::new(move || {
+        let task: Task = Box::new(move |thread| {
             let conn_lock = if reads_apart {
-                let i = inner.next_reader.fetch_add(1, Ordering::Relaxed) % inner.readers.len();
-                &inner.readers[i]
+                // The read lane has one thread per read connection.
+                &inner.readers[thread % inner.readers.len()]
             } else {
                 &inner.writer
             };
@@ -846,5 +861,61 @@ impl Store for SqliteStore {
 
     async fn schedule_mark_fired(&self, p: ScheduleMarkFired) -> Result<bool> {
         self.write(move |cx| schedule::mark_fired(cx, &p)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+
+    fn cache_size(conn: &Mutex<Connection>) -> i64 {
+        lock(conn)
+            .query_row("PRAGMA cache_size", [], |r| r.get(0))
+            .expect("cache_size")
+    }
+
+    #[test]
+    fn read_connections_have_a_bounded_page_cache_and_the_writer_the_default() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store =
+            SqliteStore::open(Some(&dir.path().join("q.db")), Arc::new(SystemClock)).expect("open");
+        assert_eq!(store.inner.readers.len(), READERS);
+        for reader in &store.inner.readers {
+            assert_eq!(cache_size(reader), -READER_CACHE_KIB);
+        }
+        assert_eq!(cache_size(&store.inner.writer), -2000);
+    }
+
+    #[tokio::test]
+    async fn each_read_thread_uses_its_own_connection() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store =
+            SqliteStore::open(Some(&dir.path().join("q.db")), Arc::new(SystemClock)).expect("open");
+        // Every connection answers with its own temp schema object, so the
+        // connection a read used shows in its answer; the thread's name
+        // ends with its index in the read lane.
+        for (i, reader) in store.inner.readers.iter().enumerate() {
+            lock(reader)
+                .execute_batch(&format!("CREATE TEMP TABLE conn_{i} (x)"))
+                .expect("temp table");
+        }
+        for _ in 0..32 {
+            let (thread, conn): (String, String) = store
+                .read(|cx| {
+                    let name = std::thread::current().name().unwrap_or_default().to_owned();
+                    let conn = cx.db.query_row(
+                        "SELECT name FROM sqlite_temp_master WHERE type = 'table'",
+                        [],
+                        |r| r.get(0),
+                    )?;
+                    Ok((name, conn))
+                })
+                .await
+                .expect("read");
+            let index = thread.rsplit('-').next().expect("index");
+            assert!(thread.starts_with("idemq-sqlite-read-"), "{thread}");
+            assert_eq!(conn, format!("conn_{index}"));
+        }
     }
 }
