@@ -25,11 +25,10 @@ use crate::store::Wakeups;
 /// backlog is being worked off.
 const CLAIM_WINDOW: Duration = Duration::from_millis(5);
 
-/// A `complete_and_claim` call that ended: the completions it carried, the
-/// slots its claim asked for, and what the store answered.
+/// A `complete_and_claim` call that ended: the completions it carried and
+/// what the store answered.
 struct Call {
     done: Vec<Entry>,
-    asked: usize,
     outcome: Result<Answer>,
 }
 
@@ -158,11 +157,8 @@ pub(super) async fn run(
         }
         let mut full = false;
         for done in arrived.drain(..) {
-            let call = match done {
-                Ok((id, call)) => {
-                    asked_by.remove(&id);
-                    call
-                }
+            let (call, asked) = match done {
+                Ok((id, call)) => (call, asked_by.remove(&id).unwrap_or(0)),
                 // The call's task panicked: its claim's slots are free again;
                 // the completions it carried are not recorded (those jobs
                 // run again once their leases expire).
@@ -184,8 +180,8 @@ pub(super) async fn run(
                     let jobs = claimed.unwrap_or_default();
                     // A call that only carried completions says nothing
                     // of the backlog.
-                    if call.asked > 0 {
-                        let took_all = jobs.len() == call.asked;
+                    if asked > 0 {
+                        let took_all = jobs.len() == asked;
                         full |= took_all;
                         backlog = took_all;
                         // Short of what it asked: claim again only when
@@ -268,11 +264,7 @@ pub(super) async fn run(
             let queue = w.queue.clone();
             let call = calls.spawn(async move {
                 let outcome = queue.complete_and_claim(completions, options).await;
-                Call {
-                    done,
-                    asked,
-                    outcome,
-                }
+                Call { done, outcome }
             });
             asked_by.insert(call.id(), asked);
             // Another call may go out at once.
