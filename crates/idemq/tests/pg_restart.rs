@@ -3,6 +3,13 @@
 //! `Unavailable` with the same key (bounded), the pool reconnects by itself,
 //! and afterwards every acknowledged job is there and no key owns two jobs.
 //!
+//! So that the restart always meets enqueues in flight (a single-statement
+//! enqueue spends most of its time in a commit that a fast shutdown lets
+//! finish, so a bare restart can fall between statements of every
+//! producer), the injector first takes a lock on the jobs table, waits until
+//! enqueues are queued behind it, and restarts then: those statements are
+//! ended by the shutdown and their producers must retry.
+//!
 //! The test runs its own PostgreSQL server: `initdb` into a temporary
 //! directory and `pg_ctl` on a free loopback port (as the `postgres` user
 //! when run as root), so restarting it disturbs no other test, and a guard
@@ -22,6 +29,7 @@ use std::time::{Duration, Instant};
 use idemq::store::postgres::{PgOptions, PgStore};
 use idemq::{EnqueueRequest, JobList, Outcome, Queue, QueueOptions};
 use serde_json::json;
+use sqlx::{Connection, PgConnection};
 
 const OPS: u32 = 20_000;
 const PRODUCERS: u32 = 8;
@@ -248,6 +256,36 @@ async fn producer(queue: Queue, p: u32, tally: Arc<Tally>) {
     }
 }
 
+/// Takes an exclusive lock on `idemq.jobs` in a transaction of its own and
+/// returns, once enqueues wait behind it, how many, and the session that holds
+/// the lock (the restart ends it).
+async fn hold_jobs_until_enqueues_wait(url: &str) -> (i64, PgConnection) {
+    let mut holder = PgConnection::connect(url).await.expect("lock holder");
+    sqlx::query("BEGIN")
+        .execute(&mut holder)
+        .await
+        .expect("BEGIN");
+    sqlx::query("LOCK TABLE idemq.jobs IN EXCLUSIVE MODE")
+        .execute(&mut holder)
+        .await
+        .expect("lock the jobs table");
+    let mut watcher = PgConnection::connect(url).await.expect("lock watcher");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks \
+             WHERE NOT granted AND relation = 'idemq.jobs'::regclass",
+        )
+        .fetch_one(&mut watcher)
+        .await
+        .expect("count waiting enqueues");
+        if waiting >= i64::from(PRODUCERS / 2) || Instant::now() >= deadline {
+            return (waiting, holder);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_restart_during_idempotent_enqueues_loses_nothing() {
     let server = Server::start();
@@ -277,28 +315,36 @@ async fn postgres_restart_during_idempotent_enqueues_loses_nothing() {
     let server = Arc::new(server);
     let injector = {
         let (tally, done, server_ref) = (tally.clone(), done.clone(), server.clone());
+        let url_ref = url.clone();
         tokio::spawn(async move {
             while tally.acked.load(Ordering::Relaxed) < RESTART_AT {
                 if done.load(Ordering::Relaxed) {
-                    return (0u64, Duration::ZERO, String::new());
+                    return (0u64, Duration::ZERO, String::new(), 0i64);
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
+            let (waiting, holder) = hold_jobs_until_enqueues_wait(&url_ref).await;
             let started = Instant::now();
             let out = tokio::task::block_in_place(|| server_ref.restart());
+            drop(holder);
             let log = format!(
                 "{}{}",
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
-            (u64::from(out.status.success()), started.elapsed(), log)
+            (
+                u64::from(out.status.success()),
+                started.elapsed(),
+                log,
+                waiting,
+            )
         })
     };
     while let Some(r) = producers.join_next().await {
         r.expect("producer");
     }
     done.store(true, Ordering::Relaxed);
-    let (faults, restart_took, restart_log) = injector.await.expect("injector");
+    let (faults, restart_took, restart_log, waiting) = injector.await.expect("injector");
     let load_took = t0.elapsed();
 
     // Afterwards: every acknowledged id is there and owns its key, and no key
@@ -357,7 +403,7 @@ async fn postgres_restart_during_idempotent_enqueues_loses_nothing() {
 
     println!(
         "pg_restart: ops {OPS} (tries {}), retries {}, faults injected {faults} \
-         (restart took {restart_took:?}), acknowledged {}, replayed on retry {}, \
+         (restart took {restart_took:?}, enqueues waiting {waiting}), acknowledged {}, replayed on retry {}, \
          not acknowledged {}, acknowledged lost {}, duplicates {duplicates}, \
          wrong bindings {}, jobs stored {total_jobs}, load took {load_took:?}",
         tally.tried.load(Ordering::Relaxed),
@@ -375,9 +421,10 @@ async fn postgres_restart_during_idempotent_enqueues_loses_nothing() {
         "the restart failed: {restart_log}\nserver log:\n{}",
         server.log()
     );
+    assert!(waiting > 0, "no enqueue was in flight at the restart");
     assert!(
-        tally.retries.load(Ordering::Relaxed) > 0,
-        "no producer noticed the restart: the fault was not injected during the load"
+        tally.retries.load(Ordering::Relaxed) >= u64::try_from(waiting).unwrap(),
+        "{waiting} enqueues were in flight at the restart, fewer retries"
     );
     assert!(lost.is_empty(), "acknowledged jobs lost: {lost:?}");
     assert_eq!(duplicates, 0, "keys with two jobs");
