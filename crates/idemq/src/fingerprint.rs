@@ -3,13 +3,14 @@
 //! vectors in the tests below: any drift fails the build.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::request::PreparedEnqueue;
+use crate::request::{PreparedEnqueue, RetryPolicy};
 
 /// Writes `v` in the canonical form of RFC 8785 (JCS): object members sorted
 /// by their UTF-16 code units, no whitespace, strings escaped minimally and
@@ -124,6 +125,28 @@ fn field_digest(name: &str, canonical: &str) -> String {
     hex(&h.finalize()[..16])
 }
 
+/// Digests every request of a process would otherwise compute again: each
+/// field's `null` (most requests leave most fields out), no tags, and the
+/// default retry policy.
+struct Common {
+    nulls: [String; FIELDS.len()],
+    no_tags: String,
+    default_retry: String,
+}
+
+static COMMON: LazyLock<Common> = LazyLock::new(|| Common {
+    nulls: FIELDS.map(|name| field_digest(name, "null")),
+    no_tags: field_digest("tags", "[]"),
+    default_retry: field_digest("retry", &retry_canonical(&RetryPolicy::default())),
+});
+
+fn retry_canonical(retry: &RetryPolicy) -> String {
+    let value = serde_json::to_value(retry).unwrap_or(Value::Null);
+    let mut out = String::new();
+    write_canonical(&value, &mut out);
+    out
+}
+
 /// Writes the canonical form of each field into one reused buffer and keeps
 /// its digest.
 struct Digests {
@@ -139,21 +162,33 @@ impl Digests {
             .insert(name.to_owned(), field_digest(name, &self.buf));
     }
 
+    /// Keeps a digest computed once (see [`Common`]).
+    fn known(&mut self, name: &str, digest: &str) {
+        self.fields.insert(name.to_owned(), digest.to_owned());
+    }
+
+    fn null(&mut self, name: &str) {
+        match FIELDS.iter().position(|f| *f == name) {
+            Some(i) => self.known(name, &COMMON.nulls[i]),
+            None => self.field(name, |out| out.push_str("null")),
+        }
+    }
+
     fn int(&mut self, name: &str, v: Option<i64>) {
-        self.field(name, |out| match v {
-            Some(n) => {
+        match v {
+            Some(n) => self.field(name, |out| {
                 use std::fmt::Write;
                 let _ = write!(out, "{n}");
-            }
-            None => out.push_str("null"),
-        });
+            }),
+            None => self.null(name),
+        }
     }
 
     fn str(&mut self, name: &str, v: Option<&str>) {
-        self.field(name, |out| match v {
-            Some(s) => write_string(s, out),
-            None => out.push_str("null"),
-        });
+        match v {
+            Some(s) => self.field(name, |out| write_string(s, out)),
+            None => self.null(name),
+        }
     }
 }
 
@@ -173,20 +208,27 @@ impl Fingerprint {
         d.int("max_attempts", Some(i64::from(p.max_attempts)));
         d.field("payload", |out| write_canonical(payload, out));
         d.str("queue", Some(&p.queue));
-        let retry = serde_json::to_value(&p.retry).unwrap_or(Value::Null);
-        d.field("retry", |out| write_canonical(&retry, out));
+        if p.retry == RetryPolicy::default() {
+            d.known("retry", &COMMON.default_retry);
+        } else {
+            d.field("retry", |out| out.push_str(&retry_canonical(&p.retry)));
+        }
         d.int("run_at", p.run_at);
         // Tags are sorted and distinct: their canonical array is their list.
-        d.field("tags", |out| {
-            out.push('[');
-            for (i, t) in p.tags.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
+        if p.tags.is_empty() {
+            d.known("tags", &COMMON.no_tags);
+        } else {
+            d.field("tags", |out| {
+                out.push('[');
+                for (i, t) in p.tags.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write_string(t, out);
                 }
-                write_string(t, out);
-            }
-            out.push(']');
-        });
+                out.push(']');
+            });
+        }
         d.int("timeout_ms", Some(p.timeout_ms));
         d.str("type", Some(&p.job_type));
         Self { fields: d.fields }
@@ -213,6 +255,14 @@ impl Fingerprint {
     /// that is missing (which no digest equals).
     pub fn packed(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(FIELDS.len() * 16);
+        // The common case, every field and no other: the map holds them in
+        // the order of their names, which is the packed order.
+        if self.fields.len() == FIELDS.len() && self.fields.keys().eq(FIELDS.iter()) {
+            for h in self.fields.values() {
+                out.extend_from_slice(&unhex16(h).unwrap_or_default());
+            }
+            return out;
+        }
         for name in FIELDS {
             let digest = self.fields.get(name).and_then(|h| unhex16(h));
             out.extend_from_slice(&digest.unwrap_or_default());
@@ -475,6 +525,42 @@ mod tests {
         assert_eq!(names, FIELDS.to_vec());
         let packed: String = expected.iter().map(|(_, h)| *h).collect();
         assert_eq!(hex(&p.fingerprint.packed()), packed);
+    }
+
+    /// The digests kept from the first request are the ones a request
+    /// computes: no tags, each field's `null`, and a policy other than the
+    /// default, which is computed every time.
+    #[test]
+    fn kept_digests_are_the_computed_ones() {
+        let p = EnqueueRequest::new("t")
+            .retry(RetryPolicy::Fixed { delay_ms: 2500 })
+            .prepare(&KeyHasher::plain(), 1 << 20)
+            .unwrap();
+        let f = &p.fingerprint.fields;
+        assert_eq!(f["tags"], field_digest("tags", "[]"));
+        assert_eq!(
+            f["retry"],
+            field_digest("retry", r#"{"delay_ms":2500,"kind":"fixed"}"#)
+        );
+        for name in [
+            "concurrency_key",
+            "deadline",
+            "delay_ms",
+            "job_id",
+            "run_at",
+        ] {
+            assert_eq!(f[name], field_digest(name, "null"), "{name}");
+        }
+        let with_default = EnqueueRequest::new("t")
+            .prepare(&KeyHasher::plain(), 1 << 20)
+            .unwrap();
+        assert_eq!(
+            with_default.fingerprint.fields["retry"],
+            field_digest(
+                "retry",
+                r#"{"factor":2,"initial_ms":1000,"jitter":true,"kind":"exponential","max_ms":3600000}"#
+            )
+        );
     }
 
     #[test]

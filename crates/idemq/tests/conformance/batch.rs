@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idemq::{
     BatchOptions, ConflictSource, DedupeOptions, EnqueueRequest, EnqueueResult, Error, Outcome,
-    Queue, QueueOptions,
+    Queue, QueueOptions, RetryPolicy,
 };
 use serde_json::json;
 
@@ -632,12 +632,24 @@ async fn oversized_item_fails_only_that_item(h: Harness) {
 
 /// A batch without keys takes a set-based path and a single request a
 /// straight one on some backends: every field lands the same either way,
-/// a JSON null payload included, and so does the `accepted` event.
+/// a JSON null payload and retry policies repeated within the batch
+/// included, and so does the `accepted` event.
 async fn keyless_batch_stores_each_request_as_a_single_enqueue_does(h: Harness) {
     let now = h.now().await;
+    let fixed = RetryPolicy::Fixed { delay_ms: 2_500 };
+    let steep = RetryPolicy::Exponential {
+        initial_ms: 100,
+        factor: 3.5,
+        max_ms: 60_000,
+        jitter: false,
+    };
     let requests = || {
         vec![
             EnqueueRequest::new("t").payload(serde_json::Value::Null),
+            EnqueueRequest::new("t").retry(fixed.clone()),
+            EnqueueRequest::new("t").retry(steep.clone()),
+            EnqueueRequest::new("t").retry(fixed.clone()),
+            EnqueueRequest::new("t").retry(RetryPolicy::None),
             EnqueueRequest::new("t")
                 .payload(json!({"a": [1, 2], "b": "x"}))
                 .queue("q2")
@@ -683,7 +695,17 @@ async fn keyless_batch_stores_each_request_as_a_single_enqueue_does(h: Harness) 
     }
     let first = h.job(&ok(&batched[0]).job_id).await;
     assert_eq!(first.payload, serde_json::Value::Null);
-    let second = h.job(&ok(&batched[1]).job_id).await;
-    assert_eq!(second.tags, vec!["a".to_owned(), "b".to_owned()]);
-    assert_eq!(second.run_at, now + chrono::Duration::seconds(10));
+    assert_eq!(first.retry, RetryPolicy::default());
+    let mut retries = Vec::new();
+    for r in &batched[1..5] {
+        retries.push(h.job(&ok(r).job_id).await.retry);
+    }
+    assert_eq!(
+        retries,
+        vec![fixed.clone(), steep, fixed, RetryPolicy::None],
+        "each job keeps its own retry policy"
+    );
+    let tagged = h.job(&ok(&batched[5]).job_id).await;
+    assert_eq!(tagged.tags, vec!["a".to_owned(), "b".to_owned()]);
+    assert_eq!(tagged.run_at, now + chrono::Duration::seconds(10));
 }
