@@ -121,11 +121,16 @@ named!(
     Tag => free_text(bounds::MAX_TAG_BYTES, "A tag")
 );
 named!(
-    /// The tags of a job.
+    /// The tags of a job. The bound counts distinct tags (repeats are
+    /// dropped), which `maxItems` cannot state: the document says it in the
+    /// description, so a list the server takes is never invalid to the schema.
     Tags => ArrayBuilder::new()
         .items(Tag::schema_ref())
-        .max_items(Some(bounds::MAX_TAGS))
-        .description(Some("Labels"))
+        .description(Some(format!(
+            "Labels, stored sorted and de-duplicated: at most {} distinct tags \
+             (repeats are dropped before they are counted)",
+            bounds::MAX_TAGS
+        )))
     , refs [Tag]
 );
 named!(
@@ -430,7 +435,14 @@ mod tests {
     #[test]
     fn bounds_come_from_the_constants() {
         assert_eq!(json::<Key>()["maxLength"], bounds::MAX_KEY_BYTES);
-        assert_eq!(json::<Tags>()["maxItems"], bounds::MAX_TAGS);
+        let tags = json::<Tags>();
+        assert!(tags.get("maxItems").is_none(), "repeats are not counted");
+        assert!(
+            tags["description"]
+                .as_str()
+                .is_some_and(|d| d.contains(&format!("at most {} distinct", bounds::MAX_TAGS))),
+            "{tags}"
+        );
         assert_eq!(json::<TimeoutMs>()["maximum"], bounds::MAX_TIMEOUT_MS);
         assert_eq!(json::<Priority>()["minimum"], -32768);
         assert_eq!(

@@ -341,7 +341,6 @@ mod tests {
                 "maximum",
                 bounds::MAX_DURATION_MS,
             ),
-            ("EnqueueRequest", "tags", "maxItems", n(bounds::MAX_TAGS)),
             (
                 "EnqueueRequest",
                 "concurrency_key",
