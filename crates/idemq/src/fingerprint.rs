@@ -137,14 +137,16 @@ struct Common {
 static COMMON: LazyLock<Common> = LazyLock::new(|| Common {
     nulls: FIELDS.map(|name| field_digest(name, "null")),
     no_tags: field_digest("tags", "[]"),
-    default_retry: field_digest("retry", &retry_canonical(&RetryPolicy::default())),
+    default_retry: {
+        let mut canonical = String::new();
+        write_retry(&RetryPolicy::default(), &mut canonical);
+        field_digest("retry", &canonical)
+    },
 });
 
-fn retry_canonical(retry: &RetryPolicy) -> String {
+fn write_retry(retry: &RetryPolicy, out: &mut String) {
     let value = serde_json::to_value(retry).unwrap_or(Value::Null);
-    let mut out = String::new();
-    write_canonical(&value, &mut out);
-    out
+    write_canonical(&value, out);
 }
 
 /// Writes the canonical form of each field into one reused buffer and keeps
@@ -211,7 +213,7 @@ impl Fingerprint {
         if p.retry == RetryPolicy::default() {
             d.known("retry", &COMMON.default_retry);
         } else {
-            d.field("retry", |out| out.push_str(&retry_canonical(&p.retry)));
+            d.field("retry", |out| write_retry(&p.retry, out));
         }
         d.int("run_at", p.run_at);
         // Tags are sorted and distinct: their canonical array is their list.

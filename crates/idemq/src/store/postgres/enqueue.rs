@@ -113,9 +113,7 @@ fn items_json(items: &[PreparedEnqueue]) -> Result<String> {
             fingerprint: &p.fingerprint,
         })
         .collect();
-    serde_json::to_string(&wire).map_err(|e| Error::Backend {
-        message: e.to_string(),
-    })
+    to_json(&wire)
 }
 
 fn reason(s: Option<&str>) -> NonReplaceableReason {
@@ -319,6 +317,7 @@ struct PlainItem<'a> {
     tags: Option<String>,
 }
 
+/// Serializes what a statement binds as JSON text.
 fn to_json<T: Serialize + ?Sized>(v: &T) -> Result<String> {
     serde_json::to_string(v).map_err(|e| Error::Backend {
         message: e.to_string(),
@@ -562,9 +561,7 @@ pub(super) async fn redrive(pool: Db<'_>, p: &JobRedrive) -> Result<EnqueueResul
         run_at: p.run_at,
         reset_checkpoints: p.reset_checkpoints,
     };
-    let json = serde_json::to_string(&wire).map_err(|e| Error::Backend {
-        message: e.to_string(),
-    })?;
+    let json = to_json(&wire)?;
     let row = sqlx::query("SELECT outcome, job_id, error FROM idemq.redrive($1::jsonb)")
         .bind(json)
         .fetch_one(pool)
