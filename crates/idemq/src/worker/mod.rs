@@ -31,6 +31,7 @@ mod context;
 mod definition;
 mod handler;
 pub mod maintenance;
+mod prefetch;
 mod run;
 
 use std::future::Future;
@@ -66,6 +67,8 @@ pub struct Worker {
     pub(crate) registry: Registry,
     pub(crate) queues: Vec<String>,
     pub(crate) concurrency: usize,
+    /// Most claimed jobs waiting for a slot; `None`: the default.
+    pub(crate) prefetch: Option<usize>,
     pub(crate) lease: Duration,
     pub(crate) poll_interval: Duration,
     pub(crate) name: String,
@@ -100,6 +103,7 @@ impl Worker {
             registry: Registry::default(),
             queues: Vec::new(),
             concurrency: 10,
+            prefetch: None,
             lease: Duration::from_secs(30),
             poll_interval: Duration::from_secs(1),
             name,
@@ -153,6 +157,20 @@ impl Worker {
     /// Runs at most `n` jobs at once (at least 1).
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
+        self
+    }
+
+    /// Claims up to `n` jobs beyond the running ones while a backlog lasts,
+    /// to wait in the worker for a free slot (default: 128, or
+    /// `concurrency` if that is more; 0 turns it off). Each claim then moves more jobs, and
+    /// the next one is in flight while the slots work. How many actually
+    /// wait follows how long handlers take: the last job in line is
+    /// expected to start within 100 ms, so a worker of slow jobs keeps none
+    /// from other workers. A waiting job is leased and heartbeated like a
+    /// running one; its timeout counts from its claim; at shutdown the
+    /// jobs still waiting are released at once.
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = Some(n);
         self
     }
 

@@ -12,8 +12,8 @@ use tokio::task::JoinSet;
 
 use super::complete::{Entry, Pending};
 use super::context::{ErrorKind, HandlerContext, JobError};
-use super::handler::Erased;
 use super::maintenance::Maintenance;
+use super::prefetch::{Local, Queued};
 use super::{Worker, WorkerReport};
 use crate::error::{Error, Result};
 use crate::job::{ClaimedJob, JobState};
@@ -24,6 +24,9 @@ use crate::store::Wakeups;
 /// How long free slots wait for more to free up before a claim, while a
 /// backlog is being worked off.
 const CLAIM_WINDOW: Duration = Duration::from_millis(5);
+
+/// The jobs that may wait for a slot by default, or `concurrency` if more.
+const DEFAULT_PREFETCH: usize = 128;
 
 /// A `complete_and_claim` call that ended: the completions it carried and
 /// what the store answered.
@@ -119,14 +122,30 @@ pub(super) async fn run(
         .then(|| tokio::spawn(Maintenance::new(w.queue.clone()).run_until(stop_rx.clone())));
 
     let mut report = WorkerReport::default();
-    let mut tasks: JoinSet<Ended> = JoinSet::new();
-    let count = |report: &mut WorkerReport, e: Ended| match e {
-        Ended::Handed => {}
-        Ended::CompletedInTx => report.completed += 1,
-        Ended::Failed => report.failed += 1,
-        Ended::Released => report.released += 1,
-        Ended::Lost => report.lost += 1,
-    };
+    // Each running attempt, ending with how long its slot was busy.
+    let mut tasks: JoinSet<(Ended, Duration)> = JoinSet::new();
+    // Claimed jobs waiting for a slot (see `prefetch`).
+    let mut local: Local<Control> =
+        Local::new(w.prefetch.unwrap_or(w.concurrency.max(DEFAULT_PREFETCH)));
+    let count =
+        |report: &mut WorkerReport,
+         local: &mut Local<Control>,
+         done: std::result::Result<(Ended, Duration), tokio::task::JoinError>| {
+            let e = match done {
+                Ok((e, took)) => {
+                    local.ran(took);
+                    e
+                }
+                Err(_) => Ended::Failed,
+            };
+            match e {
+                Ended::Handed => {}
+                Ended::CompletedInTx => report.completed += 1,
+                Ended::Failed => report.failed += 1,
+                Ended::Released => report.released += 1,
+                Ended::Lost => report.lost += 1,
+            }
+        };
     tokio::pin!(shutdown);
     // Store calls in flight, and the slots each one's claim asked for.
     let mut calls: JoinSet<Call> = JoinSet::new();
@@ -150,7 +169,7 @@ pub(super) async fn run(
     let mut idle = false;
     loop {
         while let Some(done) = tasks.try_join_next() {
-            count(&mut report, done.unwrap_or(Ended::Failed));
+            count(&mut report, &mut local, done);
         }
         while let Some(done) = calls.try_join_next_with_id() {
             arrived.push(done);
@@ -190,7 +209,9 @@ pub(super) async fn run(
                         idle |= !took_all;
                     }
                     for job in jobs {
-                        start(&w, &slots, &pending, &mut tasks, job);
+                        if let Some(queued) = admit(&w, &slots, job) {
+                            local.push(queued);
+                        }
                     }
                 }
                 // The backend is down or busy: keep the completions (while
@@ -218,12 +239,19 @@ pub(super) async fn run(
                 }
             }
         }
+        while tasks.len() < w.concurrency {
+            let Some(queued) = local.pop() else { break };
+            launch(&w, &slots, &pending, &mut tasks, queued);
+        }
         if stopping && calls.is_empty() {
             break;
         }
-        let free = w
-            .concurrency
+        // Room for the running slots and for the jobs that may wait for
+        // them at the current pace.
+        let capacity = w.concurrency + local.room(w.concurrency);
+        let free = capacity
             .saturating_sub(tasks.len())
+            .saturating_sub(local.len())
             .saturating_sub(asked_by.values().sum());
         // With a backlog, claim in batches: a claim costs about as much for
         // one job as for a dozen, so claiming each freed slot on its own
@@ -237,10 +265,10 @@ pub(super) async fn run(
         // served however few they are, so long-running handlers never hold
         // the rest back and a completion is recorded within the window.
         let (wanted, most, max_calls) = if backlog {
-            let share = w.concurrency.div_ceil(in_flight);
+            let share = capacity.div_ceil(in_flight);
             (share, share, in_flight)
         } else {
-            (1, w.concurrency, 1)
+            (1, capacity, 1)
         };
         let waiting = free > 0 || !pending.is_empty();
         if !waiting {
@@ -279,7 +307,7 @@ pub(super) async fn run(
             () = &mut shutdown, if !stopping => stopping = true,
             () = retry.wait(), if !retry.ready() => {}
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                count(&mut report, done.unwrap_or(Ended::Failed));
+                count(&mut report, &mut local, done);
             }
             Some(done) = calls.join_next_with_id(), if !calls.is_empty() => arrived.push(done),
             _ = wait(&mut wakeups, w.poll_interval), if !stopping => {}
@@ -292,6 +320,9 @@ pub(super) async fn run(
         }
     }
 
+    // Jobs that waited for a slot never started: other workers may take
+    // them at once (a release is not a consumed attempt).
+    release_waiting(&w.queue, &slots, &mut local, &mut report).await;
     // Shutdown: no more claims; running handlers get the grace period. A
     // completion is recorded as soon as its handler returns: it no longer
     // heartbeats, so waiting for the slowest handler could let its lease run
@@ -302,7 +333,7 @@ pub(super) async fn run(
         tokio::select! {
             done = tasks.join_next() => match done {
                 Some(done) => {
-                    count(&mut report, done.unwrap_or(Ended::Failed));
+                    count(&mut report, &mut local, done);
                     flush(&w, &pending, &mut report).await;
                 }
                 None => break,
@@ -312,7 +343,7 @@ pub(super) async fn run(
                     let _ = slot.stop.send(Stop::Shutdown);
                 }
                 while let Some(done) = tasks.join_next().await {
-                    count(&mut report, done.unwrap_or(Ended::Failed));
+                    count(&mut report, &mut local, done);
                 }
                 break;
             }
@@ -330,17 +361,12 @@ pub(super) async fn run(
     }
 }
 
-/// Starts one claimed attempt under its supervisor.
-fn start(
-    w: &Worker,
-    slots: &Slots,
-    pending: &Arc<Pending>,
-    tasks: &mut JoinSet<Ended>,
-    job: ClaimedJob,
-) {
-    let Some(handler) = w.registry.get(&job.job_type) else {
-        return;
-    };
+/// Takes in one claimed attempt: leased to this worker from now on (the
+/// heartbeat loop renews it, cancellation and a lost lease reach it), to
+/// start when a slot is free.
+fn admit(w: &Worker, slots: &Slots, job: ClaimedJob) -> Option<Queued<Control>> {
+    let claimed = tokio::time::Instant::now();
+    let handler = w.registry.get(&job.job_type)?;
     let (cancel, cancel_rx) = watch::channel(false);
     let (stop, stop_rx) = watch::channel(Stop::Running);
     let completed_in_tx = Arc::new(AtomicBool::new(false));
@@ -353,19 +379,64 @@ fn start(
             completed_in_tx: completed_in_tx.clone(),
         },
     );
+    let control = Control {
+        cancel_rx,
+        stop_rx,
+        completed_in_tx,
+    };
+    Some(Queued {
+        job,
+        handler,
+        control,
+        claimed,
+    })
+}
+
+/// Starts one taken-in attempt under its supervisor, in a slot.
+fn launch(
+    w: &Worker,
+    slots: &Slots,
+    pending: &Arc<Pending>,
+    tasks: &mut JoinSet<(Ended, Duration)>,
+    queued: Queued<Control>,
+) {
     let (queue, slots, lease) = (w.queue.clone(), slots.clone(), w.lease);
     let pending = pending.clone();
     tasks.spawn(async move {
-        let id = job.id.clone();
-        let control = Control {
-            cancel_rx,
-            stop_rx,
-            completed_in_tx,
-        };
-        let ended = supervise(queue, &pending, job, handler, lease, control).await;
+        let began = tokio::time::Instant::now();
+        let id = queued.job.id.clone();
+        let ended = supervise(queue, &pending, queued, lease).await;
         lock(&slots).remove(&id);
-        ended
+        (ended, began.elapsed())
     });
+}
+
+/// Releases the leases of the jobs still waiting for a slot, all at once.
+async fn release_waiting(
+    queue: &Queue,
+    slots: &Slots,
+    local: &mut Local<Control>,
+    report: &mut WorkerReport,
+) {
+    let mut releases = JoinSet::new();
+    for queued in local.drain() {
+        let queue = queue.clone();
+        let slots = slots.clone();
+        releases.spawn(async move {
+            let (id, token) = (&queued.job.id, &queued.job.lease_token);
+            let released = queue.release(id, token).await.is_ok();
+            lock(&slots).remove(id);
+            released
+        });
+    }
+    while let Some(done) = releases.join_next().await {
+        match done {
+            Ok(true) => report.released += 1,
+            // Not released: the lease runs out and the job runs again
+            // (its attempt recorded as expired).
+            _ => report.lost += 1,
+        }
+    }
 }
 
 /// Exponential backoff after failed store calls: from 50 ms, doubling, up to
@@ -555,16 +626,24 @@ struct Control {
 async fn supervise(
     queue: Queue,
     pending: &Pending,
-    job: ClaimedJob,
-    handler: Erased,
+    queued: Queued<Control>,
     lease: Duration,
-    control: Control,
 ) -> Ended {
+    let Queued {
+        job,
+        handler,
+        control,
+        claimed,
+    } = queued;
     let Control {
         cancel_rx,
         mut stop_rx,
         completed_in_tx,
     } = control;
+    // A lease lost while the job waited for its slot: it is not ours to run.
+    if *stop_rx.borrow() != Stop::Running {
+        return Ended::Lost;
+    }
     let job = Arc::new(job);
     let ctx = HandlerContext {
         job: job.clone(),
@@ -572,14 +651,34 @@ async fn supervise(
         cancel: cancel_rx.clone(),
         completed_in_tx,
     };
-    let mut task = tokio::spawn(handler(ctx.clone()));
-    let timeout = Duration::from_millis(u64::try_from(job.timeout_ms).unwrap_or(0));
-    // Measured on the store's clock: the claim happened at lease_expires_at - lease.
+    // The timeout counts from the claim, as the store counts it (a job may
+    // have waited for its slot); the deadline is measured on the store's
+    // clock: the claim happened at lease_expires_at - lease.
+    let timeout = claimed + Duration::from_millis(u64::try_from(job.timeout_ms).unwrap_or(0));
     let deadline = job.deadline.map(|d| {
         let claimed_at =
             job.lease_expires_at - chrono::Duration::from_std(lease).unwrap_or_default();
-        (d - claimed_at).to_std().unwrap_or(Duration::ZERO)
+        claimed + (d - claimed_at).to_std().unwrap_or(Duration::ZERO)
     });
+    // Cancelled, timed out or past its deadline while it waited for its
+    // slot: the attempt ends so, and the handler never runs.
+    let now = tokio::time::Instant::now();
+    let unrun = if *cancel_rx.borrow() {
+        Some(JobError::retryable("cancelled"))
+    } else if now >= timeout {
+        Some(JobError::retryable(format!(
+            "timed out after {} ms",
+            job.timeout_ms
+        )))
+    } else if deadline.is_some_and(|d| now >= d) {
+        Some(JobError::retryable("deadline passed"))
+    } else {
+        None
+    };
+    if let Some(e) = unrun {
+        return record_failure(&queue, &ctx, &job, e, lease).await;
+    }
+    let mut task = tokio::spawn(handler(ctx.clone()));
     let outcome: std::result::Result<Value, JobError> = tokio::select! {
         joined = &mut task => match joined {
             Ok(r) => r,
@@ -594,11 +693,11 @@ async fn supervise(
             }
             Err(e) => Err(JobError::retryable(format!("handler task ended: {e}"))),
         },
-        () = tokio::time::sleep(timeout) => {
+        () = tokio::time::sleep_until(timeout) => {
             task.abort();
             Err(JobError::retryable(format!("timed out after {} ms", job.timeout_ms)))
         }
-        () = async { match deadline { Some(d) => tokio::time::sleep(d).await, None => std::future::pending().await } } => {
+        () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
             task.abort();
             Err(JobError::retryable("deadline passed"))
         }
@@ -636,9 +735,19 @@ async fn supervise(
         }
         Err(e) => e,
     };
-    // Record the failure. While the backend is unavailable, keep trying for
-    // as long as the lease could still be ours: an attempt's end is not
-    // dropped because the database restarted.
+    record_failure(&queue, &ctx, &job, e, lease).await
+}
+
+/// Records an attempt's failure. While the backend is unavailable, keeps
+/// trying for as long as the lease could still be ours: an attempt's end is
+/// not dropped because the database restarted.
+async fn record_failure(
+    queue: &Queue,
+    ctx: &HandlerContext,
+    job: &ClaimedJob,
+    e: JobError,
+    lease: Duration,
+) -> Ended {
     let give_up = tokio::time::Instant::now() + lease;
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -671,7 +780,7 @@ async fn supervise(
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }
-            Err(_) => return lost_or_completed_in_tx(&queue, &ctx).await,
+            Err(_) => return lost_or_completed_in_tx(queue, ctx).await,
         }
     }
 }

@@ -40,6 +40,7 @@ mod execution;
 mod idempotency;
 mod installation;
 mod operations;
+mod prefetch;
 mod races;
 mod schedules;
 mod transactions;

@@ -1,0 +1,233 @@
+//! Conformance cases: jobs a worker claimed beyond its running slots
+//! (`Worker::prefetch`, docs/worker.md) on every backend. Each case first
+//! runs a quick job so the worker knows its handlers are short (it keeps no
+//! job waiting before it knows), then gives it slow jobs: with one slot,
+//! every slow job but one waits in the worker, leased to it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idemq::worker::{HandlerContext, JobError, Worker, WorkerReport};
+use idemq::{BatchOptions, EnqueueRequest, JobState, RetryPolicy};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, oneshot};
+
+use crate::support::Harness;
+
+instantiate!(
+    jobs_waiting_for_a_slot_are_released_at_shutdown_unrun,
+    a_job_cancelled_while_it_waits_ends_cancelled_unrun,
+    a_waiting_jobs_timeout_counts_from_its_claim,
+    without_prefetch_no_job_waits,
+);
+
+/// The slow jobs' handler: counts its starts, then waits for `go`.
+#[derive(Clone, Default)]
+struct Slow {
+    started: Arc<AtomicUsize>,
+    go: Arc<Notify>,
+}
+
+/// A worker of one slot whose handler of `quick` returns at once and of
+/// `slow` waits for `slow.go`.
+fn one_slot(h: &Harness, slow: &Slow, prefetch: usize) -> Worker {
+    let s = slow.clone();
+    Worker::new(h.queue.clone())
+        .concurrency(1)
+        .prefetch(prefetch)
+        .poll_interval(Duration::from_millis(50))
+        .lease(Duration::from_millis(300))
+        .shutdown_grace(Duration::from_millis(200))
+        .maintenance(false)
+        .handle("quick", |_c: HandlerContext, _p: Value| async move {
+            Ok::<_, JobError>(())
+        })
+        .handle("slow", move |_c: HandlerContext, _p: Value| {
+            let s = s.clone();
+            async move {
+                s.started.fetch_add(1, Ordering::SeqCst);
+                s.go.notified().await;
+                Ok::<_, JobError>(())
+            }
+        })
+}
+
+fn no_retry_soon() -> RetryPolicy {
+    RetryPolicy::Fixed {
+        delay_ms: 3_600_000,
+    }
+}
+
+/// Starts `worker`, runs one quick job through it, then enqueues `slow`
+/// and waits (at most 30 s) until `ready` holds. Returns the ids of the
+/// slow jobs, the shutdown trigger and the running worker.
+async fn start_with(
+    h: &Harness,
+    worker: Worker,
+    slow: Vec<EnqueueRequest>,
+    ready: impl Fn(&[idemq::Job]) -> bool,
+) -> (
+    Vec<String>,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<idemq::Result<WorkerReport>>,
+) {
+    let (tx, rx) = oneshot::channel::<()>();
+    let run = tokio::spawn(worker.run(async move {
+        let _ = rx.await;
+    }));
+    let quick = h.put(EnqueueRequest::new("quick")).await;
+    wait_until(h, |jobs| {
+        jobs.iter()
+            .any(|j| j.id == quick && j.state == JobState::Completed)
+    })
+    .await;
+    let ids = h
+        .queue
+        .enqueue_many(slow, BatchOptions { atomic: true })
+        .await
+        .expect("enqueue the slow jobs")
+        .into_iter()
+        .map(|r| r.expect("accepted").job_id)
+        .collect::<Vec<_>>();
+    wait_until(h, |jobs| {
+        ready(
+            &jobs
+                .iter()
+                .filter(|j| ids.contains(&j.id))
+                .cloned()
+                .collect::<Vec<_>>(),
+        )
+    })
+    .await;
+    (ids, tx, run)
+}
+
+async fn wait_until(h: &Harness, ready: impl Fn(&[idemq::Job]) -> bool) {
+    let start = tokio::time::Instant::now();
+    while !ready(&h.jobs().await) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "not there in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn slow_jobs(n: usize) -> Vec<EnqueueRequest> {
+    (0..n)
+        .map(|i| EnqueueRequest::new("slow").payload(json!({ "n": i })))
+        .collect()
+}
+
+async fn jobs_waiting_for_a_slot_are_released_at_shutdown_unrun(h: Harness) {
+    let slow = Slow::default();
+    let (ids, stop, run) = start_with(&h, one_slot(&h, &slow, 8), slow_jobs(6), |jobs| {
+        jobs.len() == 6 && jobs.iter().all(|j| j.state == JobState::Active)
+    })
+    .await;
+    // Six jobs leased to a worker of one slot: five wait in it.
+    assert_eq!(
+        slow.started.load(Ordering::SeqCst),
+        1,
+        "one slot, one handler"
+    );
+    let _ = stop.send(());
+    let report = run.await.expect("worker task").expect("worker run");
+    // Five released at once, the running one after the grace period.
+    assert_eq!((report.released, report.completed), (6, 1));
+    assert_eq!(slow.started.load(Ordering::SeqCst), 1, "no waiting job ran");
+    for id in &ids {
+        let job = h.job(id).await;
+        assert_eq!((job.state, job.attempts_used), (JobState::Ready, 0), "{id}");
+        let runs = h.queue.runs(id).await.unwrap();
+        assert_eq!(runs.len(), 1, "{id}");
+        assert_eq!(runs[0].outcome.as_deref(), Some("released"), "{id}");
+    }
+}
+
+async fn a_job_cancelled_while_it_waits_ends_cancelled_unrun(h: Harness) {
+    let slow = Slow::default();
+    let (ids, stop, run) = start_with(&h, one_slot(&h, &slow, 8), slow_jobs(2), |jobs| {
+        jobs.len() == 2 && jobs.iter().all(|j| j.state == JobState::Active)
+    })
+    .await;
+    // The one that has not started waits in the worker.
+    let waiting = ids[1].clone();
+    assert_eq!(slow.started.load(Ordering::SeqCst), 1);
+    assert!(h.queue.cancel(&waiting).await.expect("cancel").cancelled);
+    // Heartbeats run every 100 ms (lease 300 ms): let a few carry the
+    // request to the waiting job, then free the slot.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    slow.go.notify_one();
+    wait_until(&h, |jobs| {
+        jobs.iter()
+            .any(|j| j.id == waiting && j.state == JobState::Cancelled)
+    })
+    .await;
+    let _ = stop.send(());
+    run.await.expect("worker task").expect("worker run");
+    assert_eq!(
+        slow.started.load(Ordering::SeqCst),
+        1,
+        "its handler never ran"
+    );
+    let runs = h.queue.runs(&waiting).await.unwrap();
+    assert_eq!(runs[0].outcome.as_deref(), Some("cancelled"));
+    assert_eq!(h.job(&ids[0]).await.state, JobState::Completed);
+}
+
+async fn a_waiting_jobs_timeout_counts_from_its_claim(h: Harness) {
+    let slow = Slow::default();
+    let mut jobs = slow_jobs(1);
+    jobs.push(
+        EnqueueRequest::new("slow")
+            .timeout(Duration::from_millis(300))
+            .retry(no_retry_soon()),
+    );
+    let (ids, stop, run) = start_with(&h, one_slot(&h, &slow, 8), jobs, |jobs| {
+        jobs.len() == 2 && jobs.iter().all(|j| j.state == JobState::Active)
+    })
+    .await;
+    // The second job waits past its 300 ms timeout behind the first.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    slow.go.notify_one();
+    wait_until(&h, |jobs| {
+        jobs.iter()
+            .any(|j| j.id == ids[1] && j.state == JobState::Scheduled)
+    })
+    .await;
+    let _ = stop.send(());
+    run.await.expect("worker task").expect("worker run");
+    assert_eq!(slow.started.load(Ordering::SeqCst), 1, "it never ran");
+    let job = h.job(&ids[1]).await;
+    assert!(
+        job.last_error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("timed out"),
+        "{:?}",
+        job.last_error
+    );
+    assert_eq!(job.attempts_used, 1, "a timed-out attempt is consumed");
+}
+
+async fn without_prefetch_no_job_waits(h: Harness) {
+    let slow = Slow::default();
+    let (ids, stop, run) = start_with(&h, one_slot(&h, &slow, 0), slow_jobs(3), |jobs| {
+        jobs.iter().any(|j| j.state == JobState::Active)
+    })
+    .await;
+    // Give the worker time to claim more if it would.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let active = h
+        .jobs()
+        .await
+        .iter()
+        .filter(|j| ids.contains(&j.id) && j.state == JobState::Active)
+        .count();
+    assert_eq!(active, 1, "one slot, one lease");
+    let _ = stop.send(());
+    let report = run.await.expect("worker task").expect("worker run");
+    assert_eq!(report.released, 1);
+}
