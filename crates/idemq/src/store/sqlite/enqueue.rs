@@ -151,17 +151,20 @@ fn check_clock(p: &PreparedEnqueue, run_at: i64, now: i64) -> Result<()> {
     Ok(())
 }
 
+/// Inserts an accepted job. Its `accepted` event is derived from the row
+/// (its number is the job's `seq`, drawn from the history counter).
 fn insert_job(cx: &Cx, p: &PreparedEnqueue, id: &str, run_at: i64) -> Result<()> {
     let k = p.idempotency.as_ref();
     let d = p.dedupe.as_ref();
+    let seq = cx.next_seq()?;
     cx.db
         .prepare_cached(
             "INSERT INTO idemq_jobs (id, type, queue, state, payload, priority, run_at,
                max_attempts, retry, timeout_ms, deadline, concurrency_key, tags, keep_ms,
                fingerprint, idem_scope, idem_key_hash, idem_key_preview, dedupe_key,
-               dedupe_mode, created_at, updated_at)
+               dedupe_mode, created_at, updated_at, seq, first_run_at)
              VALUES (?1, ?2, ?3, 'waiting', ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
-               ?15, ?16, ?17, ?18, ?19, ?20, ?20)",
+               ?15, ?16, ?17, ?18, ?19, ?20, ?20, ?21, ?22)",
         )?
         .execute(params![
             id,
@@ -184,16 +187,10 @@ fn insert_job(cx: &Cx, p: &PreparedEnqueue, id: &str, run_at: i64) -> Result<()>
             d.map(|d| &d.key),
             d.map(|d| d.mode.as_str()),
             cx.now,
+            seq,
+            (run_at != cx.now).then_some(run_at),
         ])?;
-    let mut data = json!({ "queue": p.queue, "run_at": ts(run_at) });
-    if let Some(k) = k {
-        data["idempotency"] =
-            json!({ "scope": k.scope, "key_preview": k.preview, "key_digest": k.digest() });
-    }
-    if let Some(d) = d {
-        data["dedupe"] = json!({ "key": d.key, "mode": d.mode.as_str() });
-    }
-    cx.event(id, "accepted", data)
+    Ok(())
 }
 
 /// A landed replace: every field of SPEC 3 but type, queue, id and keys.

@@ -30,10 +30,13 @@ pub(super) struct Active {
     started_at: i64,
     timeout_ms: i64,
     lease_ms: i64,
+    worker: Option<String>,
+    /// The number of the attempt's derived `claimed` event.
+    claim_seq: Option<i64>,
 }
 
 const ACTIVE_COLS: &str = "id, attempt, attempts_used, max_attempts, retry, deadline,
-    cancel_requested, keep_ms, started_at, timeout_ms, lease_ms";
+    cancel_requested, keep_ms, started_at, timeout_ms, lease_ms, worker, claim_seq";
 
 fn active_row(r: &rusqlite::Row) -> rusqlite::Result<Active> {
     Ok(Active {
@@ -48,6 +51,8 @@ fn active_row(r: &rusqlite::Row) -> rusqlite::Result<Active> {
         started_at: r.get::<_, Option<i64>>(8)?.unwrap_or_default(),
         timeout_ms: r.get(9)?,
         lease_ms: r.get::<_, Option<i64>>(10)?.unwrap_or(30_000),
+        worker: r.get(11)?,
+        claim_seq: r.get(12)?,
     })
 }
 
@@ -168,33 +173,61 @@ pub(super) fn end_attempt(cx: &Cx, a: &Active, end: End) -> Result<FailOutcome> 
     };
     let cancelling = a.cancel_requested && !matches!(end, End::Completed(_));
     let outcome = if cancelling { "cancelled" } else { outcome };
-    cx.db
-        .prepare_cached(
-            "UPDATE idemq_runs SET finished_at = ?3, outcome = ?4, error = ?5
-             WHERE job_id = ?1 AND attempt = ?2",
-        )?
-        .execute(params![a.id, a.attempt, now, outcome, error])?;
+    // A completed attempt stays derived from the job row (job_runs,
+    // job_events); an attempt that ends otherwise is written out now, its
+    // `claimed` event under the number the claim drew.
+    if !matches!(end, End::Completed(_)) {
+        let worker = a.worker.as_deref().unwrap_or_default();
+        cx.db
+            .prepare_cached(
+                "INSERT OR REPLACE INTO idemq_runs
+                   (job_id, attempt, worker, started_at, finished_at, outcome, error)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?
+            .execute(params![
+                a.id,
+                a.attempt,
+                worker,
+                a.started_at,
+                now,
+                outcome,
+                error
+            ])?;
+        let seq = match a.claim_seq {
+            Some(seq) => seq,
+            None => cx.next_seq()?,
+        };
+        cx.event_at(
+            seq,
+            &a.id,
+            "claimed",
+            a.started_at,
+            json!({ "attempt": a.attempt, "worker": worker }),
+        )?;
+    }
     if matches!(end, End::LeaseExpired) {
         cx.event(&a.id, "lease_expired", json!({ "attempt": a.attempt }))?;
     }
     let next = decide_next(cx, a, &end, used);
     let clear = "lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL, worker = NULL,
-                 started_at = NULL, updated_at = ?2, attempts_used = ?3";
+                 started_at = NULL, claim_seq = NULL, updated_at = ?2, attempts_used = ?3";
     Ok(match next {
         Next::Completed => {
             let result = match end {
                 End::Completed(r) => r,
                 _ => None,
             };
-            let sql = format!(
-                "UPDATE idemq_jobs SET state = 'completed', result = ?4, finished_at = ?2,
-                   purge_after = ?5, {clear} WHERE id = ?1"
-            );
+            // The worker, start and claim number stay: the run and the
+            // `claimed` and `completed` events are derived from them.
             let purge = now + keep_us(a.keep_ms, "completed");
             cx.db
-                .prepare_cached(&sql)?
-                .execute(params![a.id, now, used, result, purge])?;
-            cx.event(&a.id, "completed", json!({ "attempt": a.attempt }))?;
+                .prepare_cached(
+                    "UPDATE idemq_jobs SET state = 'completed', result = ?4, finished_at = ?2,
+                       purge_after = ?5, lease_token = NULL, lease_expires_at = NULL,
+                       lease_ms = NULL, updated_at = ?2, attempts_used = ?3, done_seq = ?6
+                     WHERE id = ?1",
+                )?
+                .execute(params![a.id, now, used, result, purge, cx.next_seq()?])?;
             FailOutcome {
                 state: JobState::Completed,
                 next_run_at: None,
@@ -267,7 +300,7 @@ pub(super) fn finish(
             "UPDATE idemq_jobs SET state = ?2, finished_at = ?3, purge_after = ?4,
                attempts_used = ?5, last_error = coalesce(?6, last_error), updated_at = ?3,
                lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL, worker = NULL,
-               started_at = NULL
+               started_at = NULL, claim_seq = NULL
              WHERE id = ?1",
         )?
         .execute(params![
@@ -369,12 +402,21 @@ fn claim_one(cx: &Cx, id: &str, p: &JobClaim) -> Result<ClaimedJob> {
         .db
         .prepare_cached(
             "UPDATE idemq_jobs SET state = 'active', attempt = attempt + 1, lease_token = ?2,
-               lease_expires_at = ?3, lease_ms = ?4, worker = ?5, started_at = ?6, updated_at = ?6
+               lease_expires_at = ?3, lease_ms = ?4, worker = ?5, started_at = ?6, updated_at = ?6,
+               claim_seq = ?7
              WHERE id = ?1
              RETURNING id, type, queue, payload, attempt, max_attempts, timeout_ms, deadline, tags",
         )?
         .query_row(
-            params![id, token, expires, p.lease_ms, p.worker, cx.now],
+            params![
+                id,
+                token,
+                expires,
+                p.lease_ms,
+                p.worker,
+                cx.now,
+                cx.next_seq()?
+            ],
             |r| {
                 Ok(ClaimedJob {
                     id: r.get(0)?,
@@ -391,17 +433,8 @@ fn claim_one(cx: &Cx, id: &str, p: &JobClaim) -> Result<ClaimedJob> {
                 })
             },
         )?;
-    cx.db
-        .prepare_cached(
-            "INSERT OR REPLACE INTO idemq_runs (job_id, attempt, worker, started_at)
-             VALUES (?1, ?2, ?3, ?4)",
-        )?
-        .execute(params![id, job.attempt, p.worker, cx.now])?;
-    cx.event(
-        id,
-        "claimed",
-        json!({ "attempt": job.attempt, "worker": p.worker }),
-    )?;
+    // The attempt's run and `claimed` event are derived from the row until
+    // the attempt ends other than completed (end_attempt).
     Ok(job)
 }
 

@@ -64,7 +64,8 @@ const READER_CACHE_KIB: i64 = 512;
 /// How often the checkpoint thread moves the WAL into the database file.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(200);
 
-const MIGRATIONS: &[(i64, &str, &str)] = &[
+/// (version, name, SQL), in order; applied by `migrate` in one transaction.
+pub const MIGRATIONS: &[(i64, &str, &str)] = &[
     (
         1,
         "init",
@@ -89,6 +90,11 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         5,
         "schedule_errors",
         include_str!("../../../migrations/sqlite/0005_schedule_errors.sql"),
+    ),
+    (
+        6,
+        "derived_history",
+        include_str!("../../../migrations/sqlite/0006_derived_history.sql"),
     ),
 ];
 
@@ -609,13 +615,29 @@ pub(crate) fn ts(us: i64) -> DateTime<Utc> {
 }
 
 impl Cx<'_> {
+    /// Draws the next number of the history counter, which numbers jobs
+    /// and events alike (stored and derived), so a job's history has one
+    /// order.
+    fn next_seq(&self) -> Result<i64> {
+        Ok(self
+            .db
+            .prepare_cached("UPDATE idemq_history SET next = next + 1 RETURNING next - 1")?
+            .query_row([], |r| r.get(0))?)
+    }
+
     /// Appends an event to a job's log.
     fn event(&self, job_id: &str, kind: &str, data: Value) -> Result<()> {
+        self.event_at(self.next_seq()?, job_id, kind, self.now, data)
+    }
+
+    /// Writes an event under a number already drawn (a derived event
+    /// written out keeps its number).
+    fn event_at(&self, seq: i64, job_id: &str, kind: &str, at: i64, data: Value) -> Result<()> {
         self.db
             .prepare_cached(
-                "INSERT INTO idemq_events (job_id, kind, at, data) VALUES (?1, ?2, ?3, ?4)",
+                "INSERT INTO idemq_events (seq, job_id, kind, at, data) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?
-            .execute(params![job_id, kind, self.now, data.to_string()])?;
+            .execute(params![seq, job_id, kind, at, data.to_string()])?;
         Ok(())
     }
 }

@@ -182,8 +182,15 @@ pub(super) fn job_list(cx: &Cx, p: &JobList) -> Result<JobPage> {
     })
 }
 
+/// A job's history, oldest first: the stored events and the routine ones
+/// derived from the job row. `accepted` is derived from the row (under the
+/// job's own number) unless it is stored (jobs accepted before the history
+/// was derived); `claimed` for the current attempt while it runs or once it
+/// completed (`claim_seq`), `completed` once it did (`done_seq`). An attempt
+/// that ends otherwise writes its `claimed` event out under the same number,
+/// so the order never depends on which events are stored.
 pub(super) fn job_events(cx: &Cx, id: &str) -> Result<Vec<Event>> {
-    Ok(cx
+    let mut events: Vec<Event> = cx
         .db
         .prepare_cached(
             "SELECT seq, kind, at, data FROM idemq_events WHERE job_id = ?1 ORDER BY seq",
@@ -196,15 +203,90 @@ pub(super) fn job_events(cx: &Cx, id: &str) -> Result<Vec<Event>> {
                 data: json(r.get(3)?).unwrap_or(Value::Null),
             })
         })?
-        .collect::<rusqlite::Result<_>>()?)
+        .collect::<rusqlite::Result<_>>()?;
+    let derived = cx
+        .db
+        .prepare_cached(
+            "SELECT seq, queue, created_at, first_run_at, idem_scope, idem_key_hash,
+                    idem_key_preview, dedupe_key, dedupe_mode, claim_seq, started_at, attempt,
+                    worker, done_seq, finished_at
+             FROM idemq_jobs WHERE id = ?1",
+        )?
+        .query_row([id], |r| {
+            let mut accepted = serde_json::json!({
+                "queue": r.get::<_, String>(1)?,
+                "run_at": ts(r.get::<_, Option<i64>>(3)?.unwrap_or(r.get(2)?)),
+            });
+            if let Some(scope) = r.get::<_, Option<String>>(4)? {
+                let hash: Vec<u8> = r.get::<_, Option<Vec<u8>>>(5)?.unwrap_or_default();
+                let digest = <[u8; 32]>::try_from(hash.as_slice())
+                    .map(|h| key_digest(&h))
+                    .unwrap_or_default();
+                accepted["idempotency"] = serde_json::json!({
+                    "scope": scope,
+                    "key_preview": r.get::<_, Option<String>>(6)?,
+                    "key_digest": digest,
+                });
+            }
+            if let Some(key) = r.get::<_, Option<String>>(7)? {
+                accepted["dedupe"] =
+                    serde_json::json!({ "key": key, "mode": r.get::<_, Option<String>>(8)? });
+            }
+            let attempt: i32 = r.get(11)?;
+            let mut out = vec![Event {
+                seq: r.get(0)?,
+                kind: "accepted".into(),
+                at: ts(r.get(2)?),
+                data: accepted,
+            }];
+            if let (Some(seq), Some(at)) = (r.get::<_, Option<i64>>(9)?, r.get(10)?) {
+                out.push(Event {
+                    seq,
+                    kind: "claimed".into(),
+                    at: ts(at),
+                    data: serde_json::json!({
+                        "attempt": attempt,
+                        "worker": r.get::<_, Option<String>>(12)?,
+                    }),
+                });
+            }
+            if let (Some(seq), Some(at)) = (r.get::<_, Option<i64>>(13)?, r.get(14)?) {
+                out.push(Event {
+                    seq,
+                    kind: "completed".into(),
+                    at: ts(at),
+                    data: serde_json::json!({ "attempt": attempt }),
+                });
+            }
+            Ok(out)
+        })
+        .optional()?
+        .unwrap_or_default();
+    let stored_accepted = events.iter().any(|e| e.kind == "accepted");
+    events.extend(
+        derived
+            .into_iter()
+            .filter(|e| !(stored_accepted && e.kind == "accepted")),
+    );
+    events.sort_by_key(|e| e.seq);
+    Ok(events)
 }
 
+/// A job's run ledger: the attempts written out (each ended other than
+/// completed) and the current attempt, derived from the job row while it
+/// runs and once it completed.
 pub(super) fn job_runs(cx: &Cx, id: &str) -> Result<Vec<Run>> {
-    Ok(cx
+    let mut runs: Vec<Run> = cx
         .db
         .prepare_cached(
             "SELECT attempt, worker, started_at, finished_at, outcome, error
-             FROM idemq_runs WHERE job_id = ?1 ORDER BY attempt",
+             FROM idemq_runs WHERE job_id = ?1
+             UNION ALL
+             SELECT attempt, coalesce(worker, ''), started_at,
+                    CASE WHEN state = 'completed' THEN finished_at END,
+                    CASE WHEN state = 'completed' THEN 'completed' END, NULL
+             FROM idemq_jobs
+             WHERE id = ?1 AND claim_seq IS NOT NULL AND started_at IS NOT NULL",
         )?
         .query_map([id], |r| {
             Ok(Run {
@@ -216,7 +298,9 @@ pub(super) fn job_runs(cx: &Cx, id: &str) -> Result<Vec<Run>> {
                 error: r.get(5)?,
             })
         })?
-        .collect::<rusqlite::Result<_>>()?)
+        .collect::<rusqlite::Result<_>>()?;
+    runs.sort_by_key(|r| r.attempt);
+    Ok(runs)
 }
 
 pub(super) fn checkpoint_list(cx: &Cx, id: &str) -> Result<BTreeMap<String, Value>> {

@@ -1,0 +1,244 @@
+//! `idemq migrate` brings a SQLite database made by an earlier idemq forward
+//! with its data intact. The old database is built here from the published
+//! migrations 1–5 and filled the way those releases wrote it (every event
+//! and run stored): a waiting job, a running one, a completed one and a
+//! dead one. After the upgrade (version 6: the routine history derived from
+//! the job row) every job's events and runs read back as they were, the
+//! running job's lease still holds and its completion reads as a new one's
+//! would, and new jobs are numbered after every old number.
+
+use idemq::fingerprint::KeyHasher;
+use idemq::store::sqlite::MIGRATIONS;
+use idemq::{EnqueueRequest, JobState, Queue};
+use rusqlite::{Connection, params};
+use serde_json::{Value, json};
+
+/// The schema of the earlier releases: migrations up to this version.
+const OLD_VERSION: i64 = 5;
+
+const T0: i64 = 1_780_000_000_000_000;
+
+fn old_database(path: &std::path::Path) -> Connection {
+    let conn = Connection::open(path).expect("open");
+    conn.execute_batch(
+        "CREATE TABLE idemq_migrations (
+            version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
+    )
+    .unwrap();
+    for (version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 <= OLD_VERSION) {
+        conn.execute_batch(sql).expect("old migration");
+        conn.execute(
+            "INSERT INTO idemq_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+            params![version, name, T0],
+        )
+        .unwrap();
+    }
+    conn
+}
+
+/// Inserts a job row as the version-5 store did (its `accepted` event stored).
+fn old_job(conn: &Connection, id: &str, state: &str) {
+    let p = EnqueueRequest::new("old.type")
+        .payload(json!({ "id": id }))
+        .prepare(&KeyHasher::plain(), 1 << 20)
+        .expect("valid request");
+    conn.execute(
+        "INSERT INTO idemq_jobs (id, type, queue, state, payload, run_at, max_attempts, retry,
+           timeout_ms, tags, fingerprint, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, '[]', ?10, ?6, ?6)",
+        params![
+            id,
+            p.job_type,
+            p.queue,
+            state,
+            p.payload,
+            T0,
+            p.max_attempts,
+            serde_json::to_string(&p.retry).unwrap(),
+            p.timeout_ms,
+            p.fingerprint.to_json(),
+        ],
+    )
+    .unwrap();
+    old_event(
+        conn,
+        id,
+        "accepted",
+        T0,
+        json!({ "queue": "default", "run_at": "2026-05-28T20:26:40Z" }),
+    );
+}
+
+fn old_event(conn: &Connection, id: &str, kind: &str, at: i64, data: Value) {
+    conn.execute(
+        "INSERT INTO idemq_events (job_id, kind, at, data) VALUES (?1, ?2, ?3, ?4)",
+        params![id, kind, at, data.to_string()],
+    )
+    .unwrap();
+}
+
+/// A claim as the version-5 store wrote it: the job row, an open run and a
+/// `claimed` event.
+fn old_claim(conn: &Connection, id: &str, token: &str) {
+    conn.execute(
+        "UPDATE idemq_jobs SET state = 'active', attempt = attempt + 1, lease_token = ?2,
+           lease_expires_at = ?3, lease_ms = 3600000, worker = 'old-worker', started_at = ?4
+         WHERE id = ?1",
+        params![id, token, i64::MAX / 2, T0 + 1],
+    )
+    .unwrap();
+    conn.execute(
+        "INSERT INTO idemq_runs (job_id, attempt, worker, started_at) VALUES (?1, 1, 'old-worker', ?2)",
+        params![id, T0 + 1],
+    )
+    .unwrap();
+    old_event(
+        conn,
+        id,
+        "claimed",
+        T0 + 1,
+        json!({ "attempt": 1, "worker": "old-worker" }),
+    );
+}
+
+/// A job's events as (seq, kind, data) and its runs as (attempt, outcome).
+async fn history(q: &Queue, id: &str) -> (Vec<(i64, String, Value)>, Vec<(i32, Option<String>)>) {
+    let events = q
+        .events(id)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| (e.seq, e.kind, e.data))
+        .collect();
+    let runs = q
+        .runs(id)
+        .await
+        .expect("runs")
+        .into_iter()
+        .map(|r| (r.attempt, r.outcome))
+        .collect();
+    (events, runs)
+}
+
+fn kinds(events: &[(i64, String, Value)]) -> Vec<&str> {
+    events.iter().map(|e| e.1.as_str()).collect()
+}
+
+#[tokio::test]
+async fn migrate_keeps_every_history_and_derives_the_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    {
+        let conn = old_database(&path);
+        old_job(&conn, "waiting", "waiting");
+        old_job(&conn, "running", "waiting");
+        old_claim(&conn, "running", "token-running");
+        old_job(&conn, "done", "waiting");
+        old_claim(&conn, "done", "token-done");
+        conn.execute(
+            "UPDATE idemq_jobs SET state = 'completed', finished_at = ?2, attempts_used = 1,
+               lease_token = NULL, lease_expires_at = NULL, worker = NULL, started_at = NULL
+             WHERE id = ?1",
+            params!["done", T0 + 2],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE idemq_runs SET finished_at = ?2, outcome = 'completed' WHERE job_id = ?1",
+            params!["done", T0 + 2],
+        )
+        .unwrap();
+        old_event(&conn, "done", "completed", T0 + 2, json!({ "attempt": 1 }));
+        old_job(&conn, "failed", "waiting");
+        old_claim(&conn, "failed", "token-failed");
+        conn.execute(
+            "UPDATE idemq_jobs SET state = 'dead', finished_at = ?2, attempts_used = 1,
+               last_error = 'boom', lease_token = NULL, worker = NULL, started_at = NULL
+             WHERE id = ?1",
+            params!["failed", T0 + 2],
+        )
+        .unwrap();
+        conn.execute(
+            "UPDATE idemq_runs SET finished_at = ?2, outcome = 'failed', error = 'boom'
+             WHERE job_id = ?1",
+            params!["failed", T0 + 2],
+        )
+        .unwrap();
+        old_event(
+            &conn,
+            "failed",
+            "dead",
+            T0 + 2,
+            json!({ "reason": "permanent", "attempt": 1 }),
+        );
+    }
+    let url = format!("sqlite://{}", path.display());
+    let before = Queue::migration_status(&url).await.expect("status");
+    assert_eq!(before.current, OLD_VERSION);
+    let q = Queue::connect(&url).await.expect("connect migrates");
+    let after = Queue::migration_status(&url).await.expect("status");
+    assert_eq!(after.current, MIGRATIONS.last().unwrap().0);
+
+    // Old histories read back as they were stored.
+    let (events, runs) = history(&q, "waiting").await;
+    assert_eq!(kinds(&events), ["accepted"]);
+    assert_eq!(events[0].2["queue"], "default");
+    assert!(runs.is_empty());
+    let (events, runs) = history(&q, "done").await;
+    assert_eq!(kinds(&events), ["accepted", "claimed", "completed"]);
+    assert_eq!(runs, [(1, Some("completed".into()))]);
+    let (events, runs) = history(&q, "failed").await;
+    assert_eq!(kinds(&events), ["accepted", "claimed", "dead"]);
+    assert_eq!(runs, [(1, Some("failed".into()))]);
+
+    // The running attempt: its run and `claimed` event are now derived,
+    // under the same number, and its lease still holds.
+    let (running_before, runs) = history(&q, "running").await;
+    assert_eq!(kinds(&running_before), ["accepted", "claimed"]);
+    assert_eq!(
+        running_before[1].2,
+        json!({ "attempt": 1, "worker": "old-worker" })
+    );
+    assert_eq!(runs, [(1, None)]);
+    q.complete("running", "token-running", Some(json!("ok")))
+        .await
+        .expect("the old lease completes");
+    let (events, runs) = history(&q, "running").await;
+    assert_eq!(kinds(&events), ["accepted", "claimed", "completed"]);
+    assert_eq!(events[..2], running_before[..]);
+    assert_eq!(runs, [(1, Some("completed".into()))]);
+    let job = q.get("running").await.unwrap().expect("job");
+    assert_eq!(
+        (job.state, job.result),
+        (JobState::Completed, Some(json!("ok")))
+    );
+
+    // New work: numbered after every old number, its history derived.
+    let highest = ["waiting", "done", "failed", "running"];
+    let mut old_max = 0;
+    for id in highest {
+        old_max = old_max.max(history(&q, id).await.0.iter().map(|e| e.0).max().unwrap());
+    }
+    let fresh = q
+        .enqueue(EnqueueRequest::new("old.type"))
+        .await
+        .expect("enqueue");
+    let claimed = q
+        .claim(idemq::ClaimOptions {
+            queues: Vec::new(),
+            types: None,
+            worker: "new-worker".into(),
+            limit: 10,
+            lease: std::time::Duration::from_secs(30),
+        })
+        .await
+        .expect("claim");
+    let mine = claimed.iter().find(|c| c.id == fresh).expect("claimed");
+    q.complete(&fresh, &mine.lease_token, None)
+        .await
+        .expect("complete");
+    let (events, runs) = history(&q, &fresh).await;
+    assert_eq!(kinds(&events), ["accepted", "claimed", "completed"]);
+    assert!(events[0].0 > old_max, "{events:?} after {old_max}");
+    assert!(events.windows(2).all(|w| w[0].0 < w[1].0));
+    assert_eq!(runs, [(1, Some("completed".into()))]);
+}
