@@ -272,9 +272,12 @@ async fn hold_jobs_until_enqueues_wait(url: &str) -> (i64, PgConnection) {
     let mut watcher = PgConnection::connect(url).await.expect("lock watcher");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
+        // Only client sessions count: an autovacuum worker of the busy
+        // table waits behind the lock too, and is no enqueue.
         let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_locks \
-             WHERE NOT granted AND relation = 'idemq.jobs'::regclass",
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE NOT l.granted AND l.relation = 'idemq.jobs'::regclass \
+               AND a.backend_type = 'client backend'",
         )
         .fetch_one(&mut watcher)
         .await
@@ -422,9 +425,14 @@ async fn postgres_restart_during_idempotent_enqueues_loses_nothing() {
         server.log()
     );
     assert!(waiting > 0, "no enqueue was in flight at the restart");
+    // The restart met enqueues in flight, and producers saw it. Not every
+    // waiting enqueue need fail: the shutdown signals sessions one after
+    // another, and one that gets the lock when the holder's session ends
+    // may commit before its own signal arrives (then it is acknowledged,
+    // and checked below like every other).
     assert!(
-        tally.retries.load(Ordering::Relaxed) >= u64::try_from(waiting).unwrap(),
-        "{waiting} enqueues were in flight at the restart, fewer retries"
+        tally.retries.load(Ordering::Relaxed) > 0,
+        "{waiting} enqueues were in flight at the restart, and none was retried"
     );
     assert!(lost.is_empty(), "acknowledged jobs lost: {lost:?}");
     assert_eq!(duplicates, 0, "keys with two jobs");
