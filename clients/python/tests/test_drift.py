@@ -70,7 +70,10 @@ CALLS: Dict[str, Callable[[idemq.Client], Any]] = {
     "put_schedule": lambda c: c.put_schedule("n", idemq.EnqueueRequest("t", queue="q"), cron="0 * * * * *", timezone="UTC", paused=False),
     "delete_schedule": lambda c: c.delete_schedule("n"),
     "health": lambda c: c.health(),
-    "claim": lambda c: c.claim(queues=["q"], worker="w", limit=2, lease_ms=1000, types=["t"], wait_ms=5),
+    "claim": lambda c: c.claim(
+        queues=["q"], worker="w", limit=2, lease_ms=1000, types=["t"], wait_ms=5,
+        complete=[idemq.CompleteItem("j", "tok", {"r": 1}), idemq.CompleteItem("k", "tok")],
+    ),
     "heartbeat": lambda c: c.heartbeat("j", "tok"),
     "complete": lambda c: c.complete("j", "tok", {"r": 1}),
     "complete_many": lambda c: c.complete_many([idemq.CompleteItem("j", "tok", 1)]),

@@ -44,6 +44,73 @@ def test_events_runs_and_wait(client: idemq.Client, uniq: Callable[[str], str]) 
         client.heartbeat(jid, claimed.lease_token)
 
 
+def test_a_claim_records_the_completions_it_carries(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("carry")
+    first = client.enqueue("c.job", 1, queue=q)
+    second = client.enqueue("c.job", 2, queue=q)
+    plain = client.claim(queues=[q], worker="py-test", lease_ms=5000)
+    assert [j.id for j in plain] == [first] and plain.completed is None
+    carrying = client.claim(
+        queues=[q], worker="py-test", lease_ms=5000,
+        complete=[idemq.CompleteItem(first, plain[0].lease_token, {"total": 1})],
+    )
+    assert isinstance(carrying, idemq.ClaimResult)
+    assert carrying.completed == ["completed"]
+    assert [j.id for j in carrying] == [second]
+    job = client.get_job(first)
+    assert (job.state, job.result) == ("completed", {"total": 1})
+    [run] = client.runs(first)
+    assert (run.attempt, run.worker, run.outcome) == (1, "py-test", "completed")
+    # With nothing left to claim the completions are still recorded.
+    last = client.claim(queues=[q], worker="py-test", complete=[idemq.CompleteItem(second, carrying[0].lease_token)])
+    assert last == [] and last.completed == ["completed"]
+    done = client.get_job(second)
+    assert (done.state, done.result) == ("completed", None)
+
+
+def test_a_stale_token_in_complete_fails_only_its_item(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("stale")
+    ids = [client.enqueue("s.job", i, queue=q) for i in range(3)]
+    held = {j.id: j for j in client.claim(queues=[q], worker="py-test", limit=3, lease_ms=5000)}
+    assert sorted(held) == sorted(ids)
+    extra = client.enqueue("s.job", 3, queue=q)
+    out = client.claim(
+        queues=[q],
+        worker="py-test",
+        lease_ms=5000,
+        complete=[
+            idemq.CompleteItem(ids[0], held[ids[0]].lease_token, "r0"),
+            idemq.CompleteItem(ids[1], "not-the-token", "r1"),
+            idemq.CompleteItem(ids[2], held[ids[2]].lease_token),
+        ],
+    )
+    assert [j.id for j in out] == [extra]
+    assert out.completed is not None and len(out.completed) == 3
+    assert out.completed[0] == "completed" and out.completed[2] == "completed"
+    lost = out.completed[1]
+    assert isinstance(lost, idemq.LeaseLostError), lost
+    assert (lost.status, lost.job_id) == (409, ids[1])
+    assert client.get_job(ids[0]).result == "r0"
+    assert client.get_job(ids[2]).state == "completed"
+    stale = client.get_job(ids[1])
+    assert (stale.state, stale.result) == ("active", None)
+    assert client.complete(ids[1], held[ids[1]].lease_token, "r1") == "completed"
+
+
+def test_async_claim_carries_completions(server: Server, uniq: Callable[[str], str]) -> None:
+    q = uniq("acarry")
+
+    async def main() -> None:
+        async with idemq.AsyncClient(server.url) as c:
+            jid = await c.enqueue("a.job", 1, queue=q)
+            [held] = await c.claim(queues=[q], worker="aio")
+            out = await c.claim(queues=[q], worker="aio", complete=[idemq.CompleteItem(jid, held.lease_token, "done")])
+            assert out == [] and out.completed == ["completed"]
+            assert (await c.get_job(jid)).result == "done"
+
+    asyncio.run(main())
+
+
 def test_get_with_wait_returns_when_terminal(client: idemq.Client, uniq: Callable[[str], str]) -> None:
     q = uniq("wait")
     jid = client.enqueue("w.job", None, queue=q)

@@ -17,7 +17,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 def test_readme_examples_run(server: Server, capsys: Any) -> None:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    assert len(blocks) >= 5
+    assert len(blocks) >= 6
     ns: Dict[str, Any] = {"__name__": "readme"}
     saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
@@ -48,5 +48,6 @@ def test_readme_examples_run(server: Server, capsys: Any) -> None:
     assert "idempotency_key default capture…" in out
     assert "'charge_id': 'ch_" in out
     assert "error on type:" in out
+    assert "['completed'] 0" in out
     assert isinstance(ns["report"], idemq.WorkerReport) and ns["report"].completed == 1
     assert ns["result"].outcome == "accepted"

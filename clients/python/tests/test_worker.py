@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import httpx
 
@@ -306,12 +307,25 @@ class Recording(httpx.BaseTransport):
     def __init__(self) -> None:
         self.inner = httpx.HTTPTransport()
         self.sent: List[str] = []
+        self.bodies: List[Tuple[str, Any]] = []
         self.lock = threading.Lock()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        line = f"{request.method} {request.url.path}"
+        content = request.read()
         with self.lock:
-            self.sent.append(f"{request.method} {request.url.path}")
+            self.sent.append(line)
+            self.bodies.append((line, json.loads(content) if content else None))
         return self.inner.handle_request(request)
+
+    def completed_ids(self) -> Tuple[List[str], List[str]]:
+        """The job ids sent to be completed: carried on claims, and in batches of their own."""
+        carried = [i["id"] for line, b in self.bodies if line == "POST /v1/claim" and b for i in b.get("complete") or []]
+        batched = [i["id"] for line, b in self.bodies if line == "POST /v1/jobs/complete" for i in b["jobs"]]
+        return carried, batched
+
+    def singles(self) -> List[str]:
+        return [s for s in self.sent if s.endswith("/complete") and s != "POST /v1/jobs/complete"]
 
     def close(self) -> None:
         self.inner.close()
@@ -347,9 +361,9 @@ def test_worker_respects_concurrency_and_batches_completions(server: Server, cli
             t.join(20)
     assert peak <= 3
     assert w.report.completed == 40
+    carrying = [b for line, b in rec.bodies if line == "POST /v1/claim" and b and b.get("complete")]
     acks = [s for s in rec.sent if s == "POST /v1/jobs/complete"]
-    singles = [s for s in rec.sent if s.endswith("/complete") and s != "POST /v1/jobs/complete"]
-    assert singles == [] and 1 <= len(acks) <= 40
+    assert rec.singles() == [] and 1 <= len(carrying) + len(acks) <= 40
 
 
 def test_deadline_is_enforced_locally(client: idemq.Client, uniq: Callable[[str], str]) -> None:
@@ -400,3 +414,88 @@ def test_checkpoint_keeps_the_first_stored_value(client: idemq.Client, uniq: Cal
     assert got == ["first"]
     assert job.result == "first"
     assert client.checkpoints(jid) == {"s": "first"}
+
+
+def test_worker_drains_n_jobs_each_completed_once(server: Server, client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("carry")
+    n = 40
+    calls: Dict[str, int] = {}
+    lock = threading.Lock()
+
+    def work(ctx: idemq.JobContext) -> Dict[str, int]:
+        with lock:
+            calls[ctx.id] = calls.get(ctx.id, 0) + 1
+        time.sleep(0.01)
+        return {"twice": 2 * int(ctx.payload)}
+
+    ids = [r.job_id for r in client.enqueue_many([idemq.EnqueueRequest("w", i, queue=q) for i in range(n)]) if isinstance(r, idemq.EnqueueResult)]
+    assert len(ids) == n
+    rec = Recording()
+    with idemq.Client(server.url, transport=rec) as c:
+        w = _worker(c, q, {"w": work}, concurrency=2)
+        t = run_worker(w)
+        try:
+            jobs = [_terminal(client, jid) for jid in ids]
+        finally:
+            w.stop()
+            t.join(20)
+    assert not t.is_alive()
+    for i, job in enumerate(jobs):
+        assert (job.state, job.result, job.attempt) == ("completed", {"twice": 2 * i}, 1), job
+    assert calls == {jid: 1 for jid in ids}
+    assert (w.report.completed, w.report.failed, w.report.lost, w.report.released) == (n, 0, 0, 0)
+    carried, batched = rec.completed_ids()
+    # Slots freed one at a time start claims that take what just finished.
+    assert carried, "no claim carried a completion"
+    assert rec.singles() == []
+    assert sorted(carried + batched) == sorted(ids), "a completion sent twice, or never"
+    for jid in ids[:5]:
+        assert [(r.attempt, r.outcome) for r in client.runs(jid)] == [(1, "completed")]
+
+
+class RefuseCompletionsOnClaims(Recording):
+    """A server from before claims took ``complete``: like any unknown member, a 400."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/claim" and b'"complete"' in request.read():
+            with self.lock:
+                self.refused += 1
+            problem = {
+                "type": "/problems/bad-request",
+                "title": "Bad request",
+                "status": 400,
+                "detail": "unknown field `complete`",
+                "field": "complete",
+            }
+            return httpx.Response(400, json=problem, headers={"Content-Type": "application/problem+json"})
+        return super().handle_request(request)
+
+
+def test_worker_sends_completions_apart_when_claims_refuse_them(server: Server, client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("nocarry")
+    n = 30
+
+    def work(ctx: idemq.JobContext) -> int:
+        time.sleep(0.01)
+        return int(ctx.payload)
+
+    ids = [r.job_id for r in client.enqueue_many([idemq.EnqueueRequest("w", i, queue=q) for i in range(n)]) if isinstance(r, idemq.EnqueueResult)]
+    rec = RefuseCompletionsOnClaims()
+    with idemq.Client(server.url, transport=rec) as c:
+        w = _worker(c, q, {"w": work}, concurrency=2)
+        t = run_worker(w)
+        try:
+            jobs = [_terminal(client, jid) for jid in ids]
+        finally:
+            w.stop()
+            t.join(20)
+    assert [(j.state, j.result) for j in jobs] == [("completed", i) for i in range(n)]
+    # Refused once, then never carried again.
+    assert rec.refused == 1
+    carried, batched = rec.completed_ids()
+    assert carried == [] and sorted(batched) == sorted(ids)
+    assert (w.report.completed, w.report.failed, w.report.lost) == (n, 0, 0)

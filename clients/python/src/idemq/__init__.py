@@ -29,6 +29,7 @@ from .errors import (
 )
 from .models import (
     ClaimedJob,
+    ClaimResult,
     CompleteItem,
     Dedupe,
     DedupeBinding,
@@ -79,6 +80,7 @@ __all__ = [
     "UnexpectedResponseError",
     "ValidationError",
     "ClaimedJob",
+    "ClaimResult",
     "CompleteItem",
     "Dedupe",
     "DedupeBinding",

@@ -22,6 +22,7 @@ from urllib.parse import quote
 from .errors import ApiError, error_from_problem
 from .models import (
     ClaimedJob,
+    ClaimResult,
     CompleteItem,
     Dedupe,
     DedupeBinding,
@@ -349,7 +350,9 @@ def claim(
     lease_ms: Optional[int],
     types: Optional[Sequence[str]],
     wait_ms: Optional[int],
-) -> Op[List[ClaimedJob]]:
+    complete: Optional[Sequence[CompleteItem]] = None,
+) -> Op[ClaimResult]:
+    items = list(complete) if complete is not None else None
     body = _clean(
         {
             "queues": list(queues) if queues is not None else None,
@@ -360,15 +363,30 @@ def claim(
             "wait_ms": wait_ms,
         }
     )
+    if items:
+        body["complete"] = [i.to_wire() for i in items]
+
+    def parse(status: int, b: Any) -> ClaimResult:
+        jobs = [ClaimedJob.from_wire(j) for j in b.get("jobs") or []]
+        answers = b.get("completed")
+        completed: Optional[List[Union[str, ApiError]]] = None
+        if isinstance(answers, list):
+            completed = [completion_result(r) for r in answers]
+        elif items is not None and not items:
+            # Nothing to carry is sent as no `complete` at all, which a server of any age takes.
+            completed = []
+        return ClaimResult(jobs, completed)
+
     return Op(
         "POST",
         "/v1/claim",
-        lambda s, b: [ClaimedJob.from_wire(j) for j in b.get("jobs") or []],
+        parse,
         body=body,
         has_body=True,
         extra_timeout=(wait_ms or 0) / 1000.0,
         # A claim whose answer is lost leaves leases that expire and count an attempt,
-        # never a job run twice at once; retried like every worker call.
+        # never a job run twice at once; retried like every worker call. The
+        # completions it carries are fenced by their own lease tokens.
         retry_safe=True,
     )
 
@@ -390,17 +408,18 @@ def complete(job_id: str, lease_token: str, result: Any) -> Op[str]:
     return Op("POST", f"/v1/jobs/{seg(job_id)}/complete", lambda s, b: str(b.get("state")), body=body, has_body=True)
 
 
+def completion_result(item: Any) -> Union[str, ApiError]:
+    """One answer of a batch completion: the job's state, or the item's own error."""
+    if isinstance(item, Mapping) and "error" in item:
+        p = item["error"] if isinstance(item["error"], Mapping) else {}
+        st = p.get("status")
+        return error_from_problem(int(st) if isinstance(st, int) else 0, p)
+    return str(item.get("state"))
+
+
 def complete_many(items: Sequence[CompleteItem]) -> Op[List[Union[str, ApiError]]]:
     def parse(status: int, b: Any) -> List[Union[str, ApiError]]:
-        out: List[Union[str, ApiError]] = []
-        for r in b.get("results") or []:
-            if isinstance(r, Mapping) and "error" in r:
-                p = r["error"] if isinstance(r["error"], Mapping) else {}
-                st = p.get("status")
-                out.append(error_from_problem(int(st) if isinstance(st, int) else 0, p))
-            else:
-                out.append(str(r.get("state")))
-        return out
+        return [completion_result(r) for r in b.get("results") or []]
 
     return Op("POST", "/v1/jobs/complete", parse, body={"jobs": [i.to_wire() for i in items]}, has_body=True)
 

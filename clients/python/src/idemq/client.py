@@ -25,7 +25,7 @@ from .errors import (
     error_from_problem,
 )
 from .models import (
-    ClaimedJob,
+    ClaimResult,
     CompleteItem,
     DedupeBinding,
     EnqueueRequest,
@@ -369,8 +369,15 @@ class Client(_Base):
         lease_ms: Optional[int] = None,
         types: Optional[Sequence[str]] = None,
         wait_ms: Optional[int] = None,
-    ) -> List[ClaimedJob]:
-        return self.call(_ops.claim(queues, worker, limit, lease_ms, types, wait_ms))
+        complete: Optional[Sequence[CompleteItem]] = None,
+    ) -> ClaimResult:
+        """Claims up to ``limit`` due jobs under a lease; returns them as a list.
+
+        ``complete`` records those completions first, in the same round trip
+        and commit; the result's ``completed`` has one answer per item, in
+        order (``"completed"`` or the item's :class:`ApiError`, not raised).
+        """
+        return self.call(_ops.claim(queues, worker, limit, lease_ms, types, wait_ms, complete))
 
     def heartbeat(self, job_id: str, lease_token: str) -> Heartbeat:
         return self.call(_ops.heartbeat(job_id, lease_token))
@@ -577,8 +584,9 @@ class AsyncClient(_Base):
         lease_ms: Optional[int] = None,
         types: Optional[Sequence[str]] = None,
         wait_ms: Optional[int] = None,
-    ) -> List[ClaimedJob]:
-        return await self.call(_ops.claim(queues, worker, limit, lease_ms, types, wait_ms))
+        complete: Optional[Sequence[CompleteItem]] = None,
+    ) -> ClaimResult:
+        return await self.call(_ops.claim(queues, worker, limit, lease_ms, types, wait_ms, complete))
 
     async def heartbeat(self, job_id: str, lease_token: str) -> Heartbeat:
         return await self.call(_ops.heartbeat(job_id, lease_token))

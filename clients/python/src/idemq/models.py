@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Union
+
+from .errors import ApiError
 
 __all__ = [
     "Outcome",
@@ -35,6 +37,7 @@ __all__ = [
     "DedupeBinding",
     "Redriven",
     "ClaimedJob",
+    "ClaimResult",
     "Heartbeat",
     "FailOutcome",
     "CompleteItem",
@@ -564,6 +567,28 @@ class ClaimedJob:
         )
 
 
+class ClaimResult(List[ClaimedJob]):
+    """The answer of a claim: the claimed jobs, as a list.
+
+    ``completed`` has one answer per completion the claim carried
+    (``complete=``), in order: ``"completed"``, or that item's
+    :class:`ApiError` (:class:`LeaseLostError` for a stale token), the same
+    answers as :meth:`Client.complete_many`. It is ``None`` when no
+    ``complete`` was given.
+    """
+
+    completed: Optional[List[Union[str, ApiError]]]
+
+    def __init__(
+        self, jobs: Iterable[ClaimedJob] = (), completed: Optional[List[Union[str, ApiError]]] = None
+    ) -> None:
+        super().__init__(jobs)
+        self.completed = completed
+
+    def __repr__(self) -> str:
+        return f"ClaimResult({list(self)!r}, completed={self.completed!r})"
+
+
 @dataclass(frozen=True)
 class Heartbeat:
     lease_expires_at: Optional[_dt.datetime]
@@ -586,7 +611,7 @@ class FailOutcome:
 
 @dataclass(frozen=True)
 class CompleteItem:
-    """One completion for :meth:`Client.complete_many`."""
+    """One completion, for :meth:`Client.complete_many` or a claim's ``complete``."""
 
     id: str
     lease_token: str = field(repr=False)

@@ -15,7 +15,6 @@ import inspect
 import json
 import logging
 import os
-import queue as _queue
 import socket
 import threading
 import time
@@ -27,6 +26,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequ
 from .client import Client
 from .errors import (
     ApiError,
+    BadRequestError,
     IdemqError,
     LeaseLostError,
     MethodNotAllowedError,
@@ -37,6 +37,12 @@ from .models import ClaimedJob, CompleteItem
 __all__ = ["Worker", "WorkerReport", "JobContext", "JobFailure", "Handler"]
 
 log = logging.getLogger("idemq.worker")
+
+#: How long a finished job's completion waits before it is sent on its own:
+#: the slot it frees usually starts a claim within this time, which carries it.
+_COMPLETION_DELAY = 0.01
+#: The most completions one call carries (the server's batch bound).
+_MAX_COMPLETIONS = 1000
 
 Handler = Callable[["JobContext"], Any]
 
@@ -192,6 +198,11 @@ class _Ack:
     job: ClaimedJob
     result: Any
     lease_until: float
+    #: False once a claim carrying it failed: it then goes in a call of its own.
+    carry: bool = True
+
+    def item(self) -> CompleteItem:
+        return CompleteItem(self.job.id, self.job.lease_token, self.result)
 
 
 class Worker:
@@ -239,7 +250,10 @@ class Worker:
         self._grace_until: Optional[float] = None
         self._slots = threading.Condition()
         self._active = 0
-        self._acks: "_queue.Queue[_Ack]" = _queue.Queue()
+        self._pending: List[_Ack] = []
+        self._pending_cv = threading.Condition()
+        self._closing = False
+        self._carry = True
         self._batch_complete = True
         self._report_lock = threading.Lock()
         self._running = False
@@ -280,6 +294,7 @@ class Worker:
                     free = self.concurrency - self._active
                 if self._stopping.is_set():
                     break
+                carried = self._take_carried()
                 try:
                     jobs = self.client.claim(
                         queues=self.queues,
@@ -288,13 +303,27 @@ class Worker:
                         lease_ms=self.lease_ms,
                         types=types,
                         wait_ms=self.poll_wait_ms,
+                        complete=[a.item() for a in carried] or None,
                     )
                     failures = 0
                 except IdemqError as exc:
+                    self._put_back(carried)
+                    if carried and isinstance(exc, BadRequestError):
+                        # A server that does not take completions on a claim: send them apart from now on.
+                        log.info("the server refused completions on a claim (%s); sending them apart", exc)
+                        self._carry = False
+                        continue
                     failures += 1
                     log.warning("claim failed: %s", exc)
                     self._stopping.wait(min(5.0, 0.2 * (2 ** min(failures, 5))))
                     continue
+                if carried:
+                    if jobs.completed is not None and len(jobs.completed) == len(carried):
+                        self._settle(carried, jobs.completed)
+                    else:
+                        # Answers that do not match cannot be trusted; their own call gives each one.
+                        self._carry = False
+                        self._put_back(carried)
                 for job in jobs:
                     if self._stopping.is_set():
                         self._release(job)
@@ -308,7 +337,9 @@ class Worker:
                 while self._active > 0:
                     self._slots.wait(0.2)
             pool.shutdown(wait=True)
-            self._acks.put(_Ack(job=None, result=None, lease_until=0.0))  # type: ignore[arg-type]
+            with self._pending_cv:
+                self._closing = True
+                self._pending_cv.notify_all()
             acker.join()
             self._running = False
         return self.report
@@ -432,7 +463,7 @@ class Worker:
             except (TypeError, ValueError) as exc:
                 self._fail(job, f"the handler's result is not JSON: {exc}", retryable=False)
                 return
-            self._acks.put(_Ack(job=job, result=out.result, lease_until=lease_until))
+            self._hand_over(_Ack(job=job, result=out.result, lease_until=lease_until))
         elif isinstance(err, LeaseLostError):
             log.warning("job %s: lease lost; the attempt's result is dropped", job.id)
             self._count("lost")
@@ -482,41 +513,55 @@ class Worker:
             self._count("released")
 
     # ------------------------------------------------------------------ completions
+    # A completion goes on the next claim when one starts soon (one round trip
+    # for both), else in a batch of its own (``POST /v1/jobs/complete``).
+
+    def _hand_over(self, ack: _Ack) -> None:
+        with self._pending_cv:
+            self._pending.append(ack)
+            self._pending_cv.notify_all()
+
+    def _take_carried(self) -> List[_Ack]:
+        with self._pending_cv:
+            if not self._carry:
+                return []
+            taken = [a for a in self._pending if a.carry][:_MAX_COMPLETIONS]
+            if taken:
+                chosen = set(map(id, taken))
+                self._pending = [a for a in self._pending if id(a) not in chosen]
+            return taken
+
+    def _put_back(self, acks: List[_Ack]) -> None:
+        if not acks:
+            return
+        for a in acks:
+            a.carry = False
+        with self._pending_cv:
+            self._pending[:0] = acks
+            self._pending_cv.notify_all()
 
     def _ack_loop(self) -> None:
-        """Records completions, many per round trip (``POST /v1/jobs/complete``)."""
-        closing = False
+        """Sends the completions no claim took, many per round trip."""
         while True:
-            try:
-                first = self._acks.get(timeout=0.2)
-            except _queue.Empty:
-                continue
-            batch: List[_Ack] = []
-            if first.job is None:
-                closing = True
-            else:
-                batch.append(first)
-            while len(batch) < 1000:
-                try:
-                    nxt = self._acks.get_nowait()
-                except _queue.Empty:
-                    break
-                if nxt.job is None:
-                    closing = True
-                else:
-                    batch.append(nxt)
+            with self._pending_cv:
+                while not self._pending and not self._closing:
+                    self._pending_cv.wait()
+                if not self._pending:
+                    return
+                closing = self._closing
+            if not closing:
+                time.sleep(_COMPLETION_DELAY)
+            with self._pending_cv:
+                batch = self._pending[:_MAX_COMPLETIONS]
+                del self._pending[:_MAX_COMPLETIONS]
             if batch:
                 self._ack(batch)
-            if closing and self._acks.empty():
-                return
 
     def _ack(self, batch: List[_Ack]) -> None:
         while batch:
             try:
                 if self._batch_complete:
-                    answers: List[Union[str, ApiError]] = self.client.complete_many(
-                        [CompleteItem(a.job.id, a.job.lease_token, a.result) for a in batch]
-                    )
+                    answers: List[Union[str, ApiError]] = self.client.complete_many([a.item() for a in batch])
                 else:
                     answers = []
                     for a in batch:
@@ -537,12 +582,15 @@ class Worker:
                 batch = [a for a in batch if a.lease_until > now]
                 time.sleep(0.2)
                 continue
-            for a, ans in zip(batch, answers):
-                if isinstance(ans, LeaseLostError):
-                    self._count("lost")
-                elif isinstance(ans, ApiError):
-                    log.warning("job %s: completion refused: %s", a.job.id, ans)
-                    self._count("failed")
-                else:
-                    self._count("completed")
+            self._settle(batch, answers)
             return
+
+    def _settle(self, batch: List[_Ack], answers: Sequence[Union[str, ApiError]]) -> None:
+        for a, ans in zip(batch, answers):
+            if isinstance(ans, LeaseLostError):
+                self._count("lost")
+            elif isinstance(ans, ApiError):
+                log.warning("job %s: completion refused: %s", a.job.id, ans)
+                self._count("failed")
+            else:
+                self._count("completed")
