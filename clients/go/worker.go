@@ -71,7 +71,8 @@ type WorkerOptions struct {
 	// ShutdownGrace is how long running handlers may go on after ctx is
 	// cancelled before they are stopped and their leases released (default 30s).
 	ShutdownGrace time.Duration
-	// CompleteBatch is the most completions sent in one round trip (default 100).
+	// CompleteBatch is the most completions sent in one round trip, carried
+	// on a claim or in a batch of their own (default 100).
 	CompleteBatch int
 	// ErrorBackoff is the pause after a claim failed with a transient error (default 1s).
 	ErrorBackoff time.Duration
@@ -97,16 +98,31 @@ type Worker struct {
 
 	completed, failed, released, lost int64
 
-	running   sync.WaitGroup
-	slots     chan struct{}
-	abort     chan struct{}
-	completer chan *ack
-	batchOff  int32
+	running  sync.WaitGroup
+	slots    chan struct{}
+	abort    chan struct{}
+	batchOff int32
+
+	// Completions wait in pending for the next claim to carry them, or for
+	// the completer to send them; wake tells the completer there are some.
+	ackMu     sync.Mutex
+	pending   []*ack
+	noCarry   bool
+	ackWake   chan struct{}
+	ackFinish chan struct{}
 }
+
+// completionDelay is how long a finished job's completion waits before the
+// completer sends it: the slot it frees usually starts a claim within this
+// time, which carries it in the same round trip.
+const completionDelay = 10 * time.Millisecond
 
 type ack struct {
 	c     Completion
 	reply chan error
+	// apart is set once a claim carrying it failed or was not trusted: it
+	// then goes in a call of its own.
+	apart bool
 }
 
 // NewWorker returns a worker of client. Run starts it.
@@ -178,7 +194,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.slots = make(chan struct{}, w.opts.Concurrency)
 	w.abort = make(chan struct{})
-	w.completer = make(chan *ack)
+	w.ackWake = make(chan struct{}, 1)
+	w.ackFinish = make(chan struct{})
 	completerDone := make(chan struct{})
 	go func() { defer close(completerDone); w.runCompleter() }()
 
@@ -195,7 +212,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		close(w.abort)
 		<-drained
 	}
-	close(w.completer)
+	close(w.ackFinish)
 	<-completerDone
 	return err
 }
@@ -221,20 +238,38 @@ func (w *Worker) claimLoop(ctx context.Context) error {
 				break more
 			}
 		}
+		carried := w.takeCarried()
 		// The claim is not cancelled by ctx: a claim cut off mid-flight may
 		// have leased jobs this worker would never see. It is bounded by
 		// PollWait; what it returns during a shutdown is released.
 		sent := time.Now()
 		resp, err := w.c.Claim(context.Background(), ClaimRequest{
 			Queues: w.opts.Queues, Types: w.types, Worker: w.opts.Name, Limit: free,
-			Lease: w.opts.Lease, Wait: w.opts.PollWait,
+			Lease: w.opts.Lease, Wait: w.opts.PollWait, Complete: completionsOf(carried),
 		})
 		if err != nil {
 			for i := 0; i < free; i++ {
 				<-w.slots
 			}
-			if b := baseOf(err); b == nil || !b.Retryable() {
-				return err
+			// Whether the claim recorded them is unknown: a call of their
+			// own answers each (lease-lost for one that it did record).
+			w.putBack(carried)
+			b := baseOf(err)
+			switch {
+			case len(carried) > 0 && errors.Is(err, ErrBadRequest):
+				// A server from before claims took completions refuses the
+				// member like any unknown one.
+				w.stopCarrying()
+				w.report(err)
+				continue
+			case b == nil || !b.Retryable():
+				if len(carried) == 0 {
+					return err
+				}
+				// What was refused may be a completion (a result over the
+				// size limit): the claim is tried again without them.
+				w.report(err)
+				continue
 			}
 			w.report(err)
 			pause := w.opts.ErrorBackoff/2 + time.Duration(rand.Int63n(int64(w.opts.ErrorBackoff)))
@@ -247,6 +282,18 @@ func (w *Worker) claimLoop(ctx context.Context) error {
 			}
 			continue
 		}
+		if len(carried) > 0 {
+			if len(resp.Completed) == len(carried) {
+				for i, a := range carried {
+					a.reply <- resp.Completed[i].Err
+				}
+			} else {
+				// Answers that do not pair up with the completions cannot be
+				// trusted (a server that ignored the member sends none).
+				w.stopCarrying()
+				w.putBack(carried)
+			}
+		}
 		for i := len(resp.Jobs); i < free; i++ {
 			<-w.slots
 		}
@@ -258,8 +305,10 @@ func (w *Worker) claimLoop(ctx context.Context) error {
 			}
 			w.running.Add(1)
 			go func(job *ClaimedJob) {
-				defer func() { <-w.slots; w.running.Done() }()
-				w.runJob(job, sent)
+				var once sync.Once
+				freeSlot := func() { once.Do(func() { <-w.slots }) }
+				defer func() { freeSlot(); w.running.Done() }()
+				w.runJob(job, sent, freeSlot)
 			}(job)
 		}
 	}
@@ -286,7 +335,8 @@ type handlerResult struct {
 
 // runJob runs one claimed job to its end: completed, failed, released or lost.
 // claimed is when the claim was sent: the lease is counted from then.
-func (w *Worker) runJob(job *ClaimedJob, claimed time.Time) {
+// freeSlot lets another job start while this one's completion waits.
+func (w *Worker) runJob(job *ClaimedJob, claimed time.Time, freeSlot func()) {
 	hctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	job.mu.Lock()
@@ -329,7 +379,7 @@ func (w *Worker) runJob(job *ClaimedJob, claimed time.Time) {
 	for {
 		select {
 		case r := <-done:
-			w.finish(job, beat, lost, r)
+			w.finish(job, beat, lost, r, freeSlot)
 			return
 		case <-lost:
 			atomic.AddInt64(&w.lost, 1)
@@ -351,7 +401,7 @@ func (w *Worker) runJob(job *ClaimedJob, claimed time.Time) {
 }
 
 // finish records what the handler returned.
-func (w *Worker) finish(job *ClaimedJob, beat *heartbeater, lost <-chan struct{}, r handlerResult) {
+func (w *Worker) finish(job *ClaimedJob, beat *heartbeater, lost <-chan struct{}, r handlerResult, freeSlot func()) {
 	if errors.Is(job.StopReason(), ErrLeaseLost) {
 		atomic.AddInt64(&w.lost, 1)
 		return
@@ -374,25 +424,28 @@ func (w *Worker) finish(job *ClaimedJob, beat *heartbeater, lost <-chan struct{}
 		}
 		result = raw
 	}
-	// Hand the completion to the completer; the heartbeat goes on until it
-	// is acknowledged, so the lease cannot lapse while it waits in a batch.
+	// The heartbeat goes on until the completion is answered, so the lease
+	// cannot lapse while it waits for a claim or a batch. It is queued before
+	// the slot is freed, so that the claim the free slot starts carries it.
 	for {
 		a := &ack{c: Completion{ID: job.ID, LeaseToken: job.LeaseToken}, reply: make(chan error, 1)}
 		if result != nil {
 			a.c.Result = result
 		}
-		select {
-		case w.completer <- a:
-		case <-lost:
-			atomic.AddInt64(&w.lost, 1)
-			return
-		}
+		w.handOver(a)
+		freeSlot()
 		var err error
 		select {
 		case err = <-a.reply:
 		case <-lost:
-			atomic.AddInt64(&w.lost, 1)
-			return
+			if w.withdraw(a) {
+				atomic.AddInt64(&w.lost, 1)
+				return
+			}
+			// Already sent: a carried completion may be recorded while the
+			// claim still waits for work, and a heartbeat then answers
+			// lease-lost. The server's answer says which it was.
+			err = <-a.reply
 		}
 		if err == nil {
 			atomic.AddInt64(&w.completed, 1)
@@ -430,24 +483,129 @@ func (w *Worker) fail(job *ClaimedJob, opts FailOptions) {
 	atomic.AddInt64(&w.failed, 1)
 }
 
-// runCompleter sends completions in batches: whatever has queued up while
-// the previous batch was in flight goes in the next one.
-func (w *Worker) runCompleter() {
-	for first := range w.completer {
-		batch := []*ack{first}
-	fill:
-		for len(batch) < w.opts.CompleteBatch {
-			select {
-			case a, ok := <-w.completer:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, a)
-			default:
-				break fill
-			}
+func completionsOf(acks []*ack) []Completion {
+	if len(acks) == 0 {
+		return nil
+	}
+	out := make([]Completion, len(acks))
+	for i, a := range acks {
+		out[i] = a.c
+	}
+	return out
+}
+
+func (w *Worker) handOver(a *ack) {
+	w.ackMu.Lock()
+	w.pending = append(w.pending, a)
+	w.ackMu.Unlock()
+	w.wakeCompleter()
+}
+
+func (w *Worker) wakeCompleter() {
+	select {
+	case w.ackWake <- struct{}{}:
+	default:
+	}
+}
+
+// takeCarried takes the completions the next claim carries.
+func (w *Worker) takeCarried() []*ack {
+	w.ackMu.Lock()
+	defer w.ackMu.Unlock()
+	if w.noCarry {
+		return nil
+	}
+	var taken []*ack
+	kept := w.pending[:0]
+	for _, a := range w.pending {
+		if !a.apart && len(taken) < w.opts.CompleteBatch {
+			taken = append(taken, a)
+		} else {
+			kept = append(kept, a)
 		}
-		w.sendBatch(batch)
+	}
+	for i := len(kept); i < len(w.pending); i++ {
+		w.pending[i] = nil
+	}
+	w.pending = kept
+	return taken
+}
+
+// putBack queues completions a claim did not record for a call of their own,
+// ahead of the rest: their leases are the oldest.
+func (w *Worker) putBack(acks []*ack) {
+	if len(acks) == 0 {
+		return
+	}
+	w.ackMu.Lock()
+	for _, a := range acks {
+		a.apart = true
+	}
+	w.pending = append(append(make([]*ack, 0, len(acks)+len(w.pending)), acks...), w.pending...)
+	w.ackMu.Unlock()
+	w.wakeCompleter()
+}
+
+// withdraw drops a completion that was not sent yet (a lost lease never
+// completes); false when it is in flight.
+func (w *Worker) withdraw(a *ack) bool {
+	w.ackMu.Lock()
+	defer w.ackMu.Unlock()
+	for i, p := range w.pending {
+		if p == a {
+			w.pending = append(w.pending[:i], w.pending[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+func (w *Worker) carrying() bool {
+	w.ackMu.Lock()
+	defer w.ackMu.Unlock()
+	return !w.noCarry
+}
+
+func (w *Worker) stopCarrying() {
+	w.ackMu.Lock()
+	w.noCarry = true
+	w.ackMu.Unlock()
+}
+
+// takeBatch takes the oldest completions, up to CompleteBatch; more is true
+// when some are left.
+func (w *Worker) takeBatch() (batch []*ack, more bool) {
+	w.ackMu.Lock()
+	defer w.ackMu.Unlock()
+	n := len(w.pending)
+	if n > w.opts.CompleteBatch {
+		n = w.opts.CompleteBatch
+	}
+	batch = append([]*ack(nil), w.pending[:n]...)
+	w.pending = append(w.pending[:0], w.pending[n:]...)
+	return batch, len(w.pending) > 0
+}
+
+// runCompleter sends the completions no claim took, many per round trip.
+func (w *Worker) runCompleter() {
+	for {
+		select {
+		case <-w.ackWake:
+		case <-w.ackFinish:
+			// Run gets here once every job has ended, and a job ends only
+			// when its completion was answered or withdrawn: none is left.
+			return
+		}
+		if w.carrying() {
+			time.Sleep(completionDelay)
+		}
+		batch, more := w.takeBatch()
+		if len(batch) > 0 {
+			w.sendBatch(batch)
+		}
+		if more {
+			w.wakeCompleter()
+		}
 	}
 }
 

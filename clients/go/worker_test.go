@@ -1,10 +1,14 @@
 package idemq
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -212,19 +216,103 @@ func TestWorkerStopsOnCancel(t *testing.T) {
 	waitState(t, c, id, StateCancelled, 5*time.Second)
 }
 
-// completionCounter counts the completions a client sends.
-type completionCounter struct{ n int64 }
+// callRecorder records the completions a worker sends: carried on claims
+// the server took, in batches, or one per call. With refuseCarried it
+// answers a claim carrying completions as a server from before claims took
+// them does (400, an unknown member); with dropCarried it strips them from
+// the claim, as a server that ignores the member would, so the answer holds
+// no results for them.
+type callRecorder struct {
+	refuseCarried, dropCarried bool
 
-func (cc *completionCounter) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/complete") {
-		atomic.AddInt64(&cc.n, 1)
+	mu             sync.Mutex
+	carried        []string // job ids
+	batched        []string
+	singles        []string
+	claimsCarrying int
+}
+
+func (r *callRecorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	var body map[string]json.RawMessage
+	if req.GetBody != nil {
+		rc, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		raw, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			return nil, err
+		}
+		_ = json.Unmarshal(raw, &body)
 	}
-	return http.DefaultTransport.RoundTrip(r)
+	ids := func(member string) []string {
+		var items []struct {
+			ID string `json:"id"`
+		}
+		_ = json.Unmarshal(body[member], &items)
+		out := make([]string, len(items))
+		for i, it := range items {
+			out[i] = it.ID
+		}
+		return out
+	}
+	path := req.URL.Path
+	r.mu.Lock()
+	switch {
+	case req.Method != http.MethodPost:
+	case path == "/v1/claim" && len(body["complete"]) > 0:
+		r.claimsCarrying++
+		switch {
+		case r.refuseCarried:
+			if req.Body != nil {
+				req.Body.Close()
+			}
+			r.mu.Unlock()
+			problem := `{"type":"/problems/bad-request","title":"Bad request","status":400,` +
+				`"detail":"unknown field ` + "`complete`" + `","field":"complete"}`
+			return &http.Response{
+				StatusCode: http.StatusBadRequest, Status: "400 Bad Request", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+				Header:        http.Header{"Content-Type": {"application/problem+json"}},
+				Body:          io.NopCloser(strings.NewReader(problem)),
+				ContentLength: int64(len(problem)), Request: req,
+			}, nil
+		case r.dropCarried:
+			delete(body, "complete")
+			raw, _ := json.Marshal(body)
+			if req.Body != nil {
+				req.Body.Close()
+			}
+			req = req.Clone(req.Context())
+			req.Body, req.GetBody, req.ContentLength = io.NopCloser(bytes.NewReader(raw)), nil, int64(len(raw))
+		default:
+			r.carried = append(r.carried, ids("complete")...)
+		}
+	case path == "/v1/jobs/complete":
+		r.batched = append(r.batched, ids("jobs")...)
+	case strings.HasSuffix(path, "/complete"):
+		r.singles = append(r.singles, strings.TrimSuffix(strings.TrimPrefix(path, "/v1/jobs/"), "/complete"))
+	}
+	r.mu.Unlock()
+	return http.DefaultTransport.RoundTrip(req)
+}
+
+func (r *callRecorder) claimsWithCompletions() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.claimsCarrying
+}
+
+// sent returns the job ids whose completions were sent, however they went.
+func (r *callRecorder) sent() (carried, batched, singles []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.carried...), append([]string(nil), r.batched...), append([]string(nil), r.singles...)
 }
 
 func TestWorkerLosesALeaseAndDoesNotComplete(t *testing.T) {
-	cc := &completionCounter{}
-	c := newTestClient(WithHTTPClient(&http.Client{Transport: cc}))
+	rec := &callRecorder{}
+	c := newTestClient(WithHTTPClient(&http.Client{Transport: rec}))
 	ctx := ctxT(t)
 	q, typ := uniq("lease"), uniq("stuck")
 	finished := make(chan struct{})
@@ -259,8 +347,9 @@ func TestWorkerLosesALeaseAndDoesNotComplete(t *testing.T) {
 		*runs[0].Outcome != "lease_expired" || *runs[1].Outcome != "completed" {
 		t.Fatalf("job %+v runs %+v", job, runs)
 	}
-	if n := atomic.LoadInt64(&cc.n); n != 1 {
-		t.Fatalf("%d completion requests; the stale attempt must send none", n)
+	carried, batched, singles := rec.sent()
+	if n := len(carried) + len(batched) + len(singles); n != 1 {
+		t.Fatalf("%d completions sent; the stale attempt must send none", n)
 	}
 	if st := w.Stats(); st.Lost != 1 || st.Completed != 1 {
 		t.Fatalf("stats %+v", st)
@@ -430,5 +519,109 @@ func TestBatchCompletion(t *testing.T) {
 		if job.State != StateCompleted || (want != "" && string(job.Result) != want) {
 			t.Fatalf("job %d: %s %s", i, job.State, job.Result)
 		}
+	}
+}
+
+// drainWithRecorder enqueues n jobs of a new type (payload i), runs a worker
+// of concurrency 2 over rec until every job is completed, and checks that
+// each ran once and was completed by its first attempt with its own result.
+func drainWithRecorder(t *testing.T, rec *callRecorder, n int) (ids []string) {
+	t.Helper()
+	plain := newTestClient()
+	ctx := ctxT(t)
+	q, typ := uniq("carry"), uniq("double")
+	for i := 0; i < n; i++ {
+		id, err := plain.Enqueue(ctx, typ, i, &EnqueueOptions{Queue: q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	var mu sync.Mutex
+	runs := map[string]int{}
+	w := NewWorker(newTestClient(WithHTTPClient(&http.Client{Transport: rec})), WorkerOptions{
+		Queues: []string{q}, Concurrency: 2, PollWait: 200 * time.Millisecond,
+		Handlers: map[string]HandlerFunc{typ: func(ctx context.Context, job *ClaimedJob) (any, error) {
+			mu.Lock()
+			runs[job.ID]++
+			mu.Unlock()
+			var i int
+			if err := job.Decode(&i); err != nil {
+				return nil, Permanent(err)
+			}
+			time.Sleep(10 * time.Millisecond)
+			return map[string]int{"twice": 2 * i}, nil
+		}},
+	})
+	stop := runWorker(t, w)
+	for i, id := range ids {
+		job := waitState(t, plain, id, StateCompleted, 30*time.Second)
+		var r map[string]int
+		if err := job.DecodeResult(&r); err != nil || r["twice"] != 2*i || job.Attempt != 1 {
+			t.Fatalf("job %d: attempt %d, result %s %v", i, job.Attempt, job.Result, err)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if runs[id] != 1 {
+			t.Fatalf("job %s ran %d times", id, runs[id])
+		}
+	}
+	if st := w.Stats(); st != (WorkerStats{Completed: int64(n)}) {
+		t.Fatalf("stats %+v", st)
+	}
+	return ids
+}
+
+func sameIDs(a, b []string) bool {
+	a, b = append([]string(nil), a...), append([]string(nil), b...)
+	sort.Strings(a)
+	sort.Strings(b)
+	return strings.Join(a, ",") == strings.Join(b, ",")
+}
+
+func TestWorkerCarriesCompletionsOnClaims(t *testing.T) {
+	rec := &callRecorder{}
+	ids := drainWithRecorder(t, rec, 40)
+	carried, batched, singles := rec.sent()
+	t.Logf("%d completions carried on claims, %d batched", len(carried), len(batched))
+	// A handler that returns frees its slot, which starts a claim at once.
+	if len(carried) == 0 {
+		t.Fatalf("no claim carried a completion (%d batched)", len(batched))
+	}
+	if len(singles) != 0 {
+		t.Fatalf("completions sent one per call: %v", singles)
+	}
+	if !sameIDs(append(carried, batched...), ids) {
+		t.Fatalf("a completion sent twice, or never: %d carried, %d batched, %d jobs", len(carried), len(batched), len(ids))
+	}
+}
+
+func TestWorkerSendsCompletionsApartWhenClaimsRefuseThem(t *testing.T) {
+	rec := &callRecorder{refuseCarried: true}
+	ids := drainWithRecorder(t, rec, 30)
+	carried, batched, singles := rec.sent()
+	// Refused once, then never carried again.
+	if rec.claimsWithCompletions() != 1 || len(carried) != 0 || len(singles) != 0 {
+		t.Fatalf("%d claims carried completions, %d accepted; %d single completions", rec.claimsWithCompletions(), len(carried), len(singles))
+	}
+	if !sameIDs(batched, ids) {
+		t.Fatalf("%d completions batched for %d jobs", len(batched), len(ids))
+	}
+}
+
+func TestWorkerSendsCompletionsApartWhenClaimsIgnoreThem(t *testing.T) {
+	rec := &callRecorder{dropCarried: true}
+	ids := drainWithRecorder(t, rec, 30)
+	carried, batched, singles := rec.sent()
+	// An answer without a result per completion is not trusted: they are
+	// sent again on their own, and claims carry none from then on.
+	if rec.claimsWithCompletions() != 1 || len(carried) != 0 || len(singles) != 0 {
+		t.Fatalf("%d claims carried completions, %d accepted; %d single completions", rec.claimsWithCompletions(), len(carried), len(singles))
+	}
+	if !sameIDs(batched, ids) {
+		t.Fatalf("%d completions batched for %d jobs", len(batched), len(ids))
 	}
 }
