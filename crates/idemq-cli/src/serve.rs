@@ -30,12 +30,28 @@ pub struct ServeArgs {
         value_name = "HOST"
     )]
     allowed_hosts: Vec<String>,
+    /// The largest payload, result or checkpoint value the server takes, in
+    /// bytes of JSON (1 KiB – 16 MiB; default 1 MiB). Request bodies may be
+    /// that much larger than their payload.
+    #[arg(
+        long,
+        env = "IDEMQ_PAYLOAD_LIMIT",
+        value_name = "BYTES",
+        value_parser = clap::value_parser!(u64).range(MIN_PAYLOAD_LIMIT..=MAX_PAYLOAD_LIMIT)
+    )]
+    payload_limit: Option<u64>,
     /// Also run jobs in this process with a shell command (see `idemq worker --help`).
     #[arg(long, value_name = "CMD")]
     exec: Option<String>,
     #[command(flatten)]
     worker: ExecOptions,
 }
+
+/// Bounds of `--payload-limit`: below 1 KiB a payload is hardly of use; a
+/// batch's body is bounded at 16 MiB, and a larger payload could never
+/// travel in one.
+const MIN_PAYLOAD_LIMIT: u64 = 1024;
+const MAX_PAYLOAD_LIMIT: u64 = idemq::MAX_BATCH_BYTES as u64;
 
 /// Every address `listen` names, or why it names none.
 async fn resolve(listen: &str) -> Result<Vec<SocketAddr>, CliError> {
@@ -102,7 +118,12 @@ pub async fn run(database: &str, args: ServeArgs, json: bool) -> Result<(), CliE
         }
     }
     // SQLite databases are created and migrated when opened.
-    let queue = crate::connect(database).await?;
+    let mut options = idemq::QueueOptions::default();
+    if let Some(limit) = args.payload_limit {
+        // In range by the flag's parser; a usize holds 16 MiB everywhere.
+        options.payload_limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    }
+    let queue = idemq::Queue::connect_with(database, options).await?;
 
     let listener = tokio::net::TcpListener::bind(addrs.as_slice())
         .await

@@ -163,3 +163,48 @@ fn serve_passes_the_token_to_every_request_but_healthz() {
     assert!(allowed.starts_with("HTTP/1.1 200"), "{allowed}");
     assert!(bg.stop().status.success());
 }
+
+/// Sends `POST /v1/jobs` with a payload of `n` bytes of JSON; the status line.
+fn enqueue_payload(addr: &str, n: usize) -> String {
+    // `"…"` is the payload: a JSON string of n - 2 characters and its quotes.
+    let body = format!("{{\"type\":\"big\",\"payload\":\"{}\"}}", "x".repeat(n - 2));
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "POST /v1/jobs HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("response");
+    out.lines().next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn serve_takes_payloads_up_to_its_payload_limit() {
+    let db = Db::new();
+    let mib = 1024 * 1024;
+    // The default: 1 MiB.
+    let (bg, addr) = serve(&db, &[]);
+    assert!(enqueue_payload(&addr, mib).contains(" 201 "));
+    assert!(enqueue_payload(&addr, mib + 1).contains(" 413 "));
+    bg.stop();
+    let (bg, addr) = serve(&db, &["--payload-limit", "2097152"]);
+    assert!(enqueue_payload(&addr, 2 * mib).contains(" 201 "));
+    let over = enqueue_payload(&addr, 2 * mib + 1);
+    assert!(over.contains(" 413 "), "{over}");
+    bg.stop();
+}
+
+#[test]
+fn serve_refuses_a_payload_limit_out_of_bounds() {
+    let db = Db::new();
+    for bad in ["1023", "16777217", "-1", "1MiB"] {
+        let out = db.run(&["serve", &format!("--payload-limit={bad}")]);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = stderr(&out);
+        assert!(err.contains("--payload-limit"), "{bad}: {err}");
+        assert!(!db.path("cli.db").exists(), "nothing was created");
+    }
+}
