@@ -152,11 +152,11 @@ fn check_clock(p: &PreparedEnqueue, run_at: i64, now: i64) -> Result<()> {
 }
 
 /// Inserts an accepted job. Its `accepted` event is derived from the row
-/// (its number is the job's `seq`, drawn from the history counter).
+/// (its number is the job's `seq`, the history's next number).
 fn insert_job(cx: &Cx, p: &PreparedEnqueue, id: &str, run_at: i64) -> Result<()> {
     let k = p.idempotency.as_ref();
     let d = p.dedupe.as_ref();
-    let seq = cx.next_seq()?;
+    let seq = cx.peek_seq()?;
     cx.db
         .prepare_cached(
             "INSERT INTO idemq_jobs (id, type, queue, state, payload, priority, run_at,

@@ -637,19 +637,31 @@ pub(crate) fn ts(us: i64) -> DateTime<Utc> {
 }
 
 impl Cx<'_> {
-    /// Draws the next number of the history counter, which numbers jobs
-    /// and events alike (stored and derived), so a job's history has one
-    /// order.
-    /// Two plain statements: SQLite runs an `UPDATE … RETURNING` through an
-    /// ephemeral table of its own, which cost more than the update.
-    fn next_seq(&self) -> Result<i64> {
-        self.db
-            .prepare_cached("UPDATE idemq_history SET next = next + 1 WHERE one = 1")?
-            .execute([])?;
+    /// The next number of the history, which numbers jobs and events alike
+    /// (stored and derived), so a job's history has one order: above the
+    /// counter and above every job's own number. An enqueue takes it
+    /// without moving the counter (the job's row is its record, and the
+    /// counter's page stays out of the commit); events, claims and
+    /// completions move the counter past it ([`Self::next_seq`]).
+    fn peek_seq(&self) -> Result<i64> {
         Ok(self
             .db
-            .prepare_cached("SELECT next - 1 FROM idemq_history")?
+            .prepare_cached(
+                "SELECT max((SELECT next FROM idemq_history),
+                            coalesce((SELECT max(seq) FROM idemq_jobs), 0) + 1)",
+            )?
             .query_row([], |r| r.get(0))?)
+    }
+
+    /// Draws the next number of the history (see [`Self::peek_seq`]). Plain
+    /// statements: SQLite runs an `UPDATE … RETURNING` through an ephemeral
+    /// table of its own, which cost more than the update.
+    fn next_seq(&self) -> Result<i64> {
+        let seq = self.peek_seq()?;
+        self.db
+            .prepare_cached("UPDATE idemq_history SET next = ?1 WHERE one = 1")?
+            .execute([seq + 1])?;
+        Ok(seq)
     }
 
     /// Appends an event to a job's log.
