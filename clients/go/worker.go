@@ -455,6 +455,12 @@ func (w *Worker) finish(job *ClaimedJob, beat *heartbeater, lost <-chan struct{}
 			atomic.AddInt64(&w.lost, 1)
 			return
 		}
+		if refusedResult(err) {
+			// The same handler would return the same result: retrying the
+			// attempt cannot help.
+			w.fail(job, FailOptions{Error: "the handler's result was refused: " + err.Error(), Permanent: true})
+			return
+		}
 		w.report(err)
 		if b := baseOf(err); b == nil || !b.Retryable() || !beat.alive() {
 			atomic.AddInt64(&w.lost, 1)
@@ -481,6 +487,12 @@ func (w *Worker) fail(job *ClaimedJob, opts FailOptions) {
 		return
 	}
 	atomic.AddInt64(&w.failed, 1)
+}
+
+// refusedResult reports whether the server refused a completion for what it
+// holds: a result over the payload limit, or one it cannot store.
+func refusedResult(err error) bool {
+	return errors.Is(err, ErrPayloadTooLarge) || errors.Is(err, ErrValidation) || errors.Is(err, ErrBadRequest)
 }
 
 func completionsOf(acks []*ack) []Completion {
@@ -624,14 +636,20 @@ func (w *Worker) sendBatch(batch []*ack) {
 			}
 			return
 		}
-		// A server without the batch endpoint: complete one by one from now on.
-		if !errors.Is(err, ErrMethodNotAllowed) && !errors.Is(err, ErrNotFound) {
+		switch b := baseOf(err); {
+		case errors.Is(err, ErrMethodNotAllowed) || errors.Is(err, ErrNotFound):
+			// A server without the batch endpoint: complete one by one from now on.
+			atomic.StoreInt32(&w.batchOff, 1)
+		case b != nil && b.Retryable():
 			for _, a := range batch {
 				a.reply <- err
 			}
 			return
+		default:
+			// Refused as a whole, as one result over the size limit does:
+			// one call per completion answers each, so the others still
+			// complete.
 		}
-		atomic.StoreInt32(&w.batchOff, 1)
 	}
 	for _, a := range batch {
 		_, err := w.c.Complete(ctx, a.c.ID, a.c.LeaseToken, a.c.Result)

@@ -625,3 +625,69 @@ func TestWorkerSendsCompletionsApartWhenClaimsIgnoreThem(t *testing.T) {
 		t.Fatalf("%d completions batched for %d jobs", len(batched), len(ids))
 	}
 }
+
+func TestWorkerFailsOnlyTheJobWhoseResultIsRefused(t *testing.T) {
+	rec := &callRecorder{}
+	plain := newTestClient()
+	ctx := ctxT(t)
+	q, typ := uniq("oversize"), uniq("sized")
+	const n = 6
+	var ids []string
+	for i := 0; i < n; i++ {
+		id, err := plain.Enqueue(ctx, typ, i, &EnqueueOptions{Queue: q})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	big := ids[2]
+	// Every handler returns once all have started, so the completions travel together.
+	var started sync.WaitGroup
+	started.Add(n)
+	w := NewWorker(newTestClient(WithHTTPClient(&http.Client{Transport: rec})), WorkerOptions{
+		Queues: []string{q}, Concurrency: n, PollWait: 200 * time.Millisecond,
+		Handlers: map[string]HandlerFunc{typ: func(ctx context.Context, job *ClaimedJob) (any, error) {
+			started.Done()
+			started.Wait()
+			if job.ID == big {
+				return strings.Repeat("x", 1<<20+1024), nil
+			}
+			var i int
+			if err := job.Decode(&i); err != nil {
+				return nil, Permanent(err)
+			}
+			return map[string]int{"i": i}, nil
+		}},
+	})
+	stop := runWorker(t, w)
+	for i, id := range ids {
+		if id == big {
+			job := waitState(t, plain, id, StateDead, 30*time.Second)
+			if job.AttemptsUsed != 1 || (len(job.Result) > 0 && string(job.Result) != "null") || job.LastError == nil ||
+				!strings.Contains(*job.LastError, "the handler's result was refused") {
+				t.Fatalf("the oversized job: attempts %d, result %.40s, last error %v", job.AttemptsUsed, job.Result, job.LastError)
+			}
+			continue
+		}
+		job := waitState(t, plain, id, StateCompleted, 30*time.Second)
+		var r map[string]int
+		if err := job.DecodeResult(&r); err != nil || r["i"] != i || job.Attempt != 1 {
+			t.Fatalf("job %d: attempt %d, result %s %v", i, job.Attempt, job.Result, err)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run returned %v", err)
+	}
+	if st := w.Stats(); st != (WorkerStats{Completed: n - 1, Failed: 1}) {
+		t.Fatalf("stats %+v", st)
+	}
+	// It went first with others, on a claim or in a batch, before its own call.
+	carried, batched, singles := rec.sent()
+	together := false
+	for _, id := range append(carried, batched...) {
+		together = together || id == big
+	}
+	if !together || len(singles) == 0 {
+		t.Fatalf("%d carried, %d batched and %d single completions", len(carried), len(batched), len(singles))
+	}
+}

@@ -499,3 +499,45 @@ def test_worker_sends_completions_apart_when_claims_refuse_them(server: Server, 
     carried, batched = rec.completed_ids()
     assert carried == [] and sorted(batched) == sorted(ids)
     assert (w.report.completed, w.report.failed, w.report.lost) == (n, 0, 0)
+
+
+def test_a_result_over_the_payload_limit_fails_only_its_own_job(server: Server, client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("oversize")
+    n = 6
+    ids = [r.job_id for r in client.enqueue_many([idemq.EnqueueRequest("w", i, queue=q) for i in range(n)]) if isinstance(r, idemq.EnqueueResult)]
+    big = ids[2]
+    # Every handler returns once all have started, so the completions travel together.
+    together = threading.Barrier(n)
+    raised: List[BaseException] = []
+
+    def work(ctx: idemq.JobContext) -> Any:
+        together.wait(10)
+        return "x" * (1024 * 1024 + 1024) if ctx.id == big else {"i": ctx.payload}
+
+    rec = Recording()
+    with idemq.Client(server.url, transport=rec) as c:
+        w = _worker(c, q, {"w": work}, concurrency=n)
+
+        def run() -> None:
+            try:
+                w.run()
+            except BaseException as exc:  # noqa: B902 - the test reports it
+                raised.append(exc)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        try:
+            jobs = [_terminal(client, jid) for jid in ids]
+        finally:
+            w.stop()
+            t.join(20)
+    assert not t.is_alive() and raised == []
+    for i, job in enumerate(jobs):
+        if job.id == big:
+            assert (job.state, job.attempt, job.result) == ("dead", 1, None), job
+            assert "the handler's result was refused" in (job.last_error or ""), job.last_error
+        else:
+            assert (job.state, job.result, job.attempt) == ("completed", {"i": i}, 1), job
+    assert (w.report.completed, w.report.failed, w.report.lost) == (n - 1, 1, 0)
+    carried, batched = rec.completed_ids()
+    assert big in carried + batched

@@ -10,6 +10,7 @@ import {
   NotFoundError,
   PayloadTooLargeError,
   UnavailableError,
+  ValidationError,
 } from "./errors.js";
 import type { ClaimedJob, Completion, CompletionResult } from "./types.js";
 
@@ -178,6 +179,8 @@ interface PendingCompletion {
   done: Promise<CompletionResult>;
   settled: boolean;
   abandoned: boolean;
+  /** Set once a claim carrying it was refused: it then goes in a call of its own. */
+  apart: boolean;
 }
 
 const MAX_TIMER = 2_147_483_647;
@@ -202,6 +205,14 @@ function describe(err: unknown): string {
 }
 
 const transient = (err: unknown) => err instanceof ConnectionError || err instanceof UnavailableError;
+
+/**
+ * The server's refusal of a completion for what it holds (over the payload
+ * limit, or not a value it stores): the same handler would produce the same
+ * result again, so the attempt fails for good.
+ */
+const refusedResult = (err: unknown) =>
+  err instanceof PayloadTooLargeError || err instanceof ValidationError || err instanceof BadRequestError;
 
 /**
  * Runs handlers for claimed jobs: long-polls for as many jobs as it has free
@@ -300,7 +311,7 @@ export class Worker {
         this.#slotFreed = undefined;
         continue;
       }
-      const carried = this.#piggyback ? this.#take(1000) : [];
+      const carried = this.#piggyback ? this.#takeCarried(1000) : [];
       let answer;
       const claimedAt = Date.now();
       try {
@@ -315,12 +326,19 @@ export class Worker {
         });
         failures = 0;
       } catch (err) {
-        this.#putBack(carried);
-        if (carried.length > 0 && err instanceof BadRequestError) {
-          // A server that does not take completions on a claim: acknowledge them apart.
-          this.#piggyback = false;
+        if (carried.length > 0 && !transient(err)) {
+          // What was refused may be one of the completions (a result over
+          // the size limit refuses the whole call): their own calls answer
+          // each, and the claim is tried again without them.
+          for (const p of carried) p.apart = true;
+          this.#putBack(carried);
+          // A server from before claims took completions refuses the member
+          // like any unknown one.
+          if (err instanceof BadRequestError) this.#piggyback = false;
+          this.#onError(err);
           continue;
         }
+        this.#putBack(carried);
         if (transient(err)) {
           this.#onError(err);
           failures++;
@@ -466,10 +484,11 @@ export class Worker {
         const first = await Promise.race([record.done, lost.then(() => undefined)]);
         if (first === undefined) this.#abandon(record);
         const ack = await record.done;
-        this.#count(ack);
-        if (!ack.ok && ack.error instanceof PayloadTooLargeError) {
-          await this.#sendFail(job, { error: `the result is too large: ${ack.error.message}`, retryable: false });
+        if (!ack.ok && refusedResult(ack.error)) {
+          await this.#sendFail(job, { error: describe(`the handler's result was refused: ${ack.error.message}`), retryable: false });
+          return;
         }
+        this.#count(ack);
         return;
       }
       if (outcome.kind === "stop") {
@@ -550,7 +569,7 @@ export class Worker {
     const done = new Promise<CompletionResult>((r) => (resolve = r));
     const completion: Completion = { id: job.id, leaseToken: job.leaseToken };
     if (result !== undefined) completion.result = result;
-    const record: PendingCompletion = { completion, job, resolve, done, settled: false, abandoned: false };
+    const record: PendingCompletion = { completion, job, resolve, done, settled: false, abandoned: false, apart: false };
     this.#pending.push(record);
     this.#scheduleFlush();
     return record;
@@ -572,6 +591,18 @@ export class Worker {
 
   #take(max: number): PendingCompletion[] {
     return this.#pending.splice(0, max);
+  }
+
+  /** The completions the next claim carries: none that a claim was refused with. */
+  #takeCarried(max: number): PendingCompletion[] {
+    const taken: PendingCompletion[] = [];
+    const kept: PendingCompletion[] = [];
+    for (const p of this.#pending) {
+      if (!p.apart && taken.length < max) taken.push(p);
+      else kept.push(p);
+    }
+    this.#pending = kept;
+    return taken;
   }
 
   #putBack(items: PendingCompletion[]): void {
@@ -622,10 +653,12 @@ export class Worker {
           this.#putBack(batch);
           return;
         }
-        if (err instanceof NotFoundError || err instanceof MethodNotAllowedError || err instanceof BadRequestError) {
+        if (err instanceof NotFoundError || err instanceof MethodNotAllowedError) {
           this.#batchEndpoint = false;
         }
-        // Otherwise: one completion at a time gives each its own answer.
+        // Refused as a whole (say one result over the size limit): one
+        // completion at a time gives each its own answer, so the others
+        // still complete.
       }
     }
     await Promise.all(
@@ -634,7 +667,7 @@ export class Worker {
           const r = await this.client.complete(p.completion.id, p.completion.leaseToken, p.completion.result);
           this.#settle(p, { ok: true, state: r.state });
         } catch (err) {
-          if (err instanceof ApiError) this.#settle(p, { ok: false, error: err });
+          if (err instanceof ApiError && !transient(err)) this.#settle(p, { ok: false, error: err });
           else {
             this.#onError(err, p.job);
             await wait(500);

@@ -411,6 +411,64 @@ test("a claim carries the completions of what the worker finished", async () => 
   await client.complete(second, two.jobs[0]!.leaseToken);
 });
 
+test("a result over the payload limit fails its own job for good; the rest complete and the worker runs on", async () => {
+  const queue = `oversize-${uid()}`;
+  const n = 6;
+  const ids: string[] = [];
+  for (let i = 0; i < n; i++) ids.push(await client.enqueue("sized", i, { queue }));
+  const big = ids[2]!;
+  const carried413: string[] = [];
+  const recording = new Client({
+    baseUrl: server.url,
+    fetch: async (input, init) => {
+      const answer = await fetch(input, init);
+      const path = new URL(String(input)).pathname;
+      if (path === "/v1/claim" && String(init?.body ?? "").includes('"complete":[') && answer.status === 413) carried413.push(path);
+      return answer;
+    },
+  });
+  // Every handler returns at once when all have started, so the completions
+  // travel together; the flush waits long enough for a claim to carry them.
+  let release!: () => void;
+  const gate = new Promise<void>((r) => (release = r));
+  let started = 0;
+  const w = startWorker(
+    {
+      queues: [queue],
+      concurrency: n,
+      waitMs: 200,
+      completionDelayMs: 1_500,
+      handlers: {
+        sized: async (ctx) => {
+          if (++started === n) release();
+          await gate;
+          return ctx.id === big ? "x".repeat(1024 * 1024 + 1024) : { i: ctx.payload as number };
+        },
+      },
+    },
+    recording,
+  );
+  const jobs = await Promise.all(ids.map((id) => terminal(id)));
+  const report = await w.stop();
+  jobs.forEach((job, i) => {
+    if (job.id === big) {
+      assert.equal(job.state, "dead");
+      assert.equal(job.attemptsUsed, 1);
+      assert.equal(job.result, null);
+      assert.match(job.lastError ?? "", /the handler's result was refused/);
+    } else {
+      assert.equal(job.state, "completed");
+      assert.deepEqual(job.result, { i });
+      assert.equal(job.attempt, 1);
+    }
+  });
+  assert.ok(carried413.length >= 1, "no claim carried the oversized result");
+  assert.deepEqual(
+    { completed: report.completed, failed: report.failed, lost: report.lost },
+    { completed: n - 1, failed: 1, lost: 0 },
+  );
+});
+
 test("worker calls with a stale lease token raise LeaseLostError", async () => {
   const queue = `stale-${uid()}`;
   const id = await client.enqueue("stale", null, { queue });

@@ -21,7 +21,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .client import Client
 from .errors import (
@@ -31,6 +31,8 @@ from .errors import (
     LeaseLostError,
     MethodNotAllowedError,
     NotFoundError,
+    PayloadTooLargeError,
+    ValidationError,
 )
 from .models import ClaimedJob, CompleteItem
 
@@ -313,6 +315,12 @@ class Worker:
                         log.info("the server refused completions on a claim (%s); sending them apart", exc)
                         self._carry = False
                         continue
+                    if carried and not exc.retryable:
+                        # What was refused may be one of them (a result over the size
+                        # limit refuses the whole call): their own calls answer each,
+                        # and the claim goes again without them, at once.
+                        log.info("a claim carrying completions was refused (%s); sending them apart", exc)
+                        continue
                     failures += 1
                     log.warning("claim failed: %s", exc)
                     self._stopping.wait(min(5.0, 0.2 * (2 ** min(failures, 5))))
@@ -559,31 +567,62 @@ class Worker:
 
     def _ack(self, batch: List[_Ack]) -> None:
         while batch:
-            try:
-                if self._batch_complete:
+            if not self._batch_complete:
+                batch, error = self._one_by_one(batch)
+            else:
+                try:
                     answers: List[Union[str, ApiError]] = self.client.complete_many([a.item() for a in batch])
+                except (NotFoundError, MethodNotAllowedError):
+                    # A server without batch completion: one call per job.
+                    self._batch_complete = False
+                    continue
+                except IdemqError as exc:
+                    if exc.retryable:
+                        batch = self._unexpired(batch, exc)
+                        time.sleep(0.2)
+                        continue
+                    # Refused as a whole, as one result over the size limit does: one
+                    # call per job gives each its own answer, so the others still complete.
+                    log.info("a completion batch was refused (%s); sending them one by one", exc)
+                    batch, error = self._one_by_one(batch)
                 else:
-                    answers = []
-                    for a in batch:
-                        try:
-                            answers.append(self.client.complete(a.job.id, a.job.lease_token, a.result))
-                        except ApiError as exc:
-                            answers.append(exc)
-            except (NotFoundError, MethodNotAllowedError):
-                # A server without batch completion: one call per job.
-                self._batch_complete = False
-                continue
-            except IdemqError as exc:
-                now = time.monotonic()
-                expired = [a for a in batch if a.lease_until <= now]
-                for a in expired:
-                    log.warning("job %s: completion not recorded before the lease ran out: %s", a.job.id, exc)
-                    self._count("lost")
-                batch = [a for a in batch if a.lease_until > now]
+                    self._settle(batch, answers)
+                    return
+            if batch:
+                batch = self._unexpired(batch, error)
                 time.sleep(0.2)
-                continue
-            self._settle(batch, answers)
-            return
+
+    def _one_by_one(self, batch: List[_Ack]) -> Tuple[List[_Ack], Optional[IdemqError]]:
+        """Records each completion on its own; returns those to try again, with the
+        transient error that stopped the last of them."""
+        again: List[_Ack] = []
+        error: Optional[IdemqError] = None
+        for a in batch:
+            try:
+                self.client.complete(a.job.id, a.job.lease_token, a.result)
+            except (PayloadTooLargeError, ValidationError, BadRequestError) as exc:
+                # The same handler would return the same result: retrying the attempt cannot help.
+                self._fail(a.job, f"the handler's result was refused: {exc}", retryable=False)
+            except ApiError as exc:
+                if exc.retryable:
+                    again.append(a)
+                    error = exc
+                else:
+                    self._settle([a], [exc])
+            except IdemqError as exc:
+                again.append(a)
+                error = exc
+            else:
+                self._count("completed")
+        return again, error
+
+    def _unexpired(self, batch: List[_Ack], exc: Optional[IdemqError]) -> List[_Ack]:
+        now = time.monotonic()
+        for a in batch:
+            if a.lease_until <= now:
+                log.warning("job %s: completion not recorded before the lease ran out: %s", a.job.id, exc)
+                self._count("lost")
+        return [a for a in batch if a.lease_until > now]
 
     def _settle(self, batch: List[_Ack], answers: Sequence[Union[str, ApiError]]) -> None:
         for a, ans in zip(batch, answers):
