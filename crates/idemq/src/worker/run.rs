@@ -655,10 +655,11 @@ async fn supervise(
     // have waited for its slot); the deadline is measured on the store's
     // clock: the claim happened at lease_expires_at - lease.
     let timeout = claimed + Duration::from_millis(u64::try_from(job.timeout_ms).unwrap_or(0));
-    let deadline = job.deadline.map(|d| {
+    // A deadline beyond what the monotonic clock can name is none.
+    let deadline = job.deadline.and_then(|d| {
         let claimed_at =
             job.lease_expires_at - chrono::Duration::from_std(lease).unwrap_or_default();
-        claimed + (d - claimed_at).to_std().unwrap_or(Duration::ZERO)
+        claimed.checked_add((d - claimed_at).to_std().unwrap_or(Duration::ZERO))
     });
     // Cancelled, timed out or past its deadline while it waited for its
     // slot: the attempt ends so, and the handler never runs.
