@@ -93,6 +93,10 @@ impl Backend {
                 Ok(fresh)
             }
             Self::Sqlite { dir } => {
+                // The folder a user names for the bench file need not exist
+                // yet, as a database file named to `serve` need not.
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create the directory {}", dir.display()))?;
                 let tmp = tempfile::Builder::new()
                     .prefix("idemq-bench-")
                     .tempdir_in(dir)
