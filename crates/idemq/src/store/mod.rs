@@ -25,6 +25,8 @@ use crate::request::{DedupeMode, PreparedEnqueue, PreparedKey};
 use crate::schedule::Schedule;
 
 pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod sqlite;
 
 /// What a page cursor looks like: the decimal acceptance sequence number of

@@ -1,0 +1,217 @@
+//! The arguments of the library's functions, and the reading of the
+//! replies that carry a decision. What does not depend on stored state is
+//! computed here, before the call (new ids, lease nonces, jitter draws,
+//! fingerprints), so the functions stay a decision over stored state.
+
+use ::redis::{Cmd, Value};
+
+use super::codec::{self, array, at, int, string, ts};
+use crate::error::{ConflictSource, Error, IdempotencyConflict, Result};
+use crate::fingerprint::{Fingerprint, hex};
+use crate::job::{ClaimedJob, EnqueueResult, NonReplaceableReason, Outcome};
+use crate::request::PreparedEnqueue;
+use crate::store::{JobClaim, JobComplete};
+
+/// Longest error text kept in the run ledger.
+const MAX_ERROR_BYTES: usize = 8 * 1024;
+
+/// An error cut to [`MAX_ERROR_BYTES`] on a character boundary.
+pub(super) fn truncate(s: &str) -> &str {
+    let mut end = s.len().min(MAX_ERROR_BYTES);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn opt_int(v: Option<i64>) -> String {
+    v.map(|n| n.to_string()).unwrap_or_default()
+}
+
+/// The packed fingerprint in hex: what jobs and enqueue bindings store.
+pub(super) fn packed(fp: &Fingerprint) -> String {
+    hex(&fp.packed())
+}
+
+/// Appends one enqueue item (24 arguments; see `item` in enqueue.lua).
+pub(super) fn item(cmd: &mut Cmd, p: &PreparedEnqueue) {
+    let k = p.idempotency.as_ref();
+    let d = p.dedupe.as_ref();
+    cmd.arg(&p.job_type)
+        .arg(&p.queue)
+        .arg(p.job_id.as_deref().unwrap_or_default())
+        .arg(&p.payload)
+        .arg(p.priority.to_string())
+        .arg(opt_int(p.run_at))
+        .arg(opt_int(p.delay_ms))
+        .arg(p.max_attempts.to_string())
+        .arg(serde_json::to_string(&p.retry).unwrap_or_default())
+        .arg(p.timeout_ms.to_string())
+        .arg(opt_int(p.deadline))
+        .arg(p.concurrency_key.as_deref().unwrap_or_default())
+        .arg(serde_json::to_string(&p.tags).unwrap_or_default())
+        .arg(opt_int(p.keep_ms))
+        .arg(packed(&p.fingerprint))
+        .arg(k.map(|k| k.scope.as_str()).unwrap_or_default())
+        .arg(k.map(|k| hex(&k.hash)).unwrap_or_default())
+        .arg(k.map(|k| k.preview.as_str()).unwrap_or_default())
+        .arg(opt_int(k.map(|k| k.ttl_ms)))
+        .arg(d.map(|d| d.key.as_str()).unwrap_or_default())
+        .arg(d.map(|d| d.mode.as_str()).unwrap_or_default())
+        .arg(opt_int(d.and_then(|d| d.ttl_ms)))
+        .arg(opt_int(d.and_then(|d| d.max_wait_ms)))
+        .arg(uuid::Uuid::now_v7().to_string());
+}
+
+/// The conflict error of a request whose key or explicit id is held by a
+/// job with another fingerprint.
+fn conflict(p: &PreparedEnqueue, job_id: String, source: &str, stored: &str) -> Error {
+    let by_key = source == "idempotency_key";
+    let key = if by_key { p.idempotency.as_ref() } else { None };
+    let fields = p.fingerprint.diff(&codec::fingerprint(stored), !by_key);
+    Error::EnqueueIdempotencyConflict(Box::new(IdempotencyConflict {
+        job_id,
+        source: if by_key {
+            ConflictSource::IdempotencyKey
+        } else {
+            ConflictSource::JobId
+        },
+        scope: key.map(|k| k.scope.clone()),
+        key_preview: key.map(|k| k.preview.clone()),
+        key_digest: key.map(|k| k.digest()),
+        fields,
+    }))
+}
+
+/// The validation error of a request refused against the clock.
+pub(super) fn clock_error(field: &str) -> Error {
+    match field {
+        "deadline" => Error::validation("deadline", "must be in the future"),
+        other => Error::validation(other, "must be before the deadline"),
+    }
+}
+
+fn outcome(s: &str) -> Result<Outcome> {
+    Ok(match s {
+        "accepted" => Outcome::Accepted,
+        "replayed" => Outcome::Replayed,
+        "coalesced" => Outcome::Coalesced,
+        "replaced" => Outcome::Replaced,
+        "non_replaceable:incompatible_mode" => Outcome::NonReplaceable {
+            reason: NonReplaceableReason::IncompatibleMode,
+        },
+        "non_replaceable:not_pending" => Outcome::NonReplaceable {
+            reason: NonReplaceableReason::NotPending,
+        },
+        "non_replaceable:window_elapsed" => Outcome::NonReplaceable {
+            reason: NonReplaceableReason::WindowElapsed,
+        },
+        other => return Err(codec::corrupt(format!("outcome {other:?}"))),
+    })
+}
+
+/// One item's decision: `{'ok', id, outcome}`, `{'conflict', id, source,
+/// fingerprint}` or `{'invalid', field}`.
+pub(super) fn decision(p: &PreparedEnqueue, v: &Value) -> Result<Result<EnqueueResult>> {
+    let r = array(v)?;
+    Ok(match string(at(r, 0)?)?.as_str() {
+        "ok" => Ok(EnqueueResult {
+            job_id: string(at(r, 1)?)?,
+            outcome: outcome(&string(at(r, 2)?)?)?,
+        }),
+        "conflict" => Err(conflict(
+            p,
+            string(at(r, 1)?)?,
+            &string(at(r, 2)?)?,
+            &string(at(r, 3)?)?,
+        )),
+        "invalid" => Err(clock_error(&string(at(r, 1)?)?)),
+        other => return Err(codec::corrupt(format!("decision {other:?}"))),
+    })
+}
+
+/// Appends a claim's arguments (see `claim_args` in exec.lua).
+pub(super) fn claim(cmd: &mut Cmd, c: &JobClaim) {
+    cmd.arg(c.limit)
+        .arg(c.lease_ms)
+        .arg(&c.worker)
+        .arg(uuid::Uuid::new_v4().simple().to_string())
+        .arg(c.queues.len())
+        .arg(&c.queues);
+    match &c.types {
+        Some(types) => cmd.arg(types.len()).arg(types),
+        None => cmd.arg(-1),
+    };
+}
+
+/// Appends completions: (id, token, has result, result) each.
+pub(super) fn completions(cmd: &mut Cmd, items: &[JobComplete]) {
+    cmd.arg(items.len());
+    for i in items {
+        cmd.arg(&i.lease.job_id)
+            .arg(&i.lease.lease_token)
+            .arg(if i.result.is_some() { "1" } else { "0" })
+            .arg(i.result.as_deref().unwrap_or_default());
+    }
+}
+
+/// The answers of completions: 1 done, 0 lease lost.
+pub(super) fn completed(items: &[JobComplete], v: &Value) -> Result<Vec<Result<()>>> {
+    let flags = array(v)?;
+    if flags.len() != items.len() {
+        return Err(codec::corrupt("completions"));
+    }
+    items
+        .iter()
+        .zip(flags)
+        .map(|(i, f)| {
+            Ok(if int(f)? == 1 {
+                Ok(())
+            } else {
+                Err(Error::LeaseLost {
+                    job_id: i.lease.job_id.clone(),
+                })
+            })
+        })
+        .collect()
+}
+
+/// The jobs a claim took.
+pub(super) fn claimed(v: &Value) -> Result<Vec<ClaimedJob>> {
+    array(v)?
+        .iter()
+        .map(|j| {
+            let f = array(j)?;
+            let s = |i| string(at(f, i)?);
+            let deadline = s(9)?;
+            Ok(ClaimedJob {
+                id: s(0)?,
+                job_type: s(1)?,
+                queue: s(2)?,
+                payload: codec::parse_json(&s(3)?, "payload")?,
+                attempt: int32(at(f, 4)?)?,
+                max_attempts: int32(at(f, 5)?)?,
+                lease_token: s(6)?,
+                lease_expires_at: ts(int(at(f, 7)?)?)?,
+                timeout_ms: int(at(f, 8)?)?,
+                deadline: if deadline.is_empty() {
+                    None
+                } else {
+                    Some(ts(parse_i64(&deadline)?)?)
+                },
+                tags: codec::parse_json(&s(10)?, "tags")?,
+            })
+        })
+        .collect()
+}
+
+fn int32(v: &Value) -> Result<i32> {
+    let n = int(v)?;
+    i32::try_from(n).map_err(|_| codec::corrupt(format!("{n} for a 32-bit integer")))
+}
+
+/// A decimal integer the functions returned as text.
+pub(super) fn parse_i64(s: &str) -> Result<i64> {
+    s.parse()
+        .map_err(|_| codec::corrupt(format!("{s:?} for an integer")))
+}

@@ -1,0 +1,294 @@
+-- Operator actions: cancel, purge, promote, redrive, pause, binding
+-- release, and the bounded maintenance sweeps.
+
+local function cancel_waiting(j)
+  finish(j, 'cancelled', tonumber(j.attempts_used), nil)
+  release_dedupe(j)
+  event(j.id, 'cancelled', '{}')
+end
+
+local function request_cancel(j)
+  if j.cancel_requested ~= '1' then
+    save(j, { cancel_requested = '1', updated_at = NOW })
+    event(j.id, 'cancel_requested', '{}')
+  end
+end
+
+reg('cancel', function(args)
+  local j = load(args[3])
+  if not j then
+    return { 'not_found' }
+  end
+  if j.state == 'waiting' then
+    cancel_waiting(j)
+    return { 'ok', 1, 'cancelled' }
+  elseif j.state == 'active' then
+    request_cancel(j)
+    return { 'ok', 1, 'active' }
+  end
+  return { 'ok', 0, derived(j) }
+end)
+
+reg('cancel_by_key', function(args)
+  local jtype, key = args[3], args[4]
+  local ids = redis.call('SMEMBERS', P .. 'dk:' .. ddname(jtype, key))
+  local jobs = {}
+  for _, id in ipairs(ids) do
+    local j = load(id)
+    if j and PENDING[j.state] then
+      jobs[#jobs + 1] = j
+    end
+  end
+  for _, j in ipairs(jobs) do
+    if j.state == 'waiting' then
+      cancel_waiting(j)
+    else
+      request_cancel(j)
+    end
+  end
+  if #jobs > 0 then
+    redis.call('DEL', P .. 'dd:' .. ddname(jtype, key))
+    redis.call('ZREM', P .. 'ddexp', ddname(jtype, key))
+    return 1
+  end
+  return 0
+end)
+
+-- Deletes a job with its events, runs and checkpoints.
+local function delete_job(j, keep_keys)
+  leave(j)
+  redis.call('ZREM', P .. 'jobs', j.id)
+  redis.call('ZREM', P .. 'qj:' .. j.queue, j.id)
+  redis.call('DEL', jkey(j.id), P .. 'ev:' .. j.id, P .. 'runs:' .. j.id, P .. 'cp:' .. j.id)
+  if not keep_keys then
+    redis.call('DEL', P .. 'jk:' .. j.id)
+  end
+end
+
+reg('purge', function(args)
+  local j = load(args[3])
+  if not j or j.state == 'active' then
+    return 0
+  end
+  local never_ran = tonumber(j.attempt) == 0
+  -- A job that ran keeps its idempotency bindings until their ttl.
+  delete_job(j, not never_ran)
+  release_dedupe(j)
+  if never_ran then
+    -- The work never happened, so its keys may own new work.
+    for _, name in ipairs(redis.call('SMEMBERS', P .. 'jk:' .. j.id)) do
+      if redis.call('HGET', P .. 'idem:' .. name, 'job') == j.id then
+        redis.call('DEL', P .. 'idem:' .. name)
+        redis.call('ZREM', P .. 'idemexp', name)
+      end
+    end
+    redis.call('DEL', P .. 'jk:' .. j.id)
+  end
+  return 1
+end)
+
+reg('promote', function(args)
+  local j = load(args[3])
+  if not j then
+    return { 'not_found' }
+  end
+  if derived(j) ~= 'scheduled' then
+    return { 'ok', 0 }
+  end
+  move(j, { run_at = NOW, updated_at = NOW })
+  event(j.id, 'promoted', '{}')
+  wake(j.queue)
+  return { 'ok', 1 }
+end)
+
+-- args: prefix, clock, job id, scope ('' without a key), hash, preview,
+-- ttl_ms, fingerprint, max_attempts, deadline, run_at, reset checkpoints.
+reg('redrive', function(args)
+  local id, scope = args[3], args[4]
+  -- A live redrive key decides, as an idempotency key does for enqueue.
+  if scope ~= '' then
+    local r = redis.call('HMGET', P .. 'idem:' .. scope .. '|' .. args[5], 'job', 'fp', 'expires')
+    if r[1] and tonumber(r[3]) > NOW then
+      if r[2] == args[8] then
+        return { 'ok', r[1], 'replayed' }
+      end
+      return { 'conflict', r[1], r[2] }
+    end
+  end
+  local j = load(id)
+  if not j then
+    return { 'not_found' }
+  end
+  if j.state ~= 'dead' then
+    return { 'not_dead', derived(j) }
+  end
+  local deadline = A(args[10])
+  if deadline and deadline <= NOW then
+    return { 'invalid', 'deadline' }
+  end
+  local run_at = A(args[11]) or NOW
+  if deadline and run_at >= deadline then
+    return { 'invalid', 'run_at' }
+  end
+  -- A passed deadline is cleared unless a new one is given.
+  local new_deadline = false
+  if deadline then
+    new_deadline = deadline
+  elseif N(j.deadline) and N(j.deadline) > NOW then
+    new_deadline = j.deadline
+  end
+  move(j, {
+    state = 'waiting', attempts_used = 0, max_attempts = A(args[9]) or j.max_attempts,
+    run_at = run_at, deadline = new_deadline, finished_at = false, purge_after = false,
+    cancel_requested = false, updated_at = NOW,
+  })
+  -- Redrive does not take dedupe bindings. A binding without a window lives
+  -- while its job is pending, so one left behind by the dead job would come
+  -- back to life now; it ended when the job died, so drop it.
+  if j.dedupe_key then
+    local name = ddname(j.type, j.dedupe_key)
+    local b = redis.call('HMGET', P .. 'dd:' .. name, 'job', 'wu')
+    if b[1] == j.id and not b[2] then
+      redis.call('DEL', P .. 'dd:' .. name)
+      redis.call('ZREM', P .. 'ddexp', name)
+    end
+  end
+  local reset = args[12] == '1'
+  if reset then
+    redis.call('DEL', P .. 'cp:' .. id)
+  end
+  event(id, 'redriven', obj('run_at', I(run_at), 'reset_checkpoints', reset and 'true' or 'false'))
+  if scope ~= '' then
+    local name = scope .. '|' .. args[5]
+    local expires = NOW + tonumber(args[7]) * 1000
+    redis.call('HSET', P .. 'idem:' .. name, 'job', id, 'fp', args[8], 'preview', args[6],
+      'created', I(NOW), 'expires', I(expires))
+    redis.call('ZADD', P .. 'idemexp', I(expires), name)
+    redis.call('SADD', P .. 'jk:' .. id, name)
+  end
+  wake(j.queue)
+  return { 'ok', id, 'accepted' }
+end)
+
+reg('queue_pause', function(args)
+  redis.call('HSET', P .. 'paused', args[3], args[4])
+  if args[4] ~= '1' then
+    wake(args[3])
+  end
+  return 1
+end)
+
+reg('binding_release', function(args)
+  local name = args[3] .. '|' .. args[4]
+  local r = redis.call('HMGET', P .. 'idem:' .. name, 'job', 'preview', 'expires')
+  if not r[1] or tonumber(r[3]) <= NOW then
+    return 0
+  end
+  redis.call('DEL', P .. 'idem:' .. name)
+  redis.call('ZREM', P .. 'idemexp', name)
+  redis.call('SREM', P .. 'jk:' .. r[1], name)
+  if redis.call('EXISTS', jkey(r[1])) == 1 then
+    event(r[1], 'binding_released', obj('scope', js(args[3]), 'key_preview', js(r[2]),
+      'key_digest', js(args[4]:sub(1, 16))))
+  end
+  return 1
+end)
+
+-- Removes expired idempotency bindings and dedupe bindings that no longer live.
+reg('binding_sweep', function(args)
+  local limit = tonumber(args[3])
+  local removed = 0
+  local names = redis.call('ZRANGEBYSCORE', P .. 'idemexp', '-inf', I(NOW), 'LIMIT', 0, limit)
+  for _, name in ipairs(names) do
+    local r = redis.call('HMGET', P .. 'idem:' .. name, 'job', 'expires')
+    if r[1] and tonumber(r[2]) > NOW then
+      redis.call('ZADD', P .. 'idemexp', r[2], name)
+    else
+      if r[1] then
+        redis.call('DEL', P .. 'idem:' .. name)
+        redis.call('SREM', P .. 'jk:' .. r[1], name)
+        removed = removed + 1
+      end
+      redis.call('ZREM', P .. 'idemexp', name)
+    end
+  end
+  -- One pass removes at most `limit` bindings of both kinds together.
+  local rest = limit - #names
+  if rest <= 0 then
+    return removed
+  end
+  names = redis.call('ZRANGEBYSCORE', P .. 'ddexp', '-inf', I(NOW), 'LIMIT', 0, rest)
+  for _, name in ipairs(names) do
+    local bar = string.find(name, '|', 1, true)
+    local b = read_dd(name:sub(1, bar - 1), name:sub(bar + 1))
+    if not b then
+      redis.call('ZREM', P .. 'ddexp', name)
+    elseif not is_live(b, keyed(load(b.job))) then
+      redis.call('DEL', P .. 'dd:' .. name)
+      redis.call('ZREM', P .. 'ddexp', name)
+      removed = removed + 1
+    elseif b.wu then
+      redis.call('ZADD', P .. 'ddexp', I(b.wu), name)
+    else
+      -- Lives while its job is pending: looked at again when the job ends.
+      redis.call('ZREM', P .. 'ddexp', name)
+    end
+  end
+  return removed
+end)
+
+-- Deletes terminal jobs past their retention, never one a live binding
+-- points at (such a job is looked at again when that binding ends).
+reg('job_retention_sweep', function(args)
+  local limit = tonumber(args[3])
+  local ids = redis.call('ZRANGEBYSCORE', P .. 'purge', '-inf', I(NOW), 'LIMIT', 0, limit)
+  local deleted = 0
+  for _, id in ipairs(ids) do
+    local j = load(id)
+    if not j or PENDING[j.state] then
+      redis.call('ZREM', P .. 'purge', id)
+    else
+      local until_ = nil
+      for _, name in ipairs(redis.call('SMEMBERS', P .. 'jk:' .. id)) do
+        local r = redis.call('HMGET', P .. 'idem:' .. name, 'job', 'expires')
+        if r[1] == id and tonumber(r[2]) > NOW then
+          until_ = math.max(until_ or 0, tonumber(r[2]))
+        end
+      end
+      if j.dedupe_key then
+        local b = read_dd(j.type, j.dedupe_key)
+        if b and b.job == id and b.wu and b.wu > NOW then
+          until_ = math.max(until_ or 0, b.wu)
+        end
+      end
+      if until_ then
+        redis.call('ZADD', P .. 'purge', I(until_), id)
+      else
+        delete_job(j, false)
+        release_dedupe(j)
+        deleted = deleted + 1
+      end
+    end
+  end
+  return deleted
+end)
+
+reg('key_check', function(args)
+  if redis.call('HSETNX', P .. 'installation', 'key_check', args[3]) == 1 then
+    redis.call('HSET', P .. 'installation', 'created_at', I(NOW), 'updated_at', I(NOW))
+  end
+  return redis.call('HGET', P .. 'installation', 'key_check')
+end)
+
+reg('key_check_replace', function(args)
+  local previous = redis.call('HGET', P .. 'installation', 'key_check')
+  redis.call('HSET', P .. 'installation', 'key_check', args[3], 'updated_at', I(NOW))
+  if redis.call('HEXISTS', P .. 'installation', 'created_at') == 0 then
+    redis.call('HSET', P .. 'installation', 'created_at', I(NOW))
+  end
+  local live = 0
+  if previous ~= args[3] then
+    live = redis.call('ZCOUNT', P .. 'idemexp', '(' .. I(NOW), '+inf')
+  end
+  return { previous or '', previous and 1 or 0, live }
+end)

@@ -1,0 +1,319 @@
+-- idemq on Redis: helpers shared by every function of the library.
+--
+-- Every function is called as `FCALL <name> 0 <prefix> <test clock> <args…>`.
+-- Rules kept throughout (a function that errors after a write keeps the
+-- write, Redis has no rollback):
+--   * decide first (every read and check), then write with commands that
+--     cannot fail;
+--   * a microsecond timestamp never goes through tostring, `..` on a number
+--     or cjson: it is formatted with I() (string.format '%d', exact below
+--     2^53) or kept as the string Redis returned;
+--   * the job hash holds strings only, and a missing field is NULL.
+
+local P = ''
+local NOW = 0
+-- The reads of one call, with the effects of its earlier items laid over
+-- them (enqueue decides a whole batch before it writes).
+local O = nil
+
+local function I(x)
+  return string.format('%d', x)
+end
+
+-- A stored integer, or nil for a missing field.
+local function N(s)
+  if s == nil or s == false or s == '' then
+    return nil
+  end
+  return tonumber(s)
+end
+
+-- An optional integer argument ('' for none).
+local function A(s)
+  if s == nil or s == '' then
+    return nil
+  end
+  return tonumber(s)
+end
+
+-- Starts a call: the key prefix, and the clock of record read once.
+local function begin(args)
+  P = args[1]
+  NOW = nil
+  if args[2] == '1' then
+    local t = redis.call('GET', P .. 'test_clock')
+    if t then
+      NOW = tonumber(t)
+    end
+  end
+  if not NOW then
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  O = { idem = {}, jobs = {}, dd = {}, writes = {} }
+end
+
+-- A JSON string.
+local function js(s)
+  return cjson.encode(s)
+end
+
+-- A JSON object of (name, raw JSON value) pairs.
+local function obj(...)
+  local t = { ... }
+  local out = {}
+  for i = 1, #t, 2 do
+    out[#out + 1] = js(t[i]) .. ':' .. t[i + 1]
+  end
+  return '{' .. table.concat(out, ',') .. '}'
+end
+
+local function jkey(id)
+  return P .. 'job:' .. id
+end
+
+local function load(id)
+  local raw = redis.call('HGETALL', jkey(id))
+  if #raw == 0 then
+    return nil
+  end
+  local j = {}
+  for i = 1, #raw, 2 do
+    j[raw[i]] = raw[i + 1]
+  end
+  return j
+end
+
+-- Writes the changes `ch` (false deletes a field) to the job's hash and to j.
+local function save(j, ch)
+  local set, del = {}, {}
+  for k, v in pairs(ch) do
+    if v == false then
+      del[#del + 1] = k
+      j[k] = nil
+    else
+      if type(v) == 'number' then
+        v = I(v)
+      end
+      set[#set + 1] = k
+      set[#set + 1] = v
+      j[k] = v
+    end
+  end
+  if #set > 0 then
+    redis.call('HSET', jkey(j.id), unpack(set))
+  end
+  if #del > 0 then
+    redis.call('HDEL', jkey(j.id), unpack(del))
+  end
+end
+
+local PENDING = { waiting = true, active = true }
+
+local function wfield(j)
+  return j.priority .. '|' .. j.type
+end
+
+local function wkey(j)
+  return P .. 'w:' .. j.queue .. '|' .. wfield(j)
+end
+
+-- Members of a waiting list sort by acceptance among equal run_at.
+local function wmember(j)
+  return string.format('%016d', tonumber(j.seq)) .. j.id
+end
+
+local function ddname(jtype, key)
+  return jtype .. '|' .. key
+end
+
+local function dkkey(j)
+  return P .. 'dk:' .. ddname(j.type, j.dedupe_key)
+end
+
+-- Reads a dedupe binding.
+local function read_dd(jtype, key)
+  local r = redis.call('HMGET', P .. 'dd:' .. ddname(jtype, key), 'job', 'mode', 'ttl', 'mw', 'acc', 'wu')
+  if not r[1] then
+    return nil
+  end
+  return { job = r[1], mode = r[2], ttl = N(r[3]), mw = N(r[4]), acc = tonumber(r[5]), wu = N(r[6]) }
+end
+
+-- Removes the dedupe binding `name` if job `id` holds it (the generation
+-- rule: a job never frees a key another job now holds).
+local function release_dedupe(j)
+  if not j.dedupe_key then
+    return
+  end
+  local name = ddname(j.type, j.dedupe_key)
+  if redis.call('HGET', P .. 'dd:' .. name, 'job') == j.id then
+    redis.call('DEL', P .. 'dd:' .. name)
+    redis.call('ZREM', P .. 'ddexp', name)
+  end
+end
+
+-- Adds a job to the indexes of its state.
+local function enter(j)
+  local s = j.state
+  if s == 'waiting' then
+    redis.call('ZADD', wkey(j), j.run_at, wmember(j))
+    redis.call('HINCRBY', P .. 'wl:' .. j.queue, wfield(j), 1)
+  elseif s == 'active' then
+    redis.call('ZADD', P .. 'leases', j.lease_expires_at, j.id)
+    if j.concurrency_key then
+      redis.call('SET', P .. 'ck:' .. j.concurrency_key, j.id)
+    end
+  else
+    redis.call('ZADD', P .. 'purge', j.purge_after, j.id)
+    -- A binding without a window stops living with its job: the sweep
+    -- looks at it from now on.
+    if j.dedupe_key and s ~= 'cancelled' then
+      local name = ddname(j.type, j.dedupe_key)
+      local b = redis.call('HMGET', P .. 'dd:' .. name, 'job', 'wu')
+      if b[1] == j.id and not b[2] then
+        redis.call('ZADD', P .. 'ddexp', I(NOW), name)
+      end
+    end
+  end
+  if PENDING[s] and j.dedupe_key then
+    redis.call('SADD', dkkey(j), j.id)
+  end
+  redis.call('ZADD', P .. 'st:' .. s, j.seq, j.id)
+  redis.call('HINCRBY', P .. 'cnt:' .. j.queue, s, 1)
+end
+
+-- Removes a job from the indexes of its state.
+local function leave(j)
+  local s = j.state
+  if s == 'waiting' then
+    redis.call('ZREM', wkey(j), wmember(j))
+    local wl = P .. 'wl:' .. j.queue
+    if redis.call('HINCRBY', wl, wfield(j), -1) <= 0 then
+      redis.call('HDEL', wl, wfield(j))
+    end
+  elseif s == 'active' then
+    redis.call('ZREM', P .. 'leases', j.id)
+    if j.concurrency_key then
+      local ck = P .. 'ck:' .. j.concurrency_key
+      if redis.call('GET', ck) == j.id then
+        redis.call('DEL', ck)
+      end
+    end
+  else
+    redis.call('ZREM', P .. 'purge', j.id)
+  end
+  if PENDING[s] and j.dedupe_key then
+    redis.call('SREM', dkkey(j), j.id)
+  end
+  redis.call('ZREM', P .. 'st:' .. s, j.id)
+  redis.call('HINCRBY', P .. 'cnt:' .. j.queue, s, -1)
+end
+
+-- Changes a job's fields and moves it between the indexes.
+local function move(j, ch)
+  leave(j)
+  save(j, ch)
+  enter(j)
+end
+
+local function nextseq()
+  return redis.call('INCR', P .. 'seq')
+end
+
+local function event_at(seq, id, kind, at, data)
+  redis.call('RPUSH', P .. 'ev:' .. id, I(seq) .. ' ' .. at .. ' ' .. kind .. ' ' .. data)
+end
+
+local function event(id, kind, data)
+  event_at(nextseq(), id, kind, I(NOW), data)
+end
+
+local function wake(queue)
+  redis.call('PUBLISH', P .. 'wake', queue)
+end
+
+-- Where a job stands for dedupe (crate::dedupe::KeyedJob).
+local function keyed_of(state, attempt, run_at)
+  if state == nil then
+    return { kind = 'missing' }
+  elseif state == 'waiting' then
+    return { kind = 'waiting', started = attempt > 0, due = run_at <= NOW }
+  elseif state == 'active' then
+    return { kind = 'active' }
+  elseif state == 'cancelled' then
+    return { kind = 'cancelled' }
+  end
+  return { kind = 'finished' }
+end
+
+local function keyed(j)
+  if not j then
+    return keyed_of(nil)
+  end
+  return keyed_of(j.state, tonumber(j.attempt), tonumber(j.run_at))
+end
+
+-- Liveness of a binding (crate::dedupe::Binding::is_live).
+local function is_live(b, kj)
+  if not b.wu then
+    return kj.kind == 'waiting' or kj.kind == 'active'
+  end
+  return NOW < b.wu and kj.kind ~= 'cancelled'
+end
+
+-- The public state of a stored one.
+local function derived(j)
+  if j.state == 'waiting' then
+    if tonumber(j.run_at) <= NOW then
+      return 'ready'
+    end
+    return 'scheduled'
+  end
+  return j.state
+end
+
+local function keep_us(j, state)
+  local keep = N(j.keep_ms)
+  if not keep then
+    if state == 'dead' then
+      keep = KEEP_DEAD_MS
+    else
+      keep = KEEP_COMPLETED_MS
+    end
+  end
+  return keep * 1000
+end
+
+-- Moves a job to a terminal state other than completed.
+local function finish(j, state, used, err)
+  local ch = {
+    state = state, finished_at = NOW, purge_after = NOW + keep_us(j, state),
+    attempts_used = used, updated_at = NOW, lease_token = false, lease_expires_at = false,
+    lease_ms = false, worker = false, started_at = false, claim_seq = false,
+  }
+  if err then
+    ch.last_error = err
+  end
+  move(j, ch)
+end
+
+-- Registers a function of this library version.
+local function reg(name, fn, readonly)
+  local flags = {}
+  if readonly then
+    flags = { 'no-writes' }
+  end
+  redis.register_function {
+    function_name = 'idemq_' .. VERSION .. '_' .. name,
+    callback = function(keys, args)
+      begin(args)
+      return fn(args)
+    end,
+    flags = flags,
+  }
+end
+
+reg('now', function()
+  return I(NOW)
+end, true)

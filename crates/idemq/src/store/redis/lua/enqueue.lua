@@ -1,0 +1,389 @@
+-- Enqueue (docs/dedupe.md, "Order of checks"): every item of a batch is
+-- decided against the stored state with the effects of the earlier items
+-- laid over it (O), and only then, unless the call is a dry run or an
+-- all-or-nothing batch with a failing item, are the writes applied.
+
+local function idem_name(scope, hash)
+  return scope .. '|' .. hash
+end
+
+-- A live idempotency binding, as this call sees it.
+local function idem_get(scope, hash)
+  local name = idem_name(scope, hash)
+  local b = O.idem[name]
+  if b == nil then
+    local r = redis.call('HMGET', P .. 'idem:' .. name, 'job', 'fp', 'expires')
+    if r[1] then
+      b = { job = r[1], fp = r[2], expires = tonumber(r[3]) }
+    else
+      b = false
+    end
+    O.idem[name] = b
+  end
+  if b and b.expires > NOW then
+    return b
+  end
+  return nil
+end
+
+-- A job as enqueue decisions see it.
+local function ejob(id)
+  local j = O.jobs[id]
+  if j == nil then
+    local r = redis.call('HMGET', jkey(id), 'state', 'attempt', 'run_at', 'fingerprint')
+    if r[1] then
+      j = { state = r[1], attempt = tonumber(r[2]), run_at = tonumber(r[3]), fp = r[4] }
+    else
+      j = false
+    end
+    O.jobs[id] = j
+  end
+  return j or nil
+end
+
+local function ekeyed(id)
+  local j = ejob(id)
+  if not j then
+    return keyed_of(nil)
+  end
+  return keyed_of(j.state, j.attempt, j.run_at)
+end
+
+local function dd_get(jtype, key)
+  local name = ddname(jtype, key)
+  local b = O.dd[name]
+  if b == nil then
+    b = read_dd(jtype, key) or false
+    O.dd[name] = b
+  end
+  return b or nil
+end
+
+local function later(f)
+  O.writes[#O.writes + 1] = f
+end
+
+-- Binds an idempotency key to a job (any binding there is expired: a live
+-- one would have decided the request).
+local function bind_key(scope, hash, preview, ttl_ms, job_id, fp)
+  local name = idem_name(scope, hash)
+  local expires = NOW + ttl_ms * 1000
+  O.idem[name] = { job = job_id, fp = fp, expires = expires }
+  later(function()
+    redis.call('HSET', P .. 'idem:' .. name, 'job', job_id, 'fp', fp, 'preview', preview,
+      'created', I(NOW), 'expires', I(expires))
+    redis.call('ZADD', P .. 'idemexp', I(expires), name)
+    redis.call('SADD', P .. 'jk:' .. job_id, name)
+  end)
+end
+
+-- Whether two packed fingerprints match for a request naming an existing
+-- job: the key retention (field 4) and the job id (field 5) are not compared.
+local function fp_eq_job(a, b)
+  if not a or not b or #a ~= #b then
+    return false
+  end
+  return a:sub(1, 96) == b:sub(1, 96) and a:sub(161) == b:sub(161)
+end
+
+-- The dedupe decision (crate::dedupe::Binding::decide): 'replace',
+-- 'coalesce', 'rearm' (coalesce and re-arm) or 'non_replaceable:<reason>'.
+local function decide(b, kj, mode)
+  if b.mode == 'replace' and mode == 'replace' then
+    if kj.kind == 'waiting' and not kj.started then
+      if kj.due then
+        return 'non_replaceable:window_elapsed'
+      end
+      return 'replace'
+    end
+    return 'non_replaceable:not_pending'
+  elseif b.mode == 'replace' then
+    return 'coalesce'
+  elseif mode == 'replace' then
+    return 'non_replaceable:incompatible_mode'
+  elseif b.mode == 'debounce' then
+    return 'rearm'
+  end
+  return 'coalesce'
+end
+
+local function debounce_window(ttl, mw, acc)
+  local until_ = NOW + ttl * 1000
+  if mw then
+    return math.min(until_, acc + mw * 1000)
+  end
+  return until_
+end
+
+local function resolve_run_at(p, first, mw)
+  local run_at = p.run_at or (NOW + (p.delay or 0) * 1000)
+  if mw then
+    return math.min(run_at, first + mw * 1000)
+  end
+  return run_at
+end
+
+-- The checks against the clock, only when a job is created or replaced.
+local function check_clock(p, run_at)
+  if p.deadline then
+    if p.deadline <= NOW then
+      return { 'invalid', 'deadline' }
+    end
+    if run_at >= p.deadline then
+      if p.delay then
+        return { 'invalid', 'delay_ms' }
+      end
+      return { 'invalid', 'run_at' }
+    end
+  end
+  return nil
+end
+
+local function set_window(jtype, key, until_)
+  local b = dd_get(jtype, key)
+  b.wu = until_
+  local name = ddname(jtype, key)
+  later(function()
+    redis.call('HSET', P .. 'dd:' .. name, 'wu', I(until_))
+    redis.call('ZADD', P .. 'ddexp', I(until_), name)
+  end)
+end
+
+-- The fields a request sets on a job it creates or replaces.
+local function job_fields(p, run_at)
+  return {
+    payload = p.payload, priority = p.priority, run_at = I(run_at),
+    max_attempts = p.max_attempts, retry = p.retry, timeout_ms = p.timeout_ms,
+    deadline = p.deadline and I(p.deadline) or false,
+    concurrency_key = p.ck or false, tags = p.tags,
+    keep_ms = p.keep and I(p.keep) or false, fingerprint = p.fp, updated_at = I(NOW),
+  }
+end
+
+local function insert_job(p, id, run_at)
+  O.jobs[id] = { state = 'waiting', attempt = 0, run_at = run_at, fp = p.fp }
+  later(function()
+    local seq = nextseq()
+    local j = { id = id }
+    local ch = job_fields(p, run_at)
+    ch.type = p.type
+    ch.queue = p.queue
+    ch.state = 'waiting'
+    ch.attempt = '0'
+    ch.attempts_used = '0'
+    ch.created_at = I(NOW)
+    ch.seq = I(seq)
+    ch.id = id
+    if run_at ~= NOW then
+      ch.first_run_at = I(run_at)
+    end
+    if p.scope then
+      ch.idem_scope = p.scope
+      ch.idem_key_hash = p.hash
+      ch.idem_key_preview = p.preview
+    end
+    if p.dkey then
+      ch.dedupe_key = p.dkey
+      ch.dedupe_mode = p.dmode
+    end
+    for k, v in pairs(ch) do
+      if v == false then
+        ch[k] = nil
+      end
+    end
+    save(j, ch)
+    redis.call('ZADD', P .. 'jobs', I(seq), id)
+    redis.call('ZADD', P .. 'qj:' .. p.queue, I(seq), id)
+    redis.call('SADD', P .. 'queues', p.queue)
+    enter(j)
+    wake(p.queue)
+  end)
+end
+
+local function replace_job(p, id, run_at)
+  local ej = O.jobs[id]
+  ej.run_at = run_at
+  ej.fp = p.fp
+  later(function()
+    local j = load(id)
+    move(j, job_fields(p, run_at))
+    event(id, 'replaced', obj('run_at', I(run_at)))
+    wake(j.queue)
+  end)
+end
+
+local function bind_dedupe(p, id, run_at)
+  local name = ddname(p.type, p.dkey)
+  local wu = nil
+  if p.dttl then
+    if p.dmode == 'debounce' then
+      wu = debounce_window(p.dttl, p.dmw, NOW)
+    elseif p.dmode == 'replace' then
+      -- A replace window cannot end before its job is due.
+      wu = math.max(NOW + p.dttl * 1000, run_at)
+    else
+      wu = NOW + p.dttl * 1000
+    end
+  end
+  O.dd[name] = { job = id, mode = p.dmode, ttl = p.dttl, mw = p.dmw, acc = NOW, wu = wu }
+  later(function()
+    local k = P .. 'dd:' .. name
+    redis.call('DEL', k)
+    redis.call('HSET', k, 'job', id, 'mode', p.dmode, 'acc', I(NOW))
+    if p.dttl then
+      redis.call('HSET', k, 'ttl', I(p.dttl))
+    end
+    if p.dmw then
+      redis.call('HSET', k, 'mw', I(p.dmw))
+    end
+    if wu then
+      redis.call('HSET', k, 'wu', I(wu))
+      redis.call('ZADD', P .. 'ddexp', I(wu), name)
+    else
+      redis.call('ZREM', P .. 'ddexp', name)
+    end
+  end)
+end
+
+local function bind_request_key(p, id)
+  if p.scope then
+    bind_key(p.scope, p.hash, p.preview, p.ttl, id, p.fp)
+  end
+end
+
+-- Decides one request: {'ok', id, outcome}, {'conflict', id, source,
+-- stored fingerprint} or {'invalid', field}.
+local function enqueue_one(p)
+  -- 1. A live idempotency binding decides: replay or conflict.
+  if p.scope then
+    local b = idem_get(p.scope, p.hash)
+    if b then
+      if b.fp == p.fp then
+        return { 'ok', b.job, 'replayed' }
+      end
+      return { 'conflict', b.job, 'idempotency_key', b.fp }
+    end
+  end
+  -- 2. An existing record with the explicit id: replay or conflict.
+  if p.job_id then
+    local j = ejob(p.job_id)
+    if j then
+      if not fp_eq_job(p.fp, j.fp) then
+        return { 'conflict', p.job_id, 'job_id', j.fp or '' }
+      end
+      bind_request_key(p, p.job_id)
+      return { 'ok', p.job_id, 'replayed' }
+    end
+  end
+  -- 3. A live dedupe binding: coalesce, replace or refuse to replace.
+  local first = NOW
+  if p.dkey then
+    local b = dd_get(p.type, p.dkey)
+    if b then
+      local kj = ekeyed(b.job)
+      if is_live(b, kj) then
+        local d = decide(b, kj, p.dmode)
+        local outcome = d
+        if d == 'rearm' or d == 'coalesce' then
+          if d == 'rearm' and b.ttl then
+            set_window(p.type, p.dkey, debounce_window(b.ttl, b.mw, b.acc))
+          end
+          outcome = 'coalesced'
+        elseif d == 'replace' then
+          first = b.acc
+          local run_at = resolve_run_at(p, first, b.mw)
+          local bad = check_clock(p, run_at)
+          if bad then
+            return bad
+          end
+          replace_job(p, b.job, run_at)
+          if b.ttl then
+            set_window(p.type, p.dkey, math.max(NOW + b.ttl * 1000, run_at))
+          end
+          outcome = 'replaced'
+        end
+        bind_request_key(p, b.job)
+        return { 'ok', b.job, outcome }
+      end
+    end
+  end
+  -- 4. A new job.
+  local run_at = resolve_run_at(p, first, p.dmw)
+  local bad = check_clock(p, run_at)
+  if bad then
+    return bad
+  end
+  local id = p.job_id or p.new_id
+  insert_job(p, id, run_at)
+  bind_request_key(p, id)
+  if p.dkey then
+    bind_dedupe(p, id, run_at)
+  end
+  return { 'ok', id, 'accepted' }
+end
+
+-- Arguments per item, in order (see enqueue.rs).
+local ITEM = 23
+
+local function opt(s)
+  if s == '' then
+    return nil
+  end
+  return s
+end
+
+local function item(args, at)
+  local a = function(i)
+    return args[at + i]
+  end
+  return {
+    type = a(0), queue = a(1), job_id = opt(a(2)), payload = a(3), priority = a(4),
+    run_at = A(a(5)), delay = A(a(6)), max_attempts = a(7), retry = a(8), timeout_ms = a(9),
+    deadline = A(a(10)), ck = opt(a(11)), tags = a(12), keep = A(a(13)), fp = a(14),
+    scope = opt(a(15)), hash = a(16), preview = a(17), ttl = A(a(18)),
+    dkey = opt(a(19)), dmode = a(20), dttl = A(a(21)), dmw = A(a(22)), new_id = a(23),
+  }
+end
+
+-- args: prefix, clock, atomic, dry run, then ITEM + 1 arguments per item.
+reg('enqueue', function(args)
+  local atomic, dry = args[3] == '1', args[4] == '1'
+  local out = {}
+  local failed = false
+  local at = 5
+  while at + ITEM <= #args do
+    local r = enqueue_one(item(args, at))
+    if r[1] ~= 'ok' then
+      failed = true
+    end
+    out[#out + 1] = r
+    at = at + ITEM + 1
+  end
+  if not dry and not (atomic and failed) then
+    for _, w in ipairs(O.writes) do
+      w()
+    end
+  end
+  return out
+end)
+
+-- The enqueue path of one request, writing nothing, and who holds its keys:
+-- {result, {idempotency job, expires} or {}, {dedupe job, mode, window} or {}}.
+reg('explain', function(args)
+  local p = item(args, 3)
+  local idem = {}
+  if p.scope then
+    local b = idem_get(p.scope, p.hash)
+    if b then
+      idem = { b.job, I(b.expires) }
+    end
+  end
+  local dd = {}
+  if p.dkey then
+    local b = dd_get(p.type, p.dkey)
+    if b and is_live(b, ekeyed(b.job)) then
+      dd = { b.job, b.mode, b.wu and I(b.wu) or '' }
+    end
+  end
+  return { enqueue_one(p), idem, dd }
+end, true)

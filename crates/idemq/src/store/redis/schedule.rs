@@ -1,0 +1,84 @@
+//! Schedules on Redis (docs/schedules.md): definitions, due schedules and
+//! fired ticks, each one `FCALL`.
+
+use super::codec::{Fields, array, int, pairs};
+use super::{RedisStore, Result};
+use crate::schedule::Schedule;
+use crate::store::{DueSchedules, ScheduleDue, ScheduleMarkFired, SchedulePut};
+
+fn opt(v: Option<i64>) -> String {
+    v.map(|n| n.to_string()).unwrap_or_default()
+}
+
+/// A schedule's hash.
+fn schedule(v: &::redis::Value) -> Result<Schedule> {
+    let f = Fields(pairs(v)?);
+    let name = f.str("name")?.to_owned();
+    Ok(Schedule {
+        job: serde_json::from_str(f.str("job")?).map_err(|e| crate::error::Error::Backend {
+            message: format!("schedule {name}: unreadable job template: {e}"),
+        })?,
+        cron: f.opt("cron").map(str::to_owned),
+        every_ms: f.opt_int("every_ms")?,
+        timezone: f.str("timezone")?.to_owned(),
+        paused: f.opt("paused") == Some("1"),
+        created_at: f.ts("created_at")?,
+        updated_at: f.ts("updated_at")?,
+        last_fired_at: f.opt_ts("last_fired_at")?,
+        next_fire_at: f.opt_ts("next_fire_at")?,
+        last_error: f.opt("last_error").map(str::to_owned),
+        last_error_at: f.opt_ts("last_error_at")?,
+        name,
+    })
+}
+
+pub(super) async fn put(store: &RedisStore, p: SchedulePut) -> Result<bool> {
+    let mut cmd = store.fcall("schedule_put");
+    cmd.arg(&p.name)
+        .arg(p.cron.as_deref().unwrap_or_default())
+        .arg(opt(p.every_ms))
+        .arg(&p.timezone)
+        .arg(&p.job)
+        .arg(if p.paused { "1" } else { "0" })
+        .arg(p.at)
+        .arg(opt(p.cron_next));
+    Ok(int(&store.run(cmd).await?)? == 1)
+}
+
+pub(super) async fn list(store: &RedisStore) -> Result<Vec<Schedule>> {
+    let v = store.run(store.fcall("schedule_list")).await?;
+    let mut out = array(&v)?
+        .iter()
+        .map(schedule)
+        .collect::<Result<Vec<_>>>()?;
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+pub(super) async fn due(store: &RedisStore, p: ScheduleDue) -> Result<DueSchedules> {
+    let mut cmd = store.fcall("schedule_due");
+    cmd.arg(p.limit);
+    let v = store.run(cmd).await?;
+    let r = array(&v)?;
+    let Some((now, rest)) = r.split_first() else {
+        return Err(super::codec::corrupt("schedule_due"));
+    };
+    Ok(DueSchedules {
+        now: super::codec::ts(int(now)?)?,
+        schedules: rest.iter().map(schedule).collect::<Result<_>>()?,
+    })
+}
+
+pub(super) async fn mark_fired(store: &RedisStore, p: ScheduleMarkFired) -> Result<bool> {
+    let mut cmd = store.fcall("schedule_mark_fired");
+    cmd.arg(&p.name)
+        .arg(p.cron.as_deref().unwrap_or_default())
+        .arg(opt(p.every_ms))
+        .arg(&p.timezone)
+        .arg(opt(p.fired_at))
+        .arg(opt(p.next_fire_at))
+        .arg(if p.error.is_some() { "1" } else { "0" })
+        .arg(p.error.as_deref().unwrap_or_default());
+    let v = store.run(cmd).await?;
+    Ok(int(&v)? == 1)
+}

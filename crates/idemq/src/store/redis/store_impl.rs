@@ -1,0 +1,495 @@
+//! [`Store`] on Redis: each method one `FCALL`, its reply read strictly.
+
+use super::*;
+
+#[async_trait]
+impl Store for RedisStore {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    /// Two: the server works on one claim while the worker runs the jobs of
+    /// the other.
+    fn claims_in_flight(&self) -> usize {
+        2
+    }
+
+    /// None: Redis has no transaction around a caller's own writes
+    /// ([`Capability::CallerTransactions`]).
+    fn supports(&self, _capability: Capability) -> bool {
+        false
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    async fn wakeups(&self) -> Result<Wakeups> {
+        self.listen();
+        Ok(Wakeups::local(self.inner.wakeup.clone()))
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>> {
+        let v = self.run(self.fcall("now")).await?;
+        codec::ts(int(&v)?)
+    }
+
+    async fn job_enqueue(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
+        let mut cmd = self.fcall("enqueue");
+        cmd.arg(if p.atomic { "1" } else { "0" })
+            .arg(if p.dry_run { "1" } else { "0" });
+        for item in &p.items {
+            args::item(&mut cmd, item);
+        }
+        let v = self.run(cmd).await?;
+        let replies = array(&v)?;
+        if replies.len() != p.items.len() {
+            return Err(codec::corrupt("enqueue results"));
+        }
+        let mut results = p
+            .items
+            .iter()
+            .zip(replies)
+            .map(|(item, r)| args::decision(item, r))
+            .collect::<Result<Vec<_>>>()?;
+        if p.atomic
+            && let Some(index) = results.iter().position(Result::is_err)
+        {
+            // The function wrote nothing: the whole batch fails with its
+            // first failing item.
+            let error = match results.swap_remove(index) {
+                Err(e) => e,
+                Ok(_) => return Err(codec::corrupt("batch item")),
+            };
+            return Err(Error::BatchItem {
+                index,
+                error: Box::new(error),
+            });
+        }
+        Ok(results)
+    }
+
+    async fn job_explain(&self, p: JobExplain) -> Result<Explain> {
+        let mut cmd = self.fcall("explain");
+        args::item(&mut cmd, &p.item);
+        let v = self.run(cmd).await?;
+        let r = array(&v)?;
+        let idem = array(at(r, 1)?)?;
+        let dd = array(at(r, 2)?)?;
+        let mut out = Explain {
+            outcome: String::new(),
+            reason: None,
+            job_id: None,
+            conflict: None,
+            idempotency: match idem {
+                [job, expires] => Some(ExplainIdempotency {
+                    job_id: string(job)?,
+                    expires_at: codec::ts(int(expires)?)?,
+                }),
+                _ => None,
+            },
+            dedupe: match dd {
+                [job, mode, until] => Some(ExplainDedupe {
+                    job_id: string(job)?,
+                    mode: codec::mode(&string(mode)?)?,
+                    window_until: opt_ts(&string(until)?)?,
+                }),
+                _ => None,
+            },
+        };
+        match args::decision(&p.item, at(r, 0)?)? {
+            Ok(r) => {
+                out.outcome = r.outcome.as_str().into();
+                out.reason = r.outcome.reason().map(|x| x.as_str().into());
+                out.job_id = match r.outcome {
+                    crate::Outcome::Accepted => p.item.job_id.clone(),
+                    _ => Some(r.job_id),
+                };
+            }
+            Err(Error::EnqueueIdempotencyConflict(c)) => {
+                out.outcome = "conflict".into();
+                out.conflict = Some(ExplainConflict {
+                    job_id: c.job_id,
+                    fields: c.fields,
+                });
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(out)
+    }
+
+    async fn job_get(&self, p: JobRef) -> Result<Option<Job>> {
+        let v = self.call1("job_get", &p.job_id).await?;
+        let r = array(&v)?;
+        let now = int(at(r, 0)?)?;
+        r.get(1).map(|j| codec::job(j, now)).transpose()
+    }
+
+    async fn job_list(&self, p: JobList) -> Result<JobPage> {
+        let (stored, due) = p.stored_state();
+        let mut cmd = self.fcall("job_list");
+        cmd.arg(stored.unwrap_or_default())
+            .arg(match due {
+                Some(true) => "1",
+                Some(false) => "0",
+                None => "",
+            })
+            .arg(p.queue.as_deref().unwrap_or_default())
+            .arg(p.job_type.as_deref().unwrap_or_default())
+            .arg(p.tag.as_deref().unwrap_or_default())
+            .arg(p.seq_cursor().map(|c| c.to_string()).unwrap_or_default())
+            .arg(p.limit.clamp(1, 1000));
+        let v = self.run(cmd).await?;
+        let r = array(&v)?;
+        let now = int(at(r, 0)?)?;
+        let cursor = string(at(r, 1)?)?;
+        Ok(JobPage {
+            jobs: r[2..]
+                .iter()
+                .map(|j| codec::job(j, now))
+                .collect::<Result<_>>()?,
+            next_cursor: (!cursor.is_empty()).then_some(cursor),
+        })
+    }
+
+    async fn job_events(&self, p: JobRef) -> Result<Vec<Event>> {
+        let v = self.call1("job_events", &p.job_id).await?;
+        let r = array(&v)?;
+        codec::events(at(r, 1)?, at(r, 0)?)
+    }
+
+    async fn job_runs(&self, p: JobRef) -> Result<Vec<Run>> {
+        let v = self.call1("job_runs", &p.job_id).await?;
+        let r = array(&v)?;
+        codec::runs(at(r, 1)?, at(r, 0)?)
+    }
+
+    async fn checkpoint_list(&self, p: JobRef) -> Result<BTreeMap<String, Json>> {
+        let v = self.call1("checkpoint_list", &p.job_id).await?;
+        codec::pairs(&v)?
+            .into_iter()
+            .map(|(k, v)| Ok((k, codec::parse_json(&v, "checkpoint")?)))
+            .collect()
+    }
+
+    async fn job_cancel(&self, p: JobRef) -> Result<CancelOutcome> {
+        let v = self.call1("cancel", &p.job_id).await?;
+        match status(&v)? {
+            (s, r) if s == "ok" => Ok(CancelOutcome {
+                cancelled: int(at(r, 1)?)? == 1,
+                state: codec::state(&string(at(r, 2)?)?)?,
+            }),
+            (s, _) if s == "not_found" => Err(Error::job_not_found(&p.job_id)),
+            (s, _) => Err(codec::corrupt(s)),
+        }
+    }
+
+    async fn job_cancel_by_key(&self, p: JobCancelByKey) -> Result<bool> {
+        let mut cmd = self.fcall("cancel_by_key");
+        cmd.arg(&p.job_type).arg(&p.key);
+        Ok(int(&self.run(cmd).await?)? == 1)
+    }
+
+    async fn job_purge(&self, p: JobRef) -> Result<bool> {
+        Ok(int(&self.call1("purge", &p.job_id).await?)? == 1)
+    }
+
+    async fn job_promote(&self, p: JobRef) -> Result<bool> {
+        let v = self.call1("promote", &p.job_id).await?;
+        match status(&v)? {
+            (s, r) if s == "ok" => Ok(int(at(r, 1)?)? == 1),
+            (s, _) if s == "not_found" => Err(Error::job_not_found(&p.job_id)),
+            (s, _) => Err(codec::corrupt(s)),
+        }
+    }
+
+    async fn job_redrive(&self, p: JobRedrive) -> Result<EnqueueResult> {
+        let k = p.key.as_ref();
+        let mut cmd = self.fcall("redrive");
+        cmd.arg(&p.job_id)
+            .arg(k.map(|k| k.scope.as_str()).unwrap_or_default())
+            .arg(
+                k.map(|k| crate::fingerprint::hex(&k.hash))
+                    .unwrap_or_default(),
+            )
+            .arg(k.map(|k| k.preview.as_str()).unwrap_or_default())
+            .arg(k.map(|k| k.ttl_ms).unwrap_or_default())
+            .arg(p.fingerprint.to_json())
+            .arg(p.max_attempts.map(|n| n.to_string()).unwrap_or_default())
+            .arg(p.deadline.map(|n| n.to_string()).unwrap_or_default())
+            .arg(p.run_at.map(|n| n.to_string()).unwrap_or_default())
+            .arg(if p.reset_checkpoints { "1" } else { "0" });
+        let v = self.run(cmd).await?;
+        let (s, r) = status(&v)?;
+        match s.as_str() {
+            "ok" => {
+                let outcome = string(at(r, 2)?)?;
+                Ok(EnqueueResult {
+                    job_id: string(at(r, 1)?)?,
+                    outcome: if outcome == "replayed" {
+                        crate::Outcome::Replayed
+                    } else {
+                        crate::Outcome::Accepted
+                    },
+                })
+            }
+            "conflict" => {
+                let stored = codec::fingerprint(&string(at(r, 2)?)?);
+                Err(Error::EnqueueIdempotencyConflict(Box::new(
+                    crate::error::IdempotencyConflict {
+                        job_id: string(at(r, 1)?)?,
+                        source: crate::error::ConflictSource::IdempotencyKey,
+                        scope: k.map(|k| k.scope.clone()),
+                        key_preview: k.map(|k| k.preview.clone()),
+                        key_digest: k.map(|k| k.digest()),
+                        fields: p.fingerprint.diff(&stored, false),
+                    },
+                )))
+            }
+            "not_found" => Err(Error::job_not_found(&p.job_id)),
+            "not_dead" => Err(Error::NotDead {
+                job_id: p.job_id.clone(),
+                state: codec::state(&string(at(r, 1)?)?)?,
+            }),
+            "invalid" => Err(args::clock_error(&string(at(r, 1)?)?)),
+            other => Err(codec::corrupt(other)),
+        }
+    }
+
+    async fn queue_pause(&self, p: QueuePause) -> Result<bool> {
+        let mut cmd = self.fcall("queue_pause");
+        cmd.arg(&p.queue).arg(if p.paused { "1" } else { "0" });
+        self.run(cmd).await?;
+        Ok(p.paused)
+    }
+
+    async fn queue_list(&self) -> Result<Vec<QueueInfo>> {
+        let v = self.run(self.fcall("queue_list")).await?;
+        let mut out = array(&v)?
+            .iter()
+            .map(|q| {
+                let f = array(q)?;
+                let n = |i| -> Result<u64> {
+                    let n = int(at(f, i)?)?;
+                    u64::try_from(n).map_err(|_| codec::corrupt(format!("count {n}")))
+                };
+                let mut counts = crate::job::StateCounts::default();
+                for (i, state) in JobState::ALL.into_iter().enumerate() {
+                    counts.add(state, n(i + 2)?);
+                }
+                Ok(QueueInfo {
+                    name: string(at(f, 0)?)?,
+                    paused: int(at(f, 1)?)? == 1,
+                    counts,
+                    estimated: Vec::new(),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>> {
+        let mut cmd = self.fcall("claim");
+        args::claim(&mut cmd, &p);
+        args::claimed(&self.run(cmd).await?)
+    }
+
+    async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat> {
+        let mut cmd = self.fcall("heartbeat");
+        cmd.arg(&p.job_id)
+            .arg(&p.lease_token)
+            .arg(rand::random::<f64>());
+        let v = self.run(cmd).await?;
+        match status(&v)? {
+            (s, r) if s == "ok" => Ok(Heartbeat {
+                lease_expires_at: codec::ts(int(at(r, 1)?)?)?,
+                cancel_requested: int(at(r, 2)?)? == 1,
+            }),
+            (s, _) if s == "lease_lost" => Err(lease_lost(&p)),
+            (s, _) => Err(codec::corrupt(s)),
+        }
+    }
+
+    async fn job_complete(&self, p: JobComplete) -> Result<()> {
+        let mut done = self
+            .job_complete_many(JobCompleteMany { items: vec![p] })
+            .await?;
+        done.pop().unwrap_or(Err(codec::corrupt("completions")))
+    }
+
+    async fn job_complete_many(&self, p: JobCompleteMany) -> Result<Vec<Result<()>>> {
+        let claim = JobClaim {
+            queues: Vec::new(),
+            types: None,
+            worker: String::new(),
+            limit: 0,
+            lease_ms: 0,
+        };
+        Ok(self.job_complete_and_claim(p, claim).await?.0)
+    }
+
+    async fn job_complete_and_claim(
+        &self,
+        done: JobCompleteMany,
+        claim: JobClaim,
+    ) -> Result<(Vec<Result<()>>, Result<Vec<ClaimedJob>>)> {
+        let mut cmd = self.fcall("complete_and_claim");
+        args::completions(&mut cmd, &done.items);
+        args::claim(&mut cmd, &claim);
+        let v = self.run(cmd).await?;
+        let r = array(&v)?;
+        Ok((
+            args::completed(&done.items, at(r, 0)?)?,
+            Ok(args::claimed(at(r, 1)?)?),
+        ))
+    }
+
+    async fn job_fail(&self, p: JobFail) -> Result<FailOutcome> {
+        let mut cmd = self.fcall("fail");
+        cmd.arg(&p.lease.job_id)
+            .arg(&p.lease.lease_token)
+            .arg(args::truncate(&p.error))
+            .arg(if p.retryable { "1" } else { "0" })
+            .arg(p.retry_after_ms.map(|n| n.to_string()).unwrap_or_default())
+            .arg(p.snooze_ms.map(|n| n.to_string()).unwrap_or_default())
+            .arg(rand::random::<f64>());
+        let v = self.run(cmd).await?;
+        match status(&v)? {
+            (s, r) if s == "ok" => Ok(FailOutcome {
+                state: codec::state(&string(at(r, 1)?)?)?,
+                next_run_at: opt_ts(&string(at(r, 2)?)?)?,
+            }),
+            (s, _) if s == "lease_lost" => Err(lease_lost(&p.lease)),
+            (s, _) => Err(codec::corrupt(s)),
+        }
+    }
+
+    async fn job_release(&self, p: LeaseRef) -> Result<()> {
+        let mut cmd = self.fcall("release");
+        cmd.arg(&p.job_id).arg(&p.lease_token);
+        match status(&self.run(cmd).await?)?.0.as_str() {
+            "ok" => Ok(()),
+            "lease_lost" => Err(lease_lost(&p)),
+            other => Err(codec::corrupt(other)),
+        }
+    }
+
+    async fn checkpoint_put(&self, p: CheckpointPut) -> Result<bool> {
+        let mut cmd = self.fcall("checkpoint_put");
+        cmd.arg(&p.lease.job_id)
+            .arg(&p.lease.lease_token)
+            .arg(&p.name)
+            .arg(&p.value);
+        let v = self.run(cmd).await?;
+        match status(&v)? {
+            (s, r) if s == "ok" => Ok(int(at(r, 1)?)? == 1),
+            (s, _) if s == "lease_lost" => Err(lease_lost(&p.lease)),
+            (s, _) => Err(codec::corrupt(s)),
+        }
+    }
+
+    async fn checkpoint_get(&self, p: CheckpointGet) -> Result<Option<Json>> {
+        let mut cmd = self.fcall("checkpoint_get");
+        cmd.arg(&p.job_id).arg(&p.name);
+        opt_string(&self.run(cmd).await?)?
+            .map(|s| codec::parse_json(&s, "checkpoint"))
+            .transpose()
+    }
+
+    async fn binding_lookup(&self, p: BindingRef) -> Result<Option<BindingInfo>> {
+        let mut cmd = self.fcall("binding_lookup");
+        cmd.arg(&p.scope).arg(crate::fingerprint::hex(&p.hash));
+        let v = self.run(cmd).await?;
+        match array(&v)? {
+            [job, preview, expires] => Ok(Some(BindingInfo {
+                job_id: string(job)?,
+                key_preview: string(preview)?,
+                key_digest: crate::fingerprint::key_digest(&p.hash),
+                expires_at: codec::ts(int(expires)?)?,
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    async fn binding_release(&self, p: BindingRef) -> Result<bool> {
+        let mut cmd = self.fcall("binding_release");
+        cmd.arg(&p.scope).arg(crate::fingerprint::hex(&p.hash));
+        Ok(int(&self.run(cmd).await?)? == 1)
+    }
+
+    async fn dedupe_lookup(&self, p: DedupeRef) -> Result<Option<ExplainDedupe>> {
+        let mut cmd = self.fcall("dedupe_lookup");
+        cmd.arg(&p.job_type).arg(&p.key);
+        let v = self.run(cmd).await?;
+        match array(&v)? {
+            [job, mode, until] => Ok(Some(ExplainDedupe {
+                job_id: string(job)?,
+                mode: codec::mode(&string(mode)?)?,
+                window_until: opt_ts(&string(until)?)?,
+            })),
+            _ => Ok(None),
+        }
+    }
+
+    async fn binding_sweep(&self, p: Sweep) -> Result<u64> {
+        count(self.call1("binding_sweep", p.limit).await?)
+    }
+
+    async fn lease_reap(&self, p: Sweep) -> Result<u64> {
+        count(self.call1("lease_reap", p.limit).await?)
+    }
+
+    async fn job_retention_sweep(&self, p: Sweep) -> Result<u64> {
+        count(self.call1("job_retention_sweep", p.limit).await?)
+    }
+
+    async fn schedule_put(&self, p: SchedulePut) -> Result<bool> {
+        super::schedule::put(self, p).await
+    }
+
+    async fn schedule_delete(&self, p: ScheduleRef) -> Result<bool> {
+        Ok(int(&self.call1("schedule_delete", &p.name).await?)? == 1)
+    }
+
+    async fn schedule_list(&self) -> Result<Vec<crate::schedule::Schedule>> {
+        super::schedule::list(self).await
+    }
+
+    async fn schedule_due(&self, p: ScheduleDue) -> Result<DueSchedules> {
+        super::schedule::due(self, p).await
+    }
+
+    async fn schedule_mark_fired(&self, p: ScheduleMarkFired) -> Result<bool> {
+        super::schedule::mark_fired(self, p).await
+    }
+
+    async fn installation_key_check(&self, p: KeyCheck) -> Result<String> {
+        string(&self.call1("key_check", &p.value).await?)
+    }
+
+    async fn installation_key_check_replace(&self, p: KeyCheck) -> Result<KeyCheckChange> {
+        let v = self.call1("key_check_replace", &p.value).await?;
+        let r = array(&v)?;
+        let live = int(at(r, 2)?)?;
+        Ok(KeyCheckChange {
+            previous: (int(at(r, 1)?)? == 1)
+                .then(|| string(at(r, 0)?))
+                .transpose()?,
+            live_bindings: u64::try_from(live).map_err(|_| codec::corrupt(live))?,
+        })
+    }
+}
+
+/// An instant the functions return as µs text, `''` for none.
+fn opt_ts(s: &str) -> Result<Option<DateTime<Utc>>> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(codec::ts(args::parse_i64(s)?)?))
+}
+
+fn count(v: Value) -> Result<u64> {
+    let n = int(&v)?;
+    u64::try_from(n).map_err(|_| codec::corrupt(format!("count {n}")))
+}

@@ -1,0 +1,901 @@
+//! The Redis store on a redis-server of the test's own, started in a
+//! temporary directory with the durable settings (the machine's shared
+//! Redis keeps nothing on disk). A missing `redis-server` fails the test,
+//! never skips it.
+#![cfg(feature = "redis")]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use idemq::store::redis::{RedisOptions, RedisStore};
+use idemq::store::{Store, Sweep};
+use idemq::{
+    ClaimOptions, DedupeOptions, EnqueueRequest, Error, FailOptions, JobList, JobState, Outcome,
+    Queue, QueueOptions, RedriveOptions, RetryPolicy,
+};
+use serde_json::json;
+
+/// A redis-server of one test, killed when dropped.
+struct Server {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Server {
+    /// The durable settings, then `extra` (later arguments win).
+    fn start(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sock = dir.path().join("r.sock");
+        let mut args: Vec<String> = [
+            "--port",
+            "0",
+            "--unixsocket",
+            "",
+            "--dir",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--maxmemory-policy",
+            "noeviction",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args[3] = sock.display().to_string();
+        args[5] = dir.path().display().to_string();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new("redis-server")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server (install it: apt-get install redis-server): {e}")
+            });
+        let server = Self { child, dir };
+        for _ in 0..200 {
+            if sock.exists() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        panic!("redis-server did not open {}", sock.display());
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("r.sock")
+    }
+
+    fn url(&self, query: &str) -> String {
+        format!("redis+unix://{}{query}", self.socket().display())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn epoch() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2030, 1, 1, 0, 0, 0)
+        .single()
+        .expect("date")
+}
+
+/// A migrated installation on its own server, its clock frozen at [`epoch`].
+struct Env {
+    server: Server,
+    store: RedisStore,
+    queue: Queue,
+    at: std::sync::Mutex<DateTime<Utc>>,
+}
+
+impl Env {
+    async fn new() -> Self {
+        let server = Server::start(&[]);
+        let url = server.url("");
+        idemq::store::redis::migrate(&url).await.expect("migrate");
+        let store = RedisStore::connect(&url, RedisOptions { test_clock: true })
+            .await
+            .expect("connect");
+        store.set_test_clock(Some(epoch())).await.expect("clock");
+        let queue = Queue::from_store(Arc::new(store.clone()), QueueOptions::default());
+        Self {
+            server,
+            store,
+            queue,
+            at: std::sync::Mutex::new(epoch()),
+        }
+    }
+
+    async fn advance_ms(&self, ms: i64) {
+        let next = {
+            let mut at = self.at.lock().expect("clock");
+            *at += chrono::Duration::milliseconds(ms);
+            *at
+        };
+        self.store.set_test_clock(Some(next)).await.expect("clock");
+    }
+
+    async fn claim(&self, limit: u32) -> Vec<idemq::ClaimedJob> {
+        self.queue
+            .claim(ClaimOptions {
+                limit,
+                worker: "w-1".into(),
+                ..ClaimOptions::default()
+            })
+            .await
+            .expect("claim")
+    }
+
+    async fn kinds(&self, id: &str) -> Vec<String> {
+        let events = self.queue.events(id).await.expect("events");
+        events.into_iter().map(|e| e.kind).collect()
+    }
+}
+
+#[tokio::test]
+async fn migrate_records_the_version_and_connect_refuses_other_versions() {
+    let server = Server::start(&[]);
+    let url = server.url("?prefix=app1:");
+    let err = RedisStore::connect(&url, RedisOptions::default())
+        .await
+        .expect_err("not migrated");
+    assert!(err.to_string().contains("idemq migrate"), "{err}");
+    assert_eq!(
+        idemq::store::redis::migrate(&url).await.expect("migrate"),
+        vec![1]
+    );
+    assert!(
+        idemq::store::redis::migrate(&url)
+            .await
+            .expect("again")
+            .is_empty()
+    );
+    let status = idemq::store::redis::migration_status(&url)
+        .await
+        .expect("status");
+    assert!(status.is_current(), "{status:?}");
+    RedisStore::connect(&url, RedisOptions::default())
+        .await
+        .expect("connect");
+    // Another prefix on the same server is another installation.
+    let other = server.url("?prefix=app2:");
+    assert!(
+        RedisStore::connect(&other, RedisOptions::default())
+            .await
+            .is_err()
+    );
+
+    // An installation migrated by another version of the functions.
+    let client = redis::Client::open(url.split('?').next().expect("url")).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn");
+    let _: () = redis::cmd("SET")
+        .arg("app1:version")
+        .arg("0000000000000000")
+        .query_async(&mut conn)
+        .await
+        .expect("set");
+    let err = RedisStore::connect(&url, RedisOptions::default())
+        .await
+        .expect_err("other version");
+    assert!(err.to_string().contains("idemq migrate"), "{err}");
+    assert!(err.to_string().contains("0000000000000000"), "{err}");
+    assert!(
+        !idemq::store::redis::migration_status(&url)
+            .await
+            .expect("status")
+            .is_current()
+    );
+    idemq::store::redis::migrate(&url)
+        .await
+        .expect("migrate again");
+    RedisStore::connect(&url, RedisOptions::default())
+        .await
+        .expect("connect after migrate");
+}
+
+#[tokio::test]
+async fn refuses_a_server_without_durable_settings_unless_relaxed() {
+    let server = Server::start(&["--appendfsync", "everysec"]);
+    let url = server.url("");
+    idemq::store::redis::migrate(&url).await.expect("migrate");
+    let err = RedisStore::connect(&url, RedisOptions::default())
+        .await
+        .expect_err("everysec");
+    assert!(matches!(err, Error::Validation { .. }), "{err:?}");
+    assert!(err.to_string().contains("appendfsync"), "{err}");
+    let store = RedisStore::connect(&server.url("?durability=relaxed"), RedisOptions::default())
+        .await
+        .expect("relaxed");
+    assert!(store.durability_relaxed());
+
+    let server = Server::start(&["--appendonly", "no", "--maxmemory-policy", "allkeys-lru"]);
+    let url = server.url("");
+    idemq::store::redis::migrate(&url).await.expect("migrate");
+    let err = RedisStore::connect(&url, RedisOptions::default())
+        .await
+        .expect_err("no aof");
+    assert!(err.to_string().contains("appendonly"), "{err}");
+}
+
+#[tokio::test]
+async fn a_durable_server_is_not_relaxed() {
+    let env = Env::new().await;
+    assert!(!env.store.durability_relaxed());
+    assert_eq!(env.store.backend(), "redis");
+}
+
+#[tokio::test]
+async fn microsecond_timestamps_round_trip_exactly() {
+    let env = Env::new().await;
+    let at = Utc
+        .with_ymd_and_hms(2026, 12, 1, 12, 34, 56)
+        .single()
+        .expect("date")
+        + chrono::Duration::microseconds(522_261);
+    env.store.set_test_clock(Some(at)).await.expect("clock");
+    assert_eq!(env.store.now().await.expect("now"), at);
+    let run_at = at + chrono::Duration::microseconds(1_000_001);
+    let id = env
+        .queue
+        .enqueue(EnqueueRequest::new("t").run_at(run_at))
+        .await
+        .expect("enqueue");
+    let job = env.queue.get(&id).await.expect("get").expect("job");
+    assert_eq!(job.run_at, run_at);
+    assert_eq!(job.created_at, at);
+    assert_eq!(job.state, JobState::Scheduled);
+    let events = env.queue.events(&id).await.expect("events");
+    assert_eq!(events[0].data["run_at"], json!(run_at));
+    env.store.set_test_clock(Some(run_at)).await.expect("clock");
+    let claimed = env.claim(1).await;
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(
+        claimed[0].lease_expires_at,
+        run_at + chrono::Duration::seconds(30)
+    );
+}
+
+#[tokio::test]
+async fn enqueue_replays_and_conflicts() {
+    let env = Env::new().await;
+    let req = || {
+        EnqueueRequest::new("invoice.capture")
+            .payload(json!({"n": 1}))
+            .idempotency_key("k-1")
+    };
+    let first = env.queue.enqueue_with_result(req()).await.expect("first");
+    assert_eq!(first.outcome, Outcome::Accepted);
+    let again = env.queue.enqueue_with_result(req()).await.expect("again");
+    assert_eq!(
+        (again.job_id.as_str(), again.outcome),
+        (first.job_id.as_str(), Outcome::Replayed)
+    );
+    let err = env
+        .queue
+        .enqueue(req().payload(json!({"n": 2})))
+        .await
+        .expect_err("conflict");
+    let c = err.conflict().expect("a conflict");
+    assert_eq!(c.job_id, first.job_id);
+    assert_eq!(c.fields, vec!["payload".to_owned()]);
+    assert_eq!(c.key_preview.as_deref(), Some("k…"));
+    assert_eq!(
+        env.queue
+            .list(JobList {
+                limit: 10,
+                ..JobList::default()
+            })
+            .await
+            .expect("list")
+            .jobs
+            .len(),
+        1
+    );
+    assert_eq!(env.kinds(&first.job_id).await, vec!["accepted"]);
+
+    // An explicit id: a replay without a key, a conflict on other fields.
+    let by_id = || EnqueueRequest::new("t").job_id("order-7");
+    assert_eq!(
+        env.queue
+            .enqueue_with_result(by_id())
+            .await
+            .expect("new")
+            .outcome,
+        Outcome::Accepted
+    );
+    assert_eq!(
+        env.queue
+            .enqueue_with_result(by_id())
+            .await
+            .expect("replay")
+            .outcome,
+        Outcome::Replayed
+    );
+    let err = env
+        .queue
+        .enqueue(by_id().max_attempts(3))
+        .await
+        .expect_err("conflict");
+    assert_eq!(
+        err.conflict().expect("conflict").fields,
+        vec!["max_attempts".to_owned()]
+    );
+
+    // Explain writes nothing and says who holds the key.
+    let explain = env
+        .queue
+        .explain(req().payload(json!({"n": 3})))
+        .await
+        .expect("explain");
+    assert_eq!(explain.outcome, "conflict");
+    assert_eq!(explain.idempotency.expect("binding").job_id, first.job_id);
+    let explain = env
+        .queue
+        .explain(EnqueueRequest::new("t").idempotency_key("fresh"))
+        .await
+        .expect("explain");
+    assert_eq!(explain.outcome, "accepted");
+    assert!(
+        env.queue
+            .lookup_key("default", "fresh")
+            .await
+            .expect("lookup")
+            .is_none()
+    );
+    let b = env
+        .queue
+        .lookup_key("default", "k-1")
+        .await
+        .expect("lookup")
+        .expect("bound");
+    assert_eq!(b.job_id, first.job_id);
+
+    // After the window the key owns a new job; expired bindings are swept.
+    env.advance_ms(24 * 3600 * 1000).await;
+    let later = env
+        .queue
+        .enqueue_with_result(req().payload(json!({"n": 9})))
+        .await
+        .expect("later");
+    assert_eq!(later.outcome, Outcome::Accepted);
+    assert_ne!(later.job_id, first.job_id);
+}
+
+#[tokio::test]
+async fn an_atomic_batch_writes_nothing_when_an_item_fails() {
+    let env = Env::new().await;
+    env.queue
+        .enqueue(EnqueueRequest::new("t").idempotency_key("a"))
+        .await
+        .expect("seed");
+    let items = vec![
+        EnqueueRequest::new("t").idempotency_key("b"),
+        EnqueueRequest::new("t")
+            .payload(json!(1))
+            .idempotency_key("a"),
+    ];
+    let err = env
+        .queue
+        .enqueue_many(items.clone(), idemq::BatchOptions { atomic: true })
+        .await
+        .expect_err("atomic");
+    assert!(matches!(err, Error::BatchItem { index: 1, .. }), "{err:?}");
+    assert!(
+        env.queue
+            .lookup_key("default", "b")
+            .await
+            .expect("lookup")
+            .is_none()
+    );
+    let results = env
+        .queue
+        .enqueue_many(items, idemq::BatchOptions { atomic: false })
+        .await
+        .expect("batch");
+    assert!(results[0].is_ok() && results[1].is_err());
+    // Items see the earlier items of their batch.
+    let results = env
+        .queue
+        .enqueue_many(
+            vec![
+                EnqueueRequest::new("t").idempotency_key("c"),
+                EnqueueRequest::new("t").idempotency_key("c"),
+            ],
+            idemq::BatchOptions { atomic: false },
+        )
+        .await
+        .expect("batch");
+    let second = results[1].as_ref().expect("replayed");
+    assert_eq!(second.outcome, Outcome::Replayed);
+    assert_eq!(
+        &second.job_id,
+        &results[0].as_ref().expect("accepted").job_id
+    );
+}
+
+#[tokio::test]
+async fn claim_orders_by_priority_then_run_at_then_acceptance_and_completes() {
+    let env = Env::new().await;
+    let low = env
+        .queue
+        .enqueue(EnqueueRequest::new("t").priority(-1))
+        .await
+        .expect("low");
+    let a = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("a");
+    let b = env
+        .queue
+        .enqueue(EnqueueRequest::new("u").queue("other"))
+        .await
+        .expect("b");
+    let high = env
+        .queue
+        .enqueue(EnqueueRequest::new("t").priority(5))
+        .await
+        .expect("high");
+    let later = env
+        .queue
+        .enqueue(
+            EnqueueRequest::new("t")
+                .priority(9)
+                .delay(Duration::from_secs(10)),
+        )
+        .await
+        .expect("later");
+    let claimed: Vec<String> = env.claim(10).await.into_iter().map(|j| j.id).collect();
+    assert_eq!(
+        claimed,
+        vec![high.clone(), a.clone(), b.clone(), low.clone()]
+    );
+    let job = env.queue.get(&later).await.expect("get").expect("job");
+    assert_eq!(job.state, JobState::Scheduled);
+    let queues = env.queue.queues().await.expect("queues");
+    let default = queues
+        .iter()
+        .find(|q| q.name == "default")
+        .expect("default");
+    assert_eq!((default.counts.active, default.counts.scheduled), (3, 1));
+
+    env.queue
+        .complete(&a, &lease(&env, &a).await, Some(json!({"ok": true})))
+        .await
+        .expect_err("stale token");
+    env.queue.pause("default").await.expect("pause");
+    env.advance_ms(10_000).await;
+    assert!(env.claim(1).await.is_empty(), "a paused queue is skipped");
+    env.queue.resume("default").await.expect("resume");
+    let c = env.claim(1).await.remove(0);
+    assert_eq!(c.id, later);
+    env.queue
+        .complete(&c.id, &c.lease_token, Some(json!({"ok": true})))
+        .await
+        .expect("complete");
+    let job = env.queue.get(&later).await.expect("get").expect("job");
+    assert_eq!(job.state, JobState::Completed);
+    assert_eq!(job.result, Some(json!({"ok": true})));
+    assert_eq!(
+        env.kinds(&later).await,
+        vec!["accepted", "claimed", "completed"]
+    );
+    let runs = env.queue.runs(&later).await.expect("runs");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].outcome.as_deref(), Some("completed"));
+    let err = env
+        .queue
+        .complete(&c.id, &c.lease_token, None)
+        .await
+        .expect_err("twice");
+    assert!(matches!(err, Error::LeaseLost { .. }));
+}
+
+/// A token that is not the job's.
+async fn lease(_env: &Env, _id: &str) -> String {
+    "0123456789abcdef0123456789abcdef".into()
+}
+
+#[tokio::test]
+async fn concurrency_keys_exclude_each_other() {
+    let env = Env::new().await;
+    let a = env
+        .queue
+        .enqueue(EnqueueRequest::new("t").concurrency_key("acct"))
+        .await
+        .expect("a");
+    let b = env
+        .queue
+        .enqueue(EnqueueRequest::new("t").concurrency_key("acct"))
+        .await
+        .expect("b");
+    let got = env.claim(5).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].id, a);
+    assert!(env.claim(5).await.is_empty());
+    env.queue
+        .complete(&a, &got[0].lease_token, None)
+        .await
+        .expect("complete");
+    assert_eq!(env.claim(5).await[0].id, b);
+}
+
+#[tokio::test]
+async fn failures_retry_by_policy_then_die_and_redrive_brings_them_back() {
+    let env = Env::new().await;
+    let id = env
+        .queue
+        .enqueue(
+            EnqueueRequest::new("t")
+                .max_attempts(2)
+                .retry(RetryPolicy::Fixed { delay_ms: 1000 }),
+        )
+        .await
+        .expect("enqueue");
+    let c = env.claim(1).await.remove(0);
+    let out = env
+        .queue
+        .fail(
+            &id,
+            &c.lease_token,
+            FailOptions {
+                error: "boom".into(),
+                ..FailOptions::default()
+            },
+        )
+        .await
+        .expect("fail");
+    assert_eq!(out.state, JobState::Scheduled);
+    assert_eq!(
+        out.next_run_at,
+        Some(epoch() + chrono::Duration::seconds(1))
+    );
+    assert!(env.claim(1).await.is_empty());
+    env.advance_ms(1000).await;
+    let c = env.claim(1).await.remove(0);
+    assert_eq!(c.attempt, 2);
+    let out = env
+        .queue
+        .fail(
+            &id,
+            &c.lease_token,
+            FailOptions {
+                error: "again".into(),
+                ..FailOptions::default()
+            },
+        )
+        .await
+        .expect("fail");
+    assert_eq!(out.state, JobState::Dead);
+    let job = env.queue.get(&id).await.expect("get").expect("job");
+    assert_eq!(
+        (job.state, job.attempts_used, job.last_error.as_deref()),
+        (JobState::Dead, 2, Some("again"))
+    );
+    assert_eq!(
+        env.kinds(&id).await,
+        vec!["accepted", "claimed", "retry_scheduled", "claimed", "dead"]
+    );
+    let runs = env.queue.runs(&id).await.expect("runs");
+    assert_eq!(
+        runs.iter()
+            .map(|r| r.outcome.clone().unwrap_or_default())
+            .collect::<Vec<_>>(),
+        vec!["failed", "failed"]
+    );
+
+    let r = env
+        .queue
+        .redrive(
+            &id,
+            RedriveOptions {
+                idempotency_key: Some("r-1".into()),
+                ..RedriveOptions::default()
+            },
+        )
+        .await
+        .expect("redrive");
+    assert_eq!(r.outcome, Outcome::Accepted);
+    let again = env
+        .queue
+        .redrive(
+            &id,
+            RedriveOptions {
+                idempotency_key: Some("r-1".into()),
+                ..RedriveOptions::default()
+            },
+        )
+        .await
+        .expect("replay");
+    assert_eq!(again.outcome, Outcome::Replayed);
+    let job = env.queue.get(&id).await.expect("get").expect("job");
+    assert_eq!((job.state, job.attempts_used), (JobState::Ready, 0));
+    let c = env.claim(1).await.remove(0);
+    assert_eq!(c.attempt, 3);
+    // A permanent failure dies at once; a snooze does not consume the attempt.
+    let out = env
+        .queue
+        .fail(
+            &id,
+            &c.lease_token,
+            FailOptions {
+                snooze: Some(Duration::from_secs(5)),
+                ..FailOptions::default()
+            },
+        )
+        .await
+        .expect("snooze");
+    assert_eq!(out.state, JobState::Scheduled);
+    env.advance_ms(5000).await;
+    let c = env.claim(1).await.remove(0);
+    let out = env
+        .queue
+        .fail(
+            &id,
+            &c.lease_token,
+            FailOptions {
+                error: "bad".into(),
+                permanent: true,
+                ..FailOptions::default()
+            },
+        )
+        .await
+        .expect("permanent");
+    assert_eq!(out.state, JobState::Dead);
+    assert_eq!(
+        env.queue
+            .get(&id)
+            .await
+            .expect("get")
+            .expect("job")
+            .attempts_used,
+        1
+    );
+}
+
+#[tokio::test]
+async fn expired_leases_are_reaped_and_heartbeats_renew() {
+    let env = Env::new().await;
+    let id = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("enqueue");
+    let c = env.claim(1).await.remove(0);
+    env.advance_ms(20_000).await;
+    let hb = env
+        .queue
+        .heartbeat(&id, &c.lease_token)
+        .await
+        .expect("heartbeat");
+    assert_eq!(hb.lease_expires_at, epoch() + chrono::Duration::seconds(50));
+    env.advance_ms(30_000).await;
+    assert_eq!(env.queue.reap_leases(100).await.expect("reap"), 1);
+    let job = env.queue.get(&id).await.expect("get").expect("job");
+    assert_eq!((job.state, job.attempts_used), (JobState::Ready, 1));
+    assert!(env.kinds(&id).await.contains(&"lease_expired".to_owned()));
+    assert!(matches!(
+        env.queue.heartbeat(&id, &c.lease_token).await,
+        Err(Error::LeaseLost { .. })
+    ));
+    let c = env.claim(1).await.remove(0);
+    assert_eq!(c.attempt, 2);
+    env.queue
+        .release(&id, &c.lease_token)
+        .await
+        .expect("release");
+    let job = env.queue.get(&id).await.expect("get").expect("job");
+    assert_eq!((job.state, job.attempts_used), (JobState::Ready, 1));
+}
+
+#[tokio::test]
+async fn dedupe_coalesces_replaces_and_cancel_by_key_releases() {
+    let env = Env::new().await;
+    let pending = || EnqueueRequest::new("sync").dedupe(DedupeOptions::key("acct-1"));
+    let a = env.queue.enqueue_with_result(pending()).await.expect("a");
+    let b = env.queue.enqueue_with_result(pending()).await.expect("b");
+    assert_eq!(
+        (b.job_id.as_str(), b.outcome),
+        (a.job_id.as_str(), Outcome::Coalesced)
+    );
+    assert!(
+        env.queue
+            .cancel_by_key("sync", "acct-1")
+            .await
+            .expect("cancel")
+    );
+    assert_eq!(
+        env.queue
+            .get(&a.job_id)
+            .await
+            .expect("get")
+            .expect("job")
+            .state,
+        JobState::Cancelled
+    );
+    let c = env.queue.enqueue_with_result(pending()).await.expect("c");
+    assert_eq!(c.outcome, Outcome::Accepted);
+
+    let replace = |n: i64| {
+        EnqueueRequest::new("mail")
+            .payload(json!(n))
+            .delay(Duration::from_secs(60))
+            .dedupe(DedupeOptions::key("u-1").replace())
+    };
+    let first = env
+        .queue
+        .enqueue_with_result(replace(1))
+        .await
+        .expect("first");
+    let second = env
+        .queue
+        .enqueue_with_result(replace(2))
+        .await
+        .expect("second");
+    assert_eq!(
+        (second.job_id.as_str(), second.outcome),
+        (first.job_id.as_str(), Outcome::Replaced)
+    );
+    let job = env
+        .queue
+        .get(&first.job_id)
+        .await
+        .expect("get")
+        .expect("job");
+    assert_eq!(job.payload, json!(2));
+    assert!(job.dedupe.expect("dedupe").holds_binding);
+    let other = env
+        .queue
+        .enqueue_with_result(EnqueueRequest::new("mail").dedupe(DedupeOptions::key("u-1")))
+        .await
+        .expect("coalesced");
+    assert_eq!(other.outcome, Outcome::Coalesced);
+    let live = env
+        .queue
+        .dedupe_lookup("mail", "u-1")
+        .await
+        .expect("lookup")
+        .expect("live");
+    assert_eq!(live.job_id, first.job_id);
+
+    let throttle =
+        || EnqueueRequest::new("t").dedupe(DedupeOptions::key("x").ttl(Duration::from_secs(10)));
+    let t1 = env.queue.enqueue_with_result(throttle()).await.expect("t1");
+    let c = env.claim(10).await;
+    for j in &c {
+        env.queue
+            .complete(&j.id, &j.lease_token, None)
+            .await
+            .expect("complete");
+    }
+    assert_eq!(
+        env.queue
+            .enqueue_with_result(throttle())
+            .await
+            .expect("t2")
+            .outcome,
+        Outcome::Coalesced
+    );
+    env.advance_ms(10_000).await;
+    let t3 = env.queue.enqueue_with_result(throttle()).await.expect("t3");
+    assert_eq!(t3.outcome, Outcome::Accepted);
+    assert_ne!(t3.job_id, t1.job_id);
+}
+
+#[tokio::test]
+async fn purge_retention_listing_and_checkpoints() {
+    let env = Env::new().await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(
+            env.queue
+                .enqueue({
+                    let mut r = EnqueueRequest::new("t").payload(json!(i));
+                    r.tags = vec!["x".into()];
+                    r
+                })
+                .await
+                .expect("enqueue"),
+        );
+    }
+    let page = env
+        .queue
+        .list(JobList {
+            limit: 2,
+            ..JobList::default()
+        })
+        .await
+        .expect("page 1");
+    assert_eq!(
+        page.jobs.iter().map(|j| j.id.clone()).collect::<Vec<_>>(),
+        vec![ids[4].clone(), ids[3].clone()]
+    );
+    let page = env
+        .queue
+        .list(JobList {
+            limit: 10,
+            cursor: page.next_cursor,
+            ..JobList::default()
+        })
+        .await
+        .expect("page 2");
+    assert_eq!(page.jobs.len(), 3);
+    assert!(page.next_cursor.is_none());
+    let tagged = env
+        .queue
+        .list(JobList {
+            limit: 10,
+            tag: Some("x".into()),
+            state: Some(JobState::Ready),
+            ..JobList::default()
+        })
+        .await
+        .expect("tagged");
+    assert_eq!(tagged.jobs.len(), 5);
+
+    let c = env.claim(1).await.remove(0);
+    assert!(
+        env.queue
+            .checkpoint_put(&c.id, &c.lease_token, "step", &json!({"v": 1}))
+            .await
+            .expect("put")
+    );
+    assert!(
+        !env.queue
+            .checkpoint_put(&c.id, &c.lease_token, "step", &json!({"v": 2}))
+            .await
+            .expect("again")
+    );
+    assert_eq!(
+        env.queue.checkpoint_get(&c.id, "step").await.expect("get"),
+        Some(json!({"v": 1}))
+    );
+    assert!(!env.queue.purge(&c.id).await.expect("active"));
+    env.queue
+        .complete(&c.id, &c.lease_token, None)
+        .await
+        .expect("complete");
+    assert!(env.queue.purge(&ids[4]).await.expect("purge"));
+    assert!(env.queue.get(&ids[4]).await.expect("get").is_none());
+    assert_eq!(env.queue.sweep_retention(100).await.expect("sweep"), 0);
+    env.advance_ms(24 * 3600 * 1000).await;
+    assert_eq!(env.queue.sweep_retention(100).await.expect("sweep"), 1);
+    assert!(env.queue.get(&c.id).await.expect("get").is_none());
+    let queues = env.queue.queues().await.expect("queues");
+    assert_eq!(queues[0].counts.ready, 3);
+    assert_eq!(
+        env.store
+            .binding_sweep(Sweep { limit: 100 })
+            .await
+            .expect("sweep"),
+        0
+    );
+}
+
+#[tokio::test]
+async fn wakeups_arrive_on_enqueue() {
+    let env = Env::new().await;
+    let mut wakeups = env.store.wakeups().await.expect("wakeups");
+    // The subscription is made in the background; the first wake-up says so.
+    assert!(wakeups.wait(Duration::from_secs(5)).await);
+    env.queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("enqueue");
+    assert!(wakeups.wait(Duration::from_secs(5)).await);
+    drop(env.server);
+}
