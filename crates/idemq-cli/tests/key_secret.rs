@@ -3,10 +3,6 @@
 //! keys differently from the installation, and `key-secret reset` changes
 //! it deliberately, saying what it cost. On a SQLite file and on PostgreSQL.
 
-#[allow(dead_code)]
-#[path = "../../idemq/tests/conformance/support.rs"]
-mod support;
-
 use std::process::{Command, Output};
 
 fn idemq(database: &str, secret: Option<&str>, args: &[&str]) -> Output {
@@ -94,11 +90,11 @@ fn key_secret_is_checked_on_sqlite() {
 
 #[test]
 fn key_secret_is_checked_on_postgres() {
-    let (url, db) = support::pg_database();
+    let (url, db) = idemq_testkit::pg_database();
     struct Drop_(String);
     impl Drop for Drop_ {
         fn drop(&mut self) {
-            support::drop_pg_database(&self.0);
+            idemq_testkit::drop_pg_database(&self.0);
         }
     }
     let _guard = Drop_(db);

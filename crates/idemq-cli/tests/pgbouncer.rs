@@ -14,10 +14,6 @@
 //! wake-up can start the job in time), and a wake-up URL that goes through
 //! the pooler too, refused at connect time.
 
-#[allow(dead_code)]
-#[path = "../../idemq/tests/conformance/support.rs"]
-mod support;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
@@ -56,7 +52,7 @@ impl Bouncer {
             Path::new(PGBOUNCER).exists(),
             "{PGBOUNCER} is missing: install Debian's pgbouncer (scripts/test does)"
         );
-        let admin = PgConnectOptions::from_str(&support::pg_admin_url()).expect("admin url");
+        let admin = PgConnectOptions::from_str(&idemq_testkit::pg_admin_url()).expect("admin url");
         let port = free_port();
         let user = admin.get_username().to_owned();
         std::fs::write(dir.join("users.txt"), format!("\"{user}\" \"\"\n")).expect("users");
@@ -111,7 +107,7 @@ impl Bouncer {
     }
 
     fn url(&self, db: &str) -> String {
-        let admin = PgConnectOptions::from_str(&support::pg_admin_url()).expect("admin url");
+        let admin = PgConnectOptions::from_str(&idemq_testkit::pg_admin_url()).expect("admin url");
         format!(
             "postgres://{}@127.0.0.1:{}/{db}",
             admin.get_username(),
@@ -135,7 +131,7 @@ fn is_root() -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_queue_works_through_transaction_pooling() {
-    let (direct, db) = support::pg_database();
+    let (direct, db) = idemq_testkit::pg_database();
     let dir = tempfile::tempdir().expect("tempdir");
     let bouncer = Bouncer::start(dir.path(), &db);
     let url = format!("{}?pgbouncer=true", bouncer.url(&db));
@@ -145,7 +141,7 @@ async fn the_queue_works_through_transaction_pooling() {
     )
     .await;
     drop(bouncer);
-    support::drop_pg_database(&db);
+    idemq_testkit::drop_pg_database(&db);
     outcome.expect("the PgBouncer test took over 2 minutes");
 }
 

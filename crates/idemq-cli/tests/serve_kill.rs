@@ -10,10 +10,6 @@
 //! binding (`POST /v1/idempotency/lookup`) names the acknowledged id, and no
 //! key owns two jobs. The figures are printed (`-- --nocapture`).
 
-#[allow(dead_code)]
-#[path = "../../idemq/tests/conformance/support.rs"]
-mod support;
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -359,11 +355,11 @@ async fn serve_sigkilled_under_load_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn serve_sigkilled_under_load_postgres() {
-    let (url, db) = support::pg_database();
+    let (url, db) = idemq_testkit::pg_database();
     struct DropDb(String);
     impl Drop for DropDb {
         fn drop(&mut self) {
-            support::drop_pg_database(&self.0);
+            idemq_testkit::drop_pg_database(&self.0);
         }
     }
     let _guard = DropDb(db);

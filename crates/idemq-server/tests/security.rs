@@ -11,10 +11,6 @@
 //!   source scan: `format!` only splices constant fragments).
 
 #[allow(dead_code)]
-#[path = "../../idemq/tests/conformance/support.rs"]
-mod support;
-
-#[allow(dead_code)]
 #[path = "api/harness.rs"]
 mod harness;
 
@@ -831,7 +827,7 @@ async fn raw_key_never_leaks(b: Backend) {
         Backend::Postgres => {
             let db = s.pg_db.clone().expect("pg db");
             let out = std::process::Command::new("pg_dump")
-                .args(["--data-only", "--inserts", &support::pg_url(&db)])
+                .args(["--data-only", "--inserts", &idemq_testkit::pg_url(&db)])
                 .output()
                 .expect("pg_dump (install postgresql-client)");
             assert!(
@@ -846,7 +842,7 @@ async fn raw_key_never_leaks(b: Backend) {
             // Nor the statement statistics / activity views of the server.
             let stats = std::process::Command::new("psql")
                 .args([
-                    &support::pg_url(&db),
+                    &idemq_testkit::pg_url(&db),
                     "-qtAc",
                     "SELECT coalesce(string_agg(query, E'\\n'), '') FROM pg_stat_activity",
                 ])

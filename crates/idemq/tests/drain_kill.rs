@@ -6,10 +6,6 @@
 //!
 //! Run: `cargo test -p idemq --test drain_kill -- --nocapture`.
 
-#[allow(dead_code)]
-#[path = "conformance/support.rs"]
-mod support;
-
 use std::collections::HashMap;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -309,7 +305,7 @@ async fn sqlite_drain_survives_repeated_worker_kills() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_drain_survives_repeated_worker_kills() {
-    let (url, db) = support::pg_database();
+    let (url, db) = idemq_testkit::pg_database();
     let _drop = DropDb(db);
     drain_with_kills(&url, "postgres").await;
 }
@@ -319,6 +315,6 @@ struct DropDb(String);
 
 impl Drop for DropDb {
     fn drop(&mut self) {
-        support::drop_pg_database(&self.0);
+        idemq_testkit::drop_pg_database(&self.0);
     }
 }

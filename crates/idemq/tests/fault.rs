@@ -1,10 +1,6 @@
 //! Fault tests with real processes: a worker process killed with SIGKILL in
 //! the middle of a job, on SQLite and on PostgreSQL. Real time, real leases.
 
-#[allow(dead_code)]
-#[path = "conformance/support.rs"]
-mod support;
-
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -138,7 +134,7 @@ async fn sqlite_worker_killed_mid_job_is_rerun_by_another() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_worker_killed_mid_job_is_rerun_by_another() {
-    let (url, db) = support::pg_database();
+    let (url, db) = idemq_testkit::pg_database();
     sigkill_mid_job(&url).await;
-    support::drop_pg_database(&db);
+    idemq_testkit::drop_pg_database(&db);
 }

@@ -6,10 +6,6 @@
 //!
 //! Run: `cargo test -p idemq --test listen_kill -- --nocapture`.
 
-#[allow(dead_code)]
-#[path = "conformance/support.rs"]
-mod support;
-
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -86,7 +82,7 @@ async fn latency(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_survives_its_listen_connection_being_killed() {
-    let (url, db) = support::pg_database();
+    let (url, db) = idemq_testkit::pg_database();
     let _drop = DropDb(db);
     let queue = Queue::connect(&url).await.expect("connect");
     let mut admin = sqlx::PgConnection::connect(&url)
@@ -235,6 +231,6 @@ struct DropDb(String);
 
 impl Drop for DropDb {
     fn drop(&mut self) {
-        support::drop_pg_database(&self.0);
+        idemq_testkit::drop_pg_database(&self.0);
     }
 }

@@ -21,10 +21,6 @@
 // Observations are plain comparable values, not errors that travel.
 #![allow(clippy::result_large_err, clippy::type_complexity)]
 
-#[path = "conformance/support.rs"]
-#[allow(dead_code)]
-mod support;
-
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::time::Duration;
@@ -38,7 +34,7 @@ use idemq::{
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
-use support::{Harness, epoch};
+use idemq_testkit::{Harness, epoch};
 
 // ------------------------------------------------------------------ pools
 

@@ -2,16 +2,12 @@
 //! transaction, wake-ups by LISTEN/NOTIFY, concurrent migrations, and the
 //! committed schema dump. These fail, never skip, when PostgreSQL is down.
 
-#[allow(dead_code)]
-#[path = "conformance/support.rs"]
-mod support;
-
 use std::time::Duration;
 
 use idemq::sqlx::{self, Connection, Executor};
 use idemq::{EnqueueRequest, Error, Outcome, Queue};
+use idemq_testkit::Harness;
 use serde_json::json;
-use support::Harness;
 
 async fn exec(conn: &mut sqlx::PgConnection, sql: String) {
     sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
@@ -254,10 +250,10 @@ async fn acceptance_notifies_and_a_replay_does_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_are_safe_to_run_concurrently() {
     let db = format!("idemq_m_{}", uuid::Uuid::new_v4().simple());
-    let admin = support::pg_admin_url();
+    let admin = idemq_testkit::pg_admin_url();
     let mut conn = sqlx::PgConnection::connect(&admin).await.unwrap();
     exec(&mut conn, format!("CREATE DATABASE {db}")).await;
-    let url = support::pg_url(&db);
+    let url = idemq_testkit::pg_url(&db);
     let runs: Vec<_> = (0..4)
         .map(|_| {
             let url = url.clone();
@@ -289,11 +285,13 @@ async fn migrations_are_safe_to_run_concurrently() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmigrated_database_is_refused_with_what_to_do() {
     let db = format!("idemq_m_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = sqlx::PgConnection::connect(&support::pg_admin_url())
+    let mut conn = sqlx::PgConnection::connect(&idemq_testkit::pg_admin_url())
         .await
         .unwrap();
     exec(&mut conn, format!("CREATE DATABASE {db}")).await;
-    let err = Queue::connect(&support::pg_url(&db)).await.unwrap_err();
+    let err = Queue::connect(&idemq_testkit::pg_url(&db))
+        .await
+        .unwrap_err();
     assert!(err.to_string().contains("idemq migrate"), "{err}");
     exec(&mut conn, format!("DROP DATABASE {db} WITH (FORCE)")).await;
 }
@@ -368,13 +366,13 @@ fn normalize(dump: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_test_clock_is_seen_only_by_the_sessions_that_name_it() {
     let h = Harness::postgres().await;
-    assert_eq!(h.now().await, support::epoch());
+    assert_eq!(h.now().await, idemq_testkit::epoch());
     let mine = h.caller_pool().await;
     let at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT idemq.now()")
         .fetch_one(&mine)
         .await
         .unwrap();
-    assert_eq!(at, support::epoch());
+    assert_eq!(at, idemq_testkit::epoch());
     let url = h.db_url.clone().expect("postgres");
     let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
     let real: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT idemq.now()")
@@ -398,7 +396,7 @@ async fn a_test_clock_is_seen_only_by_the_sessions_that_name_it() {
 /// still commit; the retry with the same key makes it one job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_past_call_timeout_ms_is_unavailable() {
-    let (url, db) = support::pg_database();
+    let (url, db) = idemq_testkit::pg_database();
     let queue = Queue::connect(&format!("{url}?call_timeout_ms=300"))
         .await
         .expect("connect");
@@ -429,7 +427,7 @@ async fn a_call_past_call_timeout_ms_is_unavailable() {
     assert_eq!(page.jobs.len(), 1);
     assert_eq!(page.jobs[0].id, id);
     drop(queue);
-    support::drop_pg_database(&db);
+    idemq_testkit::drop_pg_database(&db);
 }
 
 /// Bad idemq connect parameters are refused before connecting.

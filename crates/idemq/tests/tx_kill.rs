@@ -8,10 +8,6 @@
 //!
 //! Run: `cargo test -p idemq --test tx_kill -- --nocapture`.
 
-#[allow(dead_code)]
-#[path = "conformance/support.rs"]
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Arc;
@@ -283,7 +279,7 @@ async fn sqlite_effect_and_completion_commit_once_across_a_kill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_effect_and_completion_commit_once_across_a_kill() {
-    let (url, db) = support::pg_database();
+    let (url, db) = idemq_testkit::pg_database();
     let _drop = DropDb(db);
     kill_between_write_and_commit(&url, "postgres").await;
 }
@@ -293,6 +289,6 @@ struct DropDb(String);
 
 impl Drop for DropDb {
     fn drop(&mut self) {
-        support::drop_pg_database(&self.0);
+        idemq_testkit::drop_pg_database(&self.0);
     }
 }

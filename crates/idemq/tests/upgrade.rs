@@ -6,10 +6,6 @@
 //! schedule reads back as it was, and the jobs still run. Fails, never
 //! skips, when PostgreSQL is down.
 
-#[allow(dead_code)]
-#[path = "conformance/support.rs"]
-mod support;
-
 use idemq::fingerprint::{KeyHasher, hex};
 use idemq::sqlx::{self, Connection, Row};
 use idemq::store::postgres::MIGRATIONS;
@@ -143,7 +139,7 @@ fn same_runs(old: &[Value], new: &[Value]) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_brings_a_version_4_database_forward_with_its_data() {
-    let admin_url = support::pg_url("postgres");
+    let admin_url = idemq_testkit::pg_url("postgres");
     let mut admin = sqlx::PgConnection::connect(&admin_url)
         .await
         .expect("PostgreSQL is reachable (IDEMQ_TEST_DATABASE_URL)");
@@ -152,7 +148,7 @@ async fn migrate_brings_a_version_4_database_forward_with_its_data() {
         .execute(&mut admin)
         .await
         .unwrap();
-    let url = support::pg_url(&db);
+    let url = idemq_testkit::pg_url(&db);
 
     // The database an earlier idemq made: migrations 1–4, recorded as its
     // migrator records them.

@@ -14,6 +14,17 @@ pub enum Backend {
     Postgres,
 }
 
+impl Backend {
+    /// The backend of this name in the test kit's list of backends.
+    pub fn named(name: &str) -> Self {
+        match name {
+            "sqlite" => Self::Sqlite,
+            "postgres" => Self::Postgres,
+            other => panic!("the API tests have no server for backend {other:?}"),
+        }
+    }
+}
+
 /// An answer: status, headers and the body (JSON when it parses, else a string).
 #[derive(Debug)]
 pub struct Answer {
@@ -103,7 +114,7 @@ impl Server {
                 (queue, None, Some(dir), Some(path))
             }
             Backend::Postgres => {
-                let (url, db) = crate::support::pg_database();
+                let (url, db) = idemq_testkit::pg_database();
                 let queue = Queue::connect(&url).await.expect("connect postgres");
                 (queue, Some(db), None, None)
             }
@@ -315,7 +326,7 @@ impl Drop for Server {
             let _ = tx.send(());
         }
         if let Some(db) = self.pg_db.take() {
-            crate::support::drop_pg_database(&db);
+            idemq_testkit::drop_pg_database(&db);
         }
     }
 }

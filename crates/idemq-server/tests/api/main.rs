@@ -2,33 +2,16 @@
 //! 127.0.0.1:0 over a fresh database and runs once per backend (a SQLite
 //! file, and a PostgreSQL database cloned from the migrated template).
 
-#[allow(dead_code)]
-#[path = "../../../idemq/tests/conformance/support.rs"]
-mod support;
-
 mod harness;
 
-/// Instantiates every listed case once per backend, as
-/// `<module>::sqlite::<case>` and `<module>::postgres::<case>`.
+/// Instantiates every listed case once per backend of the test kit's one
+/// list, as `<module>::<backend>::<case>`; each case takes a
+/// [`harness::Backend`] (cases fail, never skip, when a server is down).
 macro_rules! instantiate {
-    ($($case:ident),* $(,)?) => {
-        /// The cases on a SQLite file.
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(crate::harness::Backend::Sqlite).await;
-                }
-            )*
-        }
-        /// The cases on PostgreSQL (they fail, never skip, when it is down).
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() {
-                    super::$case(crate::harness::Backend::Postgres).await;
-                }
-            )*
+    ($($cases:tt)*) => {
+        idemq_testkit::instantiate! {
+            using |backend| crate::harness::Backend::named(backend);
+            $($cases)*
         }
     };
 }

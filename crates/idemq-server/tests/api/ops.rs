@@ -112,7 +112,7 @@ async fn backend_down(b: Backend) {
     match b {
         Backend::Postgres => {
             let db = s.pg_db.clone().unwrap();
-            crate::support::drop_pg_database(&db);
+            idemq_testkit::drop_pg_database(&db);
         }
         Backend::Sqlite => {
             // Overwrite the database file with bytes that are not a database.

@@ -8,11 +8,10 @@ use idemq::{
     BatchOptions, ConflictSource, DedupeOptions, EnqueueRequest, EnqueueResult, Error, Outcome,
     Queue, QueueOptions, RetryPolicy,
 };
+use idemq_testkit::Harness;
 use serde_json::json;
 
-use crate::support::Harness;
-
-instantiate!(
+idemq_testkit::instantiate!(
     empty_batch_returns_empty_results,
     results_follow_request_order,
     repeated_idempotency_key_is_replayed_against_the_earlier_item,

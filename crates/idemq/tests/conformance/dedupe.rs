@@ -16,11 +16,10 @@ use idemq::{
     EnqueueResult, Error, FailOptions, Job, JobDedupe, JobState, NonReplaceableReason, Outcome,
     RetryPolicy,
 };
+use idemq_testkit::Harness;
 use serde_json::json;
 
-use crate::support::Harness;
-
-instantiate!(
+idemq_testkit::instantiate!(
     // The decision table: waiting, not due.
     pending_vs_waiting_not_due_coalesces,
     throttle_vs_waiting_not_due_coalesces,

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use idemq::worker::{HandlerContext, Job, JobError, JobOptions, Worker};
 use idemq::{DedupeOptions, EnqueueRequest, Error, IdempotencyOptions, JobState, Outcome};
+use idemq_testkit::Harness;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::support::Harness;
 use crate::worker::run_until;
 
-instantiate!(
+idemq_testkit::instantiate!(
     typed_enqueue_applies_the_definition,
     an_enqueue_overrides_the_definition,
     a_derived_idempotency_key_replays_and_conflicts,

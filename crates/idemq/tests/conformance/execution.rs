@@ -10,11 +10,10 @@ use idemq::{
     CancelOutcome, ClaimOptions, ClaimedJob, DedupeOptions, EnqueueRequest, Error, FailOptions,
     FailOutcome, JobState, Outcome, RedriveOptions, RetryPolicy,
 };
+use idemq_testkit::Harness;
 use serde_json::json;
 
-use crate::support::Harness;
-
-instantiate!(
+idemq_testkit::instantiate!(
     wait_returns_when_the_job_finishes_not_before,
     claim_takes_higher_priority_first,
     claim_orders_by_run_at_then_acceptance,

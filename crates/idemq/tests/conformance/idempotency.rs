@@ -7,11 +7,10 @@ use idemq::{
     ConflictSource, DedupeOptions, EnqueueRequest, Error, IdempotencyOptions, Outcome, Queue,
     QueueOptions,
 };
+use idemq_testkit::Harness;
 use serde_json::json;
 
-use crate::support::Harness;
-
-instantiate!(
+idemq_testkit::instantiate!(
     replay_writes_nothing,
     conflict_names_exactly_the_differing_fields,
     conflict_writes_nothing_and_holds_no_raw_key,

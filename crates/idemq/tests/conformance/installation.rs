@@ -5,10 +5,9 @@ use std::sync::Arc;
 
 use idemq::store::{KeyCheck, Store};
 use idemq::{EnqueueRequest, Error, Outcome, Queue, QueueOptions};
+use idemq_testkit::Harness;
 
-use crate::support::Harness;
-
-instantiate!(
+idemq_testkit::instantiate!(
     the_first_process_records_its_hashing,
     a_process_with_another_secret_is_refused_at_connect,
     a_process_without_the_secret_is_refused_at_connect,

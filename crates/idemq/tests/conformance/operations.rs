@@ -9,11 +9,10 @@ use idemq::{
     DedupeMode, DedupeOptions, EnqueueRequest, Error, Explain, FailOptions, IdempotencyOptions,
     JobList, JobState, Outcome, QueueInfo, RedriveOptions, StateCounts,
 };
+use idemq_testkit::Harness;
 use serde_json::json;
 
-use crate::support::Harness;
-
-instantiate!(
+idemq_testkit::instantiate!(
     get_unknown_is_none,
     get_returns_the_job_as_accepted,
     list_is_newest_first,

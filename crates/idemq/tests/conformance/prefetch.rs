@@ -10,12 +10,11 @@ use std::time::Duration;
 
 use idemq::worker::{HandlerContext, JobError, Worker, WorkerReport};
 use idemq::{BatchOptions, EnqueueRequest, JobState, RetryPolicy};
+use idemq_testkit::Harness;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, oneshot};
 
-use crate::support::Harness;
-
-instantiate!(
+idemq_testkit::instantiate!(
     jobs_waiting_for_a_slot_are_released_at_shutdown_unrun,
     a_job_cancelled_while_it_waits_ends_cancelled_unrun,
     a_waiting_jobs_timeout_counts_from_its_claim,

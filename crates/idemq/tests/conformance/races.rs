@@ -21,13 +21,12 @@ use idemq::{
     EnqueueRequest, EnqueueResult, Error, FailOptions, JobList, JobState, NonReplaceableReason,
     Outcome, Queue, RedriveOptions, RetryPolicy,
 };
+use idemq_testkit::Harness;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 use tokio::task::JoinHandle;
 
-use crate::support::Harness;
-
-instantiate!(
+idemq_testkit::instantiate!(
     identical_idempotent_enqueues_make_one_job,
     conflicting_idempotent_enqueues_accept_one,
     identical_explicit_job_id_enqueues_make_one_job,

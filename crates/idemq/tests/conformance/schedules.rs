@@ -12,12 +12,11 @@ use idemq::fingerprint::{Fingerprint, KeyHasher, key_preview};
 use idemq::request::{PreparedKey, defaults};
 use idemq::store::JobEnqueue;
 use idemq::{DedupeOptions, EnqueueRequest, Error, Outcome, Schedule, ScheduleDefinition};
+use idemq_testkit::{Harness, epoch};
 use serde_json::json;
 use tokio::sync::Barrier;
 
-use crate::support::{Harness, epoch};
-
-instantiate!(
+idemq_testkit::instantiate!(
     set_list_update_delete,
     cron_tick_fires_one_job_keyed_in_the_reserved_scope,
     three_schedulers_fire_ten_ticks_exactly_once,

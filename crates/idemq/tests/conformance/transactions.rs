@@ -11,22 +11,22 @@ use idemq::rusqlite::{self, TransactionBehavior};
 use idemq::sqlx::{self, Executor};
 use idemq::worker::{HandlerContext, JobError, Worker};
 use idemq::{EnqueueRequest, EnqueueResult, Error, JobState, Outcome, Queue, RetryPolicy};
+use idemq_testkit::Harness;
 use serde_json::{Value, json};
 
-use crate::support::Harness;
 use crate::worker::run_until;
 
-instantiate!(
-    a_completion_in_a_committed_transaction_lands_with_the_business_row,
-    a_completion_in_a_rolled_back_transaction_leaves_the_job_running,
-    a_lost_lease_refuses_the_completion_and_the_caller_rolls_back,
-    a_sqlite_completion_on_another_database_is_refused,
-    a_handler_completes_its_job_in_its_own_transaction,
-    a_handler_whose_transaction_rolled_back_fails_its_attempt,
-    a_transactional_enqueue_commits_with_the_business_row,
-    a_transactional_enqueue_rolls_back_with_the_business_row,
-    a_refused_transactional_enqueue_leaves_the_transaction_usable,
-    a_transactional_enqueue_uses_the_queues_clock,
+idemq_testkit::instantiate!(
+    a_completion_in_a_committed_transaction_lands_with_the_business_row [needs CallerTransactions],
+    a_completion_in_a_rolled_back_transaction_leaves_the_job_running [needs CallerTransactions],
+    a_lost_lease_refuses_the_completion_and_the_caller_rolls_back [needs CallerTransactions],
+    a_sqlite_completion_on_another_database_is_refused [needs CallerTransactions],
+    a_handler_completes_its_job_in_its_own_transaction [needs CallerTransactions],
+    a_handler_whose_transaction_rolled_back_fails_its_attempt [needs CallerTransactions],
+    a_transactional_enqueue_commits_with_the_business_row [needs CallerTransactions],
+    a_transactional_enqueue_rolls_back_with_the_business_row [needs CallerTransactions],
+    a_refused_transactional_enqueue_leaves_the_transaction_usable [needs CallerTransactions],
+    a_transactional_enqueue_uses_the_queues_clock [needs CallerTransactions],
 );
 
 /// The caller's own database access: a pool on PostgreSQL, a connection

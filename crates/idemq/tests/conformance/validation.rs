@@ -8,11 +8,10 @@ use idemq::{
     DedupeOptions, EnqueueRequest, Error, IdempotencyOptions, Outcome, Queue, QueueOptions,
     RetryPolicy,
 };
+use idemq_testkit::Harness;
 use serde_json::{Value, json};
 
-use crate::support::Harness;
-
-instantiate!(
+idemq_testkit::instantiate!(
     type_length_bounds,
     type_charset,
     payload_limit_default_is_one_mib,

@@ -8,13 +8,12 @@ use std::time::Duration;
 
 use idemq::worker::{HandlerContext, JobError, Maintenance, Worker, WorkerReport};
 use idemq::{EnqueueRequest, JobState, RetryPolicy};
+use idemq_testkit::Harness;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use crate::support::Harness;
-
-instantiate!(
+idemq_testkit::instantiate!(
     typed_handler_completes_jobs_with_results,
     handler_error_schedules_a_retry,
     permanent_error_is_dead,

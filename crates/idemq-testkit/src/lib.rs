@@ -1,0 +1,41 @@
+//! The test kit of idemq: what the conformance suite (`crates/idemq/tests/conformance/`),
+//! the HTTP API tests (`crates/idemq-server/tests/api/`) and the other
+//! integration tests share. Not published; only test builds depend on it.
+//!
+//! - [`for_each_backend!`] holds **the one list of backends** every case runs
+//!   on; adding a backend is one name there (and its fresh database in
+//!   [`Harness::for_backend`]).
+//! - [`instantiate!`] makes one test per case and backend, named
+//!   `<module>::<backend>::<case>`, and skips a case on a backend that lacks a
+//!   capability the case names ([`backend_supports`]).
+//! - [`Harness`] is a queue on a fresh database with a movable clock of record;
+//!   [`pg_database`] and [`pg_url`] give tests of their own a PostgreSQL
+//!   database cloned from the migrated template.
+//!
+//! A conformance module lists its cases once:
+//!
+//! ```
+//! use idemq_testkit::Harness;
+//!
+//! idemq_testkit::instantiate!(
+//!     replay_returns_original,
+//!     caller_transactions_commit_with_the_callers_work [needs CallerTransactions],
+//! );
+//!
+//! async fn replay_returns_original(h: Harness) {
+//!     let _ = h.queue;
+//! }
+//!
+//! async fn caller_transactions_commit_with_the_callers_work(h: Harness) {
+//!     let _ = h.queue;
+//! }
+//! # fn main() {}
+//! ```
+
+mod backends;
+mod harness;
+mod postgres;
+
+pub use backends::backend_supports;
+pub use harness::{Harness, epoch};
+pub use postgres::{drop_pg_database, pg_admin_url, pg_database, pg_url};
