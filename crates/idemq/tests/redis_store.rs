@@ -899,3 +899,41 @@ async fn wakeups_arrive_on_enqueue() {
     assert!(wakeups.wait(Duration::from_secs(5)).await);
     drop(env.server);
 }
+
+#[tokio::test]
+async fn purge_frees_the_key_of_a_job_that_never_ran() {
+    let env = Env::new().await;
+    let req = || EnqueueRequest::new("t").idempotency_key("k");
+    let first = env.queue.enqueue(req()).await.expect("first");
+    assert!(env.queue.purge(&first).await.expect("purge"));
+    let again = env.queue.enqueue_with_result(req()).await.expect("again");
+    assert_eq!(again.outcome, Outcome::Accepted);
+    assert_ne!(again.job_id, first);
+}
+
+#[tokio::test]
+async fn a_released_binding_no_longer_holds_its_job_past_retention() {
+    let env = Env::new().await;
+    let id = env
+        .queue
+        .enqueue(EnqueueRequest::new("t").idempotency(
+            idemq::IdempotencyOptions::new("k").ttl(Duration::from_secs(7 * 24 * 3600)),
+        ))
+        .await
+        .expect("enqueue");
+    let c = env.claim(1).await.remove(0);
+    env.queue
+        .complete(&id, &c.lease_token, None)
+        .await
+        .expect("complete");
+    env.advance_ms(24 * 3600 * 1000 + 1).await;
+    assert_eq!(env.queue.sweep_retention(100).await.expect("sweep"), 0);
+    assert!(
+        env.queue
+            .release_key("default", "k")
+            .await
+            .expect("release")
+    );
+    assert_eq!(env.queue.sweep_retention(100).await.expect("sweep"), 1);
+    assert!(env.queue.get(&id).await.expect("get").is_none());
+}

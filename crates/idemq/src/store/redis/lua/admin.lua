@@ -71,9 +71,6 @@ reg('purge', function(args)
     return 0
   end
   local never_ran = tonumber(j.attempt) == 0
-  -- A job that ran keeps its idempotency bindings until their ttl.
-  delete_job(j, not never_ran)
-  release_dedupe(j)
   if never_ran then
     -- The work never happened, so its keys may own new work.
     for _, name in ipairs(redis.call('SMEMBERS', P .. 'jk:' .. j.id)) do
@@ -82,8 +79,10 @@ reg('purge', function(args)
         redis.call('ZREM', P .. 'idemexp', name)
       end
     end
-    redis.call('DEL', P .. 'jk:' .. j.id)
   end
+  -- A job that ran keeps its idempotency bindings until their ttl.
+  delete_job(j, not never_ran)
+  release_dedupe(j)
   return 1
 end)
 
@@ -187,6 +186,12 @@ reg('binding_release', function(args)
   redis.call('DEL', P .. 'idem:' .. name)
   redis.call('ZREM', P .. 'idemexp', name)
   redis.call('SREM', P .. 'jk:' .. r[1], name)
+  local purge_after = redis.call('HGET', jkey(r[1]), 'purge_after')
+  if purge_after then
+    -- Its retention no longer waits for this binding (the sweep pushed it
+    -- out to the binding's expiry).
+    redis.call('ZADD', P .. 'purge', purge_after, r[1])
+  end
   if redis.call('EXISTS', jkey(r[1])) == 1 then
     event(r[1], 'binding_released', obj('scope', js(args[3]), 'key_preview', js(r[2]),
       'key_digest', js(args[4]:sub(1, 16))))
