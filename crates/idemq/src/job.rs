@@ -5,7 +5,103 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::error::Error;
 use crate::request::{DedupeMode, RetryPolicy};
+
+/// A value read back from a store that this version cannot decode: an
+/// unknown name, unreadable JSON, an instant out of range, a NULL where a
+/// value must be. The store names the row and column it came from
+/// ([`Undecodable::at`]); it is never read as a default, which would show a
+/// wrong job (or act on one) instead of a broken row.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Undecodable {
+    /// What the value is, as the message says it: `an unknown state`.
+    what: String,
+    /// The value, truncated; `None` when there is none to show (a NULL).
+    value: Option<String>,
+    /// Why it does not decode, when the value alone does not say (a JSON error).
+    detail: Option<String>,
+}
+
+/// The longest part of a bad value an error shows: enough to recognise it,
+/// never a whole payload.
+const SHOWN_BYTES: usize = 40;
+
+impl Undecodable {
+    /// `value` is not one of the names of `what` (`state`, `dedupe mode`, …).
+    pub(crate) fn unknown(what: &str, value: &str) -> Self {
+        Self {
+            what: format!("an unknown {what}"),
+            value: Some(shorten(value)),
+            detail: None,
+        }
+    }
+
+    /// `value` was read where `what` must be, and is not one.
+    pub(crate) fn unreadable(what: &str, value: &str, detail: impl std::fmt::Display) -> Self {
+        Self {
+            what: format!("an unreadable {what}"),
+            value: Some(shorten(value)),
+            detail: Some(detail.to_string()),
+        }
+    }
+
+    /// A NULL where `what` must be.
+    pub(crate) fn null(what: &str) -> Self {
+        Self {
+            what: format!("no {what} (NULL)"),
+            value: None,
+            detail: None,
+        }
+    }
+
+    /// Something else wrong with the value, in words (`an instant out of range`),
+    /// with the value shown as it was read.
+    pub(crate) fn invalid(what: &str, value: impl std::fmt::Display) -> Self {
+        Self {
+            what: what.to_owned(),
+            value: Some(shorten(&value.to_string())),
+            detail: None,
+        }
+    }
+
+    /// Something wrong that the value cannot show (a value of another type,
+    /// a hash of the wrong length), in words.
+    pub(crate) fn described(what: impl Into<String>) -> Self {
+        Self {
+            what: what.into(),
+            value: None,
+            detail: None,
+        }
+    }
+
+    /// The `Backend` error for the value found in `column` (`idemq.jobs.state`)
+    /// of `row` (`job 0190…`): `stored job 0190… has an unknown state "zombie"
+    /// (idemq.jobs.state)`.
+    pub(crate) fn at(self, row: impl std::fmt::Display, column: &str) -> Error {
+        let mut message = format!("stored {row} has {}", self.what);
+        if let Some(v) = &self.value {
+            message.push_str(&format!(" {v:?}"));
+        }
+        message.push_str(&format!(" ({column})"));
+        if let Some(d) = &self.detail {
+            message.push_str(&format!(": {d}"));
+        }
+        Error::Backend { message }
+    }
+}
+
+/// At most [`SHOWN_BYTES`] of `s`, cut at a character boundary, then `…`.
+fn shorten(s: &str) -> String {
+    if s.len() <= SHOWN_BYTES {
+        return s.to_owned();
+    }
+    let mut end = SHOWN_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
 
 /// The state of a job (docs/state-machine.md). `Scheduled` and `Ready` are one stored state;
 /// which one a job is in is derived from the clock: ready iff `run_at <= now`.
@@ -55,6 +151,25 @@ impl JobState {
         Self::ALL.into_iter().find(|st| st.as_str() == s)
     }
 
+    /// Decodes a job's state as stored: `waiting` (scheduled or ready, as
+    /// `due` says) or the name of another state. The stored names are the
+    /// same on every backend, so this is their one table.
+    pub(crate) fn from_stored(stored: &str, due: bool) -> Result<Self, Undecodable> {
+        match stored {
+            "waiting" if due => Ok(Self::Ready),
+            "waiting" => Ok(Self::Scheduled),
+            // `scheduled` and `ready` are derived, never stored.
+            "scheduled" | "ready" => Err(Undecodable::unknown("state", stored)),
+            _ => Self::parse(stored).ok_or_else(|| Undecodable::unknown("state", stored)),
+        }
+    }
+
+    /// Decodes a state a store's function answered with, already derived
+    /// from the clock (`scheduled`, `ready`, `active`, …).
+    pub(crate) fn from_derived(name: &str) -> Result<Self, Undecodable> {
+        Self::parse(name).ok_or_else(|| Undecodable::unknown("state", name))
+    }
+
     /// Completed, dead or cancelled.
     pub fn is_terminal(self) -> bool {
         matches!(self, Self::Completed | Self::Dead | Self::Cancelled)
@@ -90,6 +205,18 @@ impl NonReplaceableReason {
             Self::WindowElapsed => "window_elapsed",
         }
     }
+
+    /// Decodes a reason a store answered with.
+    pub(crate) fn from_stored(name: &str) -> Result<Self, Undecodable> {
+        [
+            Self::IncompatibleMode,
+            Self::NotPending,
+            Self::WindowElapsed,
+        ]
+        .into_iter()
+        .find(|r| r.as_str() == name)
+        .ok_or_else(|| Undecodable::unknown("non-replaceable reason", name))
+    }
 }
 
 /// What an enqueue did (docs/dedupe.md, "Outcomes").
@@ -119,6 +246,31 @@ impl Outcome {
             Self::Coalesced => "coalesced",
             Self::Replaced => "replaced",
             Self::NonReplaceable { .. } => "non_replaceable",
+        }
+    }
+
+    /// Decodes an outcome a store answered with: its name, and the reason
+    /// that must come with `non_replaceable` (and only with it).
+    pub(crate) fn from_stored(name: &str, reason: Option<&str>) -> Result<Self, Undecodable> {
+        let plain = match name {
+            "accepted" => Self::Accepted,
+            "replayed" => Self::Replayed,
+            "coalesced" => Self::Coalesced,
+            "replaced" => Self::Replaced,
+            "non_replaceable" => {
+                let reason = reason.ok_or_else(|| Undecodable::null("non-replaceable reason"))?;
+                return Ok(Self::NonReplaceable {
+                    reason: NonReplaceableReason::from_stored(reason)?,
+                });
+            }
+            _ => return Err(Undecodable::unknown("outcome", name)),
+        };
+        match reason {
+            None => Ok(plain),
+            Some(r) => Err(Undecodable::invalid(
+                &format!("the outcome {name:?} with a reason"),
+                r,
+            )),
         }
     }
 
@@ -265,6 +417,35 @@ pub struct Event {
     pub data: Value,
 }
 
+impl Event {
+    /// Every kind of event a store writes.
+    pub(crate) const KINDS: [&'static str; 14] = [
+        "accepted",
+        "replaced",
+        "claimed",
+        "checkpointed",
+        "retry_scheduled",
+        "completed",
+        "dead",
+        "cancelled",
+        "cancel_requested",
+        "promoted",
+        "redriven",
+        "lease_expired",
+        "released",
+        "binding_released",
+    ];
+
+    /// Decodes an event's kind as stored: one of [`Self::KINDS`].
+    pub(crate) fn kind_from_stored(kind: String) -> Result<String, Undecodable> {
+        if Self::KINDS.contains(&kind.as_str()) {
+            Ok(kind)
+        } else {
+            Err(Undecodable::unknown("event kind", &kind))
+        }
+    }
+}
+
 /// One attempt in a job's run ledger.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -282,6 +463,31 @@ pub struct Run {
     pub outcome: Option<String>,
     /// The error, truncated to 8 KiB.
     pub error: Option<String>,
+}
+
+impl Run {
+    /// Every way an attempt ends, as the run ledger stores it.
+    pub(crate) const OUTCOMES: [&'static str; 6] = [
+        "completed",
+        "failed",
+        "lease_expired",
+        "released",
+        "snoozed",
+        "cancelled",
+    ];
+
+    /// Decodes a run's outcome as stored: one of [`Self::OUTCOMES`], or
+    /// none while the attempt runs.
+    pub(crate) fn outcome_from_stored(
+        outcome: Option<String>,
+    ) -> Result<Option<String>, Undecodable> {
+        match outcome {
+            Some(o) if !Self::OUTCOMES.contains(&o.as_str()) => {
+                Err(Undecodable::unknown("run outcome", &o))
+            }
+            o => Ok(o),
+        }
+    }
 }
 
 /// A job handed to a worker by a claim.
@@ -389,5 +595,85 @@ impl StateCounts {
             JobState::Dead => self.dead += n,
             JobState::Cancelled => self.cancelled += n,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_undecodable_value_names_its_row_column_and_value() {
+        let e = JobState::from_stored("zombie", true)
+            .unwrap_err()
+            .at("job 0190", "idemq.jobs.state");
+        let Error::Backend { message } = e else {
+            panic!("not a Backend error: {e:?}");
+        };
+        assert_eq!(
+            message,
+            "stored job 0190 has an unknown state \"zombie\" (idemq.jobs.state)"
+        );
+    }
+
+    #[test]
+    fn a_long_value_is_shown_truncated() {
+        let long = "é".repeat(100);
+        let Error::Backend { message } = Undecodable::unknown("state", &long).at("job 1", "c")
+        else {
+            panic!("not a Backend error");
+        };
+        assert!(message.len() < 100, "{message}");
+        assert!(message.contains("…"), "{message}");
+    }
+
+    #[test]
+    fn stored_states_decode_by_one_table() {
+        assert_eq!(JobState::from_stored("waiting", true), Ok(JobState::Ready));
+        assert_eq!(
+            JobState::from_stored("waiting", false),
+            Ok(JobState::Scheduled)
+        );
+        for s in [
+            JobState::Active,
+            JobState::Completed,
+            JobState::Dead,
+            JobState::Cancelled,
+        ] {
+            assert_eq!(JobState::from_stored(s.as_str(), false), Ok(s));
+        }
+        // Derived names are never stored.
+        assert!(JobState::from_stored("ready", true).is_err());
+        assert!(JobState::from_stored("", true).is_err());
+        for s in JobState::ALL {
+            assert_eq!(JobState::from_derived(s.as_str()), Ok(s));
+        }
+    }
+
+    #[test]
+    fn outcomes_decode_with_their_reason_only() {
+        assert_eq!(
+            Outcome::from_stored("accepted", None),
+            Ok(Outcome::Accepted)
+        );
+        assert_eq!(
+            Outcome::from_stored("non_replaceable", Some("window_elapsed")),
+            Ok(Outcome::NonReplaceable {
+                reason: NonReplaceableReason::WindowElapsed
+            })
+        );
+        assert!(Outcome::from_stored("non_replaceable", None).is_err());
+        assert!(Outcome::from_stored("non_replaceable", Some("tired")).is_err());
+        assert!(Outcome::from_stored("accepted", Some("not_pending")).is_err());
+        assert!(Outcome::from_stored("teleported", None).is_err());
+    }
+
+    #[test]
+    fn event_kinds_and_run_outcomes_are_a_closed_set() {
+        assert!(Event::kind_from_stored("binding_released".into()).is_ok());
+        assert!(Event::kind_from_stored("teleported".into()).is_err());
+        assert_eq!(Run::outcome_from_stored(None), Ok(None));
+        assert!(Run::outcome_from_stored(Some("snoozed".into())).is_ok());
+        assert!(Run::outcome_from_stored(Some("vanished".into())).is_err());
     }
 }

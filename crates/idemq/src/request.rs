@@ -291,6 +291,12 @@ impl DedupeMode {
             .into_iter()
             .find(|m| m.as_str() == s)
     }
+
+    /// Decodes a mode read back from a store: an unknown name is an error,
+    /// never a default mode (which would decide the next request wrongly).
+    pub(crate) fn from_stored(s: &str) -> Result<Self, crate::job::Undecodable> {
+        Self::parse(s).ok_or_else(|| crate::job::Undecodable::unknown("dedupe mode", s))
+    }
 }
 
 /// An enqueue request. Only the type is required; build it with

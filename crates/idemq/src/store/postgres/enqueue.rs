@@ -10,7 +10,7 @@ use super::db::{self, Db};
 use super::db_err;
 use crate::error::{ConflictSource, Error, IdempotencyConflict, Result};
 use crate::fingerprint::{Fingerprint, hex};
-use crate::job::{EnqueueResult, JobState, NonReplaceableReason, Outcome};
+use crate::job::{EnqueueResult, JobState, Outcome, Undecodable};
 use crate::request::{DedupeMode, PreparedEnqueue, PreparedKey, RetryPolicy};
 use crate::store::{Explain, ExplainConflict, ExplainDedupe, ExplainIdempotency, JobRedrive};
 
@@ -116,66 +116,70 @@ fn items_json(items: &[PreparedEnqueue]) -> Result<String> {
     to_json(&wire)
 }
 
-fn reason(s: Option<&str>) -> NonReplaceableReason {
-    match s {
-        Some("incompatible_mode") => NonReplaceableReason::IncompatibleMode,
-        Some("window_elapsed") => NonReplaceableReason::WindowElapsed,
-        _ => NonReplaceableReason::NotPending,
-    }
-}
-
-/// Turns an error object returned by a function into the typed error.
-fn item_error(err: &Value, key: Option<&PreparedKey>) -> Error {
-    let s = |k: &str| {
+/// Turns an error object returned by `function` into the typed error. An
+/// object this version cannot read (an unknown kind, a member missing) is a
+/// `Backend` error, never a conflict or validation with blank members.
+fn item_error(function: &str, err: &Value, key: Option<&PreparedKey>) -> Error {
+    let bad = |e: Undecodable| {
+        e.at(
+            format!("answer of {function}"),
+            &format!("{function}.error"),
+        )
+    };
+    let s = |k: &str| -> Result<String> {
         err.get(k)
             .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned()
+            .map(str::to_owned)
+            .ok_or_else(|| bad(Undecodable::invalid(&format!("no string {k:?} in"), err)))
     };
-    match err.get("kind").and_then(Value::as_str) {
-        Some("conflict") => {
-            let by_key = s("source") == "idempotency_key";
+    let decoded = match err.get("kind").and_then(Value::as_str) {
+        Some("conflict") => (|| {
+            let source = s("source")?;
+            let by_key = match source.as_str() {
+                "idempotency_key" => true,
+                "job_id" => false,
+                _ => return Err(bad(Undecodable::unknown("conflict source", &source))),
+            };
             let key = key.filter(|_| by_key);
             let fields = err
                 .get("fields")
                 .and_then(Value::as_array)
-                .map(|a| {
+                .and_then(|a| {
                     a.iter()
-                        .filter_map(|f| f.as_str().map(str::to_owned))
-                        .collect()
+                        .map(|f| f.as_str().map(str::to_owned))
+                        .collect::<Option<Vec<_>>>()
                 })
-                .unwrap_or_default();
-            Error::EnqueueIdempotencyConflict(Box::new(IdempotencyConflict {
-                job_id: s("job_id"),
-                source: if by_key {
-                    ConflictSource::IdempotencyKey
-                } else {
-                    ConflictSource::JobId
+                .ok_or_else(|| bad(Undecodable::invalid("no list of fields in", err)))?;
+            Ok(Error::EnqueueIdempotencyConflict(Box::new(
+                IdempotencyConflict {
+                    job_id: s("job_id")?,
+                    source: if by_key {
+                        ConflictSource::IdempotencyKey
+                    } else {
+                        ConflictSource::JobId
+                    },
+                    scope: key.map(|k| k.scope.clone()),
+                    key_preview: key.map(|k| k.preview.clone()),
+                    key_digest: key.map(PreparedKey::digest),
+                    fields,
                 },
-                scope: key.map(|k| k.scope.clone()),
-                key_preview: key.map(|k| k.preview.clone()),
-                key_digest: key.map(PreparedKey::digest),
-                fields,
-            }))
-        }
-        Some("validation") => Error::validation(s("field"), s("reason")),
-        Some("not_found") => Error::job_not_found(&s("job_id")),
-        other => Error::Backend {
-            message: format!("unexpected error object {other:?}"),
-        },
-    }
+            )))
+        })(),
+        Some("validation") => s("field").and_then(|f| Ok(Error::validation(f, s("reason")?))),
+        Some("not_found") => s("job_id").map(|id| Error::job_not_found(&id)),
+        _ => Err(bad(Undecodable::invalid("an unknown error object", err))),
+    };
+    decoded.unwrap_or_else(|e| e)
 }
 
-fn outcome(name: &str, why: Option<&str>) -> Outcome {
-    match name {
-        "accepted" => Outcome::Accepted,
-        "replayed" => Outcome::Replayed,
-        "coalesced" => Outcome::Coalesced,
-        "replaced" => Outcome::Replaced,
-        _ => Outcome::NonReplaceable {
-            reason: reason(why),
-        },
-    }
+/// Decodes the outcome (and reason) `function` answered with for `job_id`.
+fn outcome(function: &str, job_id: &str, name: &str, why: Option<&str>) -> Result<Outcome> {
+    Outcome::from_stored(name, why).map_err(|e| {
+        e.at(
+            format!("answer of {function} for job {job_id}"),
+            &format!("{function}.outcome, {function}.reason"),
+        )
+    })
 }
 
 /// Enqueues on a connection (the caller's transaction or a pooled one):
@@ -202,13 +206,14 @@ pub(super) async fn enqueue(
     for (row, item) in rows.iter().zip(items) {
         let error: Option<Value> = row.try_get("error").map_err(db_err)?;
         out.push(match error {
-            Some(e) => Err(item_error(&e, item.idempotency.as_ref())),
+            Some(e) => Err(item_error("idemq.enqueue", &e, item.idempotency.as_ref())),
             None => {
                 let name: String = row.try_get("outcome").map_err(db_err)?;
                 let why: Option<String> = row.try_get("reason").map_err(db_err)?;
+                let job_id: String = row.try_get("job_id").map_err(db_err)?;
                 Ok(EnqueueResult {
-                    job_id: row.try_get("job_id").map_err(db_err)?,
-                    outcome: outcome(&name, why.as_deref()),
+                    outcome: outcome("idemq.enqueue", &job_id, &name, why.as_deref())?,
+                    job_id,
                 })
             }
         });
@@ -524,16 +529,21 @@ pub(super) async fn dedupe_holder(
     .fetch_optional(&mut *conn)
     .await
     .map_err(db_err)?;
-    row.map(|r| -> Result<_, sqlx::Error> {
-        let mode: String = r.try_get("mode")?;
+    row.map(|r| -> Result<_> {
+        let job_id: String = r.try_get("job_id").map_err(db_err)?;
+        let mode: String = r.try_get("mode").map_err(db_err)?;
         Ok(ExplainDedupe {
-            job_id: r.try_get("job_id")?,
-            mode: DedupeMode::parse(&mode).unwrap_or(DedupeMode::Pending),
-            window_until: r.try_get("window_until")?,
+            mode: DedupeMode::from_stored(&mode).map_err(|e| {
+                e.at(
+                    format!("dedupe binding of job {job_id}"),
+                    "idemq.dedupe.mode",
+                )
+            })?,
+            window_until: r.try_get("window_until").map_err(db_err)?,
+            job_id,
         })
     })
     .transpose()
-    .map_err(db_err)
 }
 
 #[derive(Serialize)]
@@ -571,20 +581,23 @@ pub(super) async fn redrive(pool: Db<'_>, p: &JobRedrive) -> Result<EnqueueResul
     if let Some(e) = error {
         return Err(match e.get("kind").and_then(Value::as_str) {
             Some("not_found") => Error::job_not_found(&p.job_id),
-            Some("not_dead") => Error::NotDead {
-                job_id: p.job_id.clone(),
-                state: e
-                    .get("state")
-                    .and_then(Value::as_str)
-                    .and_then(JobState::parse)
-                    .unwrap_or(JobState::Dead),
-            },
-            _ => item_error(&e, p.key.as_ref()),
+            Some("not_dead") => {
+                let state = e.get("state").and_then(Value::as_str).unwrap_or_default();
+                match JobState::from_derived(state) {
+                    Ok(state) => Error::NotDead {
+                        job_id: p.job_id.clone(),
+                        state,
+                    },
+                    Err(u) => u.at(format!("job {}", p.job_id), "idemq.jobs.state"),
+                }
+            }
+            _ => item_error("idemq.redrive", &e, p.key.as_ref()),
         });
     }
     let name: String = row.try_get("outcome").map_err(db_err)?;
+    let job_id: String = row.try_get("job_id").map_err(db_err)?;
     Ok(EnqueueResult {
-        job_id: row.try_get("job_id").map_err(db_err)?,
-        outcome: outcome(&name, None),
+        outcome: outcome("idemq.redrive", &job_id, &name, None)?,
+        job_id,
     })
 }

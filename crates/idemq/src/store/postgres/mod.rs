@@ -278,7 +278,12 @@ impl PgStore {
         }
         let state: String = row.try_get("state").map_err(db_err)?;
         Ok(FailOutcome {
-            state: JobState::parse(&state).unwrap_or(JobState::Scheduled),
+            state: JobState::from_derived(&state).map_err(|e| {
+                e.at(
+                    format!("job {}", lease.job_id),
+                    "idemq.finish_attempt.state",
+                )
+            })?,
             next_run_at: row.try_get("next_run_at").map_err(db_err)?,
         })
     }
@@ -363,7 +368,8 @@ impl Store for PgStore {
             return Err(not_found(&p.job_id));
         }
         let stored: String = row.try_get("o_state").map_err(db_err)?;
-        let state = JobState::parse(&stored).unwrap_or(JobState::Cancelled);
+        let state = JobState::from_derived(&stored)
+            .map_err(|e| e.at(format!("job {}", p.job_id), "idemq.cancel.o_state"))?;
         Ok(CancelOutcome {
             cancelled: row.try_get("o_cancelled").map_err(db_err)?,
             state,

@@ -12,7 +12,7 @@ use super::db_err;
 use super::enqueue::dedupe_holder;
 use crate::error::Result;
 use crate::fingerprint::key_digest;
-use crate::job::{Event, Job, JobDedupe, JobIdempotency, JobState, QueueInfo, Run};
+use crate::job::{Event, Job, JobDedupe, JobIdempotency, JobState, QueueInfo, Run, Undecodable};
 use crate::request::DedupeMode;
 use crate::store::{BindingInfo, BindingRef, DedupeRef, ExplainDedupe, JobList, JobPage};
 
@@ -23,8 +23,7 @@ const JOB_SELECT: &str = "
            j.tags, j.keep_ms, j.created_at, j.updated_at, j.finished_at, j.last_error,
            j.cancel_requested, j.lease_expires_at, j.idem_scope, j.idem_key_hash,
            j.idem_key_preview, j.dedupe_key, j.dedupe_mode,
-           CASE WHEN j.state = 'waiting' AND j.run_at <= n.now THEN 'ready'
-                WHEN j.state = 'waiting' THEN 'scheduled' ELSE j.state END AS derived,
+           j.state, j.run_at <= n.now AS due,
            b.expires_at AS idem_expires_at,
            d.mode AS held_mode, d.window_until AS held_window,
            (d.job_id IS NOT NULL AND idemq.binding_live(d.window_until, j.state, n.now)) AS holds
@@ -34,76 +33,101 @@ const JOB_SELECT: &str = "
                                   AND b.job_id = j.id AND b.expires_at > n.now
     LEFT JOIN idemq.dedupe d ON d.type = j.type AND d.key = j.dedupe_key AND d.job_id = j.id";
 
-fn job_from(r: &PgRow) -> Result<Job, sqlx::Error> {
-    let derived: String = r.try_get("derived")?;
+/// A column of a row; the driver's error (a NULL or another type where a
+/// value must be) names the column.
+fn get<'r, T>(r: &'r PgRow, col: &str) -> Result<T>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    r.try_get(col).map_err(db_err)
+}
+
+/// A stored idempotency key hash: SHA-256, 32 bytes. Never shown.
+fn key_hash(id: &str, hash: &[u8]) -> Result<[u8; 32]> {
+    <[u8; 32]>::try_from(hash).map_err(|_| {
+        Undecodable::described(format!("a key hash of {} bytes, not 32", hash.len()))
+            .at(format!("job {id}"), "idemq.jobs.idem_key_hash")
+    })
+}
+
+fn job_from(r: &PgRow) -> Result<Job> {
+    let id: String = get(r, "id")?;
+    let bad = |col: &str, e: Undecodable| e.at(format!("job {id}"), &format!("idemq.jobs.{col}"));
+    let stored: String = get(r, "state")?;
+    let state = JobState::from_stored(&stored, get(r, "due")?).map_err(|e| bad("state", e))?;
+    // A job accepted with an idempotency key stores its scope, hash and
+    // preview together; a part without the others is a broken row.
     let idempotency = match (
-        r.try_get::<Option<String>, _>("idem_scope")?,
-        r.try_get::<Option<Vec<u8>>, _>("idem_key_hash")?,
+        get::<Option<String>>(r, "idem_scope")?,
+        get::<Option<Vec<u8>>>(r, "idem_key_hash")?,
     ) {
-        (Some(scope), Some(hash)) => {
-            let mut h = [0u8; 32];
-            if hash.len() == 32 {
-                h.copy_from_slice(&hash);
-            }
-            Some(JobIdempotency {
-                scope,
-                key_preview: r
-                    .try_get::<Option<String>, _>("idem_key_preview")?
-                    .unwrap_or_default(),
-                key_digest: key_digest(&h),
-                expires_at: r.try_get("idem_expires_at")?,
-            })
-        }
-        _ => None,
+        (Some(scope), Some(hash)) => Some(JobIdempotency {
+            scope,
+            key_preview: get::<Option<String>>(r, "idem_key_preview")?
+                .ok_or_else(|| bad("idem_key_preview", Undecodable::null("key preview")))?,
+            key_digest: key_digest(&key_hash(&id, &hash)?),
+            expires_at: get(r, "idem_expires_at")?,
+        }),
+        (None, None) => None,
+        (Some(_), None) => return Err(bad("idem_key_hash", Undecodable::null("key hash"))),
+        (None, Some(_)) => return Err(bad("idem_scope", Undecodable::null("key scope"))),
     };
-    let dedupe = match r.try_get::<Option<String>, _>("dedupe_key")? {
+    let dedupe = match get::<Option<String>>(r, "dedupe_key")? {
         Some(key) => {
-            let holds: bool = r.try_get("holds")?;
-            let own: Option<String> = r.try_get("dedupe_mode")?;
-            let held: Option<String> = r.try_get("held_mode")?;
-            let mode = if holds { held } else { own };
+            let holds: bool = get(r, "holds")?;
+            // The live binding's mode while the job holds it, else the job's own.
+            let (col, mode): (&str, Option<String>) = if holds {
+                ("idemq.dedupe.mode", get(r, "held_mode")?)
+            } else {
+                ("idemq.jobs.dedupe_mode", get(r, "dedupe_mode")?)
+            };
+            let mode = match mode {
+                Some(m) => DedupeMode::from_stored(&m),
+                None => Err(Undecodable::null("dedupe mode")),
+            }
+            .map_err(|e| e.at(format!("job {id}"), col))?;
             Some(JobDedupe {
                 key,
-                mode: mode
-                    .as_deref()
-                    .and_then(DedupeMode::parse)
-                    .unwrap_or(DedupeMode::Pending),
-                window_until: if holds {
-                    r.try_get("held_window")?
-                } else {
-                    None
-                },
+                mode,
+                window_until: if holds { get(r, "held_window")? } else { None },
                 holds_binding: holds,
             })
         }
         None => None,
     };
+    let retry: Value = get(r, "retry")?;
+    let retry = serde_json::from_value(retry.clone()).map_err(|e| {
+        bad(
+            "retry",
+            Undecodable::unreadable("retry policy", &retry.to_string(), e),
+        )
+    })?;
     Ok(Job {
-        id: r.try_get("id")?,
-        job_type: r.try_get("type")?,
-        queue: r.try_get("queue")?,
-        state: JobState::parse(&derived).unwrap_or(JobState::Cancelled),
-        payload: r.try_get("payload")?,
-        result: r.try_get("result")?,
-        priority: r.try_get("priority")?,
-        run_at: r.try_get("run_at")?,
-        attempt: r.try_get("attempt")?,
-        attempts_used: r.try_get("attempts_used")?,
-        max_attempts: r.try_get("max_attempts")?,
-        retry: serde_json::from_value(r.try_get("retry")?).unwrap_or_default(),
-        timeout_ms: r.try_get("timeout_ms")?,
-        deadline: r.try_get("deadline")?,
-        concurrency_key: r.try_get("concurrency_key")?,
-        tags: r.try_get("tags")?,
-        keep_ms: r.try_get("keep_ms")?,
-        created_at: r.try_get("created_at")?,
-        updated_at: r.try_get("updated_at")?,
-        finished_at: r.try_get("finished_at")?,
-        last_error: r.try_get("last_error")?,
-        cancel_requested: r.try_get("cancel_requested")?,
-        lease_expires_at: r.try_get("lease_expires_at")?,
+        job_type: get(r, "type")?,
+        queue: get(r, "queue")?,
+        state,
+        payload: get(r, "payload")?,
+        result: get(r, "result")?,
+        priority: get(r, "priority")?,
+        run_at: get(r, "run_at")?,
+        attempt: get(r, "attempt")?,
+        attempts_used: get(r, "attempts_used")?,
+        max_attempts: get(r, "max_attempts")?,
+        retry,
+        timeout_ms: get(r, "timeout_ms")?,
+        deadline: get(r, "deadline")?,
+        concurrency_key: get(r, "concurrency_key")?,
+        tags: get(r, "tags")?,
+        keep_ms: get(r, "keep_ms")?,
+        created_at: get(r, "created_at")?,
+        updated_at: get(r, "updated_at")?,
+        finished_at: get(r, "finished_at")?,
+        last_error: get(r, "last_error")?,
+        cancel_requested: get(r, "cancel_requested")?,
+        lease_expires_at: get(r, "lease_expires_at")?,
         idempotency,
         dedupe,
+        id,
     })
 }
 
@@ -114,7 +138,7 @@ pub(super) async fn job_get(pool: Db<'_>, id: &str) -> Result<Option<Job>> {
         .fetch_optional(pool)
         .await
         .map_err(db_err)?;
-    row.as_ref().map(job_from).transpose().map_err(db_err)
+    row.as_ref().map(job_from).transpose()
 }
 
 pub(super) async fn job_list(pool: Db<'_>, p: &JobList) -> Result<JobPage> {
@@ -154,7 +178,7 @@ pub(super) async fn job_list(pool: Db<'_>, p: &JobList) -> Result<JobPage> {
     let mut last = None;
     for r in rows.iter().take(limit as usize) {
         last = Some(r.try_get::<i64, _>("seq").map_err(db_err)?);
-        jobs.push(job_from(r).map_err(db_err)?);
+        jobs.push(job_from(r)?);
     }
     Ok(JobPage {
         jobs,
@@ -174,15 +198,16 @@ pub(super) async fn job_events(pool: Db<'_>, id: &str) -> Result<Vec<Event>> {
         .map_err(db_err)?;
     rows.iter()
         .map(|r| {
+            let seq: i64 = get(r, "seq")?;
             Ok(Event {
-                seq: r.try_get("seq")?,
-                kind: r.try_get("kind")?,
-                at: r.try_get("at")?,
-                data: r.try_get("data")?,
+                kind: Event::kind_from_stored(get(r, "kind")?)
+                    .map_err(|e| e.at(format!("event {seq} of job {id}"), "idemq.events.kind"))?,
+                at: get(r, "at")?,
+                data: get(r, "data")?,
+                seq,
             })
         })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(db_err)
+        .collect()
 }
 
 pub(super) async fn job_runs(pool: Db<'_>, id: &str) -> Result<Vec<Run>> {
@@ -195,17 +220,19 @@ pub(super) async fn job_runs(pool: Db<'_>, id: &str) -> Result<Vec<Run>> {
     .map_err(db_err)?;
     rows.iter()
         .map(|r| {
+            let attempt: i32 = get(r, "attempt")?;
             Ok(Run {
-                attempt: r.try_get("attempt")?,
-                worker: r.try_get("worker")?,
-                started_at: r.try_get("started_at")?,
-                finished_at: r.try_get("finished_at")?,
-                outcome: r.try_get("outcome")?,
-                error: r.try_get("error")?,
+                worker: get(r, "worker")?,
+                started_at: get(r, "started_at")?,
+                finished_at: get(r, "finished_at")?,
+                outcome: Run::outcome_from_stored(get(r, "outcome")?).map_err(|e| {
+                    e.at(format!("run {attempt} of job {id}"), "idemq.runs.outcome")
+                })?,
+                error: get(r, "error")?,
+                attempt,
             })
         })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(db_err)
+        .collect()
 }
 
 pub(super) async fn checkpoint_list(pool: Db<'_>, id: &str) -> Result<BTreeMap<String, Value>> {
@@ -297,12 +324,12 @@ pub(super) async fn queue_list(pool: Db<'_>) -> Result<Vec<QueueInfo>> {
         };
         let s: String = r.try_get("state").map_err(db_err)?;
         let n: i64 = r.try_get("n").map_err(db_err)?;
-        if let Some(state) = JobState::parse(&s) {
-            out.entry(name.clone())
-                .or_insert_with(|| blank(&name))
-                .counts
-                .add(state, n.max(0) as u64);
-        }
+        let state = JobState::from_derived(&s)
+            .map_err(|e| e.at(format!("jobs of queue {name}"), "idemq.queue_counts.state"))?;
+        out.entry(name.clone())
+            .or_insert_with(|| blank(&name))
+            .counts
+            .add(state, n.max(0) as u64);
     }
     if estimated {
         for q in out.values_mut() {

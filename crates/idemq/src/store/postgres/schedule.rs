@@ -9,6 +9,7 @@ use sqlx::postgres::PgRow;
 use super::db::Db;
 use super::db_err;
 use crate::error::{Error, Result};
+use crate::job::Undecodable;
 use crate::schedule::Schedule;
 use crate::store::{DueSchedules, ScheduleMarkFired, SchedulePut};
 
@@ -20,16 +21,20 @@ macro_rules! columns {
     };
 }
 
-/// µs since the epoch → instant.
-fn at(us: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(us).unwrap_or_default()
+/// µs since the epoch → instant, for an instant the caller computed (the
+/// clock, the next fire); one out of range is an error, never the epoch.
+fn at(us: i64) -> Result<DateTime<Utc>> {
+    DateTime::from_timestamp_micros(us).ok_or_else(|| Error::Backend {
+        message: format!("{us} µs since the epoch is not an instant in range"),
+    })
 }
 
 fn schedule_of(r: &PgRow) -> Result<Schedule> {
     let name: String = r.try_get("name").map_err(db_err)?;
     let job: Value = r.try_get("job").map_err(db_err)?;
-    let job = serde_json::from_value(job).map_err(|e| Error::Backend {
-        message: format!("schedule {name}: unreadable job template: {e}"),
+    let job = serde_json::from_value(job.clone()).map_err(|e| {
+        Undecodable::unreadable("job template", &job.to_string(), e)
+            .at(format!("schedule {name}"), "idemq.schedules.job")
     })?;
     Ok(Schedule {
         cron: r.try_get("cron").map_err(db_err)?,
@@ -55,8 +60,8 @@ pub(super) async fn put(pool: Db<'_>, p: &SchedulePut) -> Result<bool> {
         .bind(&p.timezone)
         .bind(&p.job)
         .bind(p.paused)
-        .bind(at(p.at))
-        .bind(p.cron_next.map(at))
+        .bind(at(p.at)?)
+        .bind(p.cron_next.map(at).transpose()?)
         .fetch_one(pool)
         .await
         .map_err(db_err)
@@ -128,8 +133,8 @@ pub(super) async fn mark_fired(pool: Db<'_>, p: &ScheduleMarkFired) -> Result<bo
         .bind(&p.cron)
         .bind(p.every_ms)
         .bind(&p.timezone)
-        .bind(p.fired_at.map(at))
-        .bind(p.next_fire_at.map(at))
+        .bind(p.fired_at.map(at).transpose()?)
+        .bind(p.next_fire_at.map(at).transpose()?)
         .bind(&p.error)
         .fetch_one(pool)
         .await

@@ -4,6 +4,7 @@
 use rusqlite::{OptionalExtension, params};
 use serde_json::json;
 
+use super::decode::{Cols, one};
 use super::enqueue::{bind_key, conflict, idem_live, keyed_job, load_binding};
 use super::exec::finish;
 use super::{Cx, ts};
@@ -24,34 +25,22 @@ pub(super) fn release_dedupe(cx: &Cx, job_id: &str) -> Result<()> {
 type Status = (String, JobState, i32, Option<i64>);
 
 fn state_of(cx: &Cx, job_id: &str) -> Result<Option<Status>> {
-    Ok(cx
-        .db
-        .prepare_cached(
+    one(
+        cx.db.prepare_cached(
             "SELECT state, run_at, attempts_used, keep_ms FROM idemq_jobs WHERE id = ?1",
-        )?
-        .query_row([job_id], |r| {
-            let stored: String = r.get(0)?;
-            let run_at: i64 = r.get(1)?;
+        )?,
+        [job_id],
+        |r| {
+            let c = Cols::new(r, "idemq_jobs", format!("job {job_id}"));
+            let run_at: i64 = c.get("run_at")?;
             Ok((
-                stored.clone(),
-                derive(&stored, run_at, cx.now),
-                r.get(2)?,
-                r.get(3)?,
+                c.get("state")?,
+                c.state("state", run_at, cx.now)?,
+                c.get("attempts_used")?,
+                c.get("keep_ms")?,
             ))
-        })
-        .optional()?)
-}
-
-/// The public state of a stored one.
-pub(super) fn derive(stored: &str, run_at: i64, now: i64) -> JobState {
-    match stored {
-        "waiting" if run_at <= now => JobState::Ready,
-        "waiting" => JobState::Scheduled,
-        "active" => JobState::Active,
-        "completed" => JobState::Completed,
-        "dead" => JobState::Dead,
-        _ => JobState::Cancelled,
-    }
+        },
+    )
 }
 
 fn cancel_waiting(cx: &Cx, id: &str, used: i32, keep: Option<i64>) -> Result<()> {
@@ -244,7 +233,7 @@ pub(super) fn redrive(cx: &Cx, p: &JobRedrive) -> Result<Result<EnqueueResult>> 
     cx.event(
         &p.job_id,
         "redriven",
-        json!({ "run_at": ts(run_at), "reset_checkpoints": p.reset_checkpoints }),
+        json!({ "run_at": ts(run_at)?, "reset_checkpoints": p.reset_checkpoints }),
     )?;
     if let Some(k) = &p.key {
         bind_key(cx, k, &p.job_id, &p.fingerprint)?;

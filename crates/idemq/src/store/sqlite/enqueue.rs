@@ -2,14 +2,15 @@
 //! Every decision is made before anything is written, so a refused item
 //! leaves no trace and a batch needs no per-item savepoints.
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::params;
 use serde_json::json;
 
+use super::decode::{Cols, one};
 use super::{Cx, ts};
 use crate::dedupe::{Binding, Decision, KeyedJob};
 use crate::error::{ConflictSource, Error, IdempotencyConflict, Result};
 use crate::fingerprint::Fingerprint;
-use crate::job::{EnqueueResult, Outcome};
+use crate::job::{EnqueueResult, JobState, Outcome};
 use crate::request::{DedupeMode, PreparedEnqueue, PreparedKey, defaults};
 use crate::store::{Explain, ExplainConflict, ExplainDedupe, ExplainIdempotency};
 
@@ -21,20 +22,25 @@ pub(super) struct IdemBinding {
 }
 
 pub(super) fn idem_live(cx: &Cx, k: &PreparedKey) -> Result<Option<IdemBinding>> {
-    Ok(cx
-        .db
-        .prepare_cached(
+    one(
+        cx.db.prepare_cached(
             "SELECT job_id, fingerprint, expires_at FROM idemq_idempotency
              WHERE scope = ?1 AND key_hash = ?2 AND expires_at > ?3",
-        )?
-        .query_row(params![k.scope, &k.hash[..], cx.now], |r| {
+        )?,
+        params![k.scope, &k.hash[..], cx.now],
+        |r| {
+            let mut c = Cols::new(r, "idemq_idempotency", "idempotency binding");
+            let job_id: String = c.get("job_id")?;
+            c.named(format!("idempotency binding of job {job_id}"));
+            let expires_at: i64 = c.get("expires_at")?;
+            c.instant("expires_at", expires_at)?;
             Ok(IdemBinding {
-                job_id: r.get(0)?,
-                fingerprint: Fingerprint::from_json(&r.get::<_, String>(1)?),
-                expires_at: r.get(2)?,
+                fingerprint: c.json("fingerprint", "fingerprint")?,
+                expires_at,
+                job_id,
             })
-        })
-        .optional()?)
+        },
+    )
 }
 
 /// Binds `key` to `job_id` for its ttl. Any row already there is expired
@@ -74,42 +80,57 @@ pub(super) fn conflict(job_id: String, key: Option<&PreparedKey>, fields: Vec<St
 }
 
 pub(super) fn load_binding(cx: &Cx, job_type: &str, key: &str) -> Result<Option<Binding>> {
-    Ok(cx
-        .db
-        .prepare_cached(
+    one(
+        cx.db.prepare_cached(
             "SELECT job_id, mode, ttl_ms, max_wait_ms, accepted_at, window_until
              FROM idemq_dedupe WHERE type = ?1 AND key = ?2",
-        )?
-        .query_row(params![job_type, key], |r| {
+        )?,
+        params![job_type, key],
+        |r| {
+            let mut c = Cols::new(r, "idemq_dedupe", "dedupe binding");
+            let job_id: String = c.get("job_id")?;
+            c.named(format!("dedupe binding of job {job_id}"));
+            // The instants stay µs for the decisions; each must be one.
+            let accepted_at: i64 = c.get("accepted_at")?;
+            c.instant("accepted_at", accepted_at)?;
+            let window_until: Option<i64> = c.get("window_until")?;
+            if let Some(us) = window_until {
+                c.instant("window_until", us)?;
+            }
             Ok(Binding {
-                job_id: r.get(0)?,
-                mode: DedupeMode::parse(&r.get::<_, String>(1)?).unwrap_or(DedupeMode::Pending),
-                ttl_ms: r.get(2)?,
-                max_wait_ms: r.get(3)?,
-                accepted_at: r.get(4)?,
-                window_until: r.get(5)?,
+                mode: c.decode("mode", DedupeMode::from_stored)?,
+                ttl_ms: c.get("ttl_ms")?,
+                max_wait_ms: c.get("max_wait_ms")?,
+                accepted_at,
+                window_until,
+                job_id,
             })
-        })
-        .optional()?)
+        },
+    )
 }
 
 /// Where a job stands for dedupe.
 pub(super) fn keyed_job(cx: &Cx, job_id: &str) -> Result<KeyedJob> {
-    let row: Option<(String, i64, i64)> = cx
-        .db
-        .prepare_cached("SELECT state, attempt, run_at FROM idemq_jobs WHERE id = ?1")?
-        .query_row([job_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?;
+    let row = one(
+        cx.db
+            .prepare_cached("SELECT state, attempt, run_at FROM idemq_jobs WHERE id = ?1")?,
+        [job_id],
+        |r| {
+            let c = Cols::new(r, "idemq_jobs", format!("job {job_id}"));
+            let run_at: i64 = c.get("run_at")?;
+            Ok((c.state("state", run_at, cx.now)?, c.get::<i32>("attempt")?))
+        },
+    )?;
     Ok(match row {
         None => KeyedJob::Missing,
-        Some((state, attempt, run_at)) => match state.as_str() {
-            "waiting" => KeyedJob::Waiting {
+        Some((state, attempt)) => match state {
+            JobState::Scheduled | JobState::Ready => KeyedJob::Waiting {
                 started: attempt > 0,
-                due: run_at <= cx.now,
+                due: state == JobState::Ready,
             },
-            "active" => KeyedJob::Active,
-            "cancelled" => KeyedJob::Cancelled,
-            _ => KeyedJob::Finished,
+            JobState::Active => KeyedJob::Active,
+            JobState::Cancelled => KeyedJob::Cancelled,
+            JobState::Completed | JobState::Dead => KeyedJob::Finished,
         },
     })
 }
@@ -174,11 +195,11 @@ fn insert_job(cx: &Cx, p: &PreparedEnqueue, id: &str, run_at: i64) -> Result<()>
             p.priority,
             run_at,
             p.max_attempts,
-            serde_json::to_string(&p.retry).unwrap_or_default(),
+            serde_json::to_string(&p.retry).expect("a retry policy is numbers and flags"),
             p.timeout_ms,
             p.deadline,
             p.concurrency_key,
-            serde_json::to_string(&p.tags).unwrap_or_default(),
+            serde_json::to_string(&p.tags).expect("tags are strings"),
             p.keep_ms,
             p.fingerprint.to_json(),
             k.map(|k| &k.scope),
@@ -208,16 +229,16 @@ fn replace_job(cx: &Cx, p: &PreparedEnqueue, id: &str, run_at: i64) -> Result<()
             p.priority,
             run_at,
             p.max_attempts,
-            serde_json::to_string(&p.retry).unwrap_or_default(),
+            serde_json::to_string(&p.retry).expect("a retry policy is numbers and flags"),
             p.timeout_ms,
             p.deadline,
             p.concurrency_key,
-            serde_json::to_string(&p.tags).unwrap_or_default(),
+            serde_json::to_string(&p.tags).expect("tags are strings"),
             p.keep_ms,
             p.fingerprint.to_json(),
             cx.now,
         ])?;
-    cx.event(id, "replaced", json!({ "run_at": ts(run_at) }))
+    cx.event(id, "replaced", json!({ "run_at": ts(run_at)? }))
 }
 
 fn set_window(cx: &Cx, job_type: &str, key: &str, until: i64) -> Result<()> {
@@ -249,13 +270,14 @@ fn enqueue_one(cx: &Cx, p: &PreparedEnqueue) -> Result<Result<EnqueueResult>> {
     }
     // 2. An existing record with the explicit id: replay or conflict.
     if let Some(id) = &p.job_id {
-        let stored: Option<String> = cx
-            .db
-            .prepare_cached("SELECT fingerprint FROM idemq_jobs WHERE id = ?1")?
-            .query_row([id], |r| r.get(0))
-            .optional()?;
+        let stored: Option<Fingerprint> = one(
+            cx.db
+                .prepare_cached("SELECT fingerprint FROM idemq_jobs WHERE id = ?1")?,
+            [id],
+            |r| Cols::new(r, "idemq_jobs", format!("job {id}")).json("fingerprint", "fingerprint"),
+        )?;
         if let Some(stored) = stored {
-            let fields = p.fingerprint.diff(&Fingerprint::from_json(&stored), true);
+            let fields = p.fingerprint.diff(&stored, true);
             if !fields.is_empty() {
                 return Ok(Err(conflict(id.clone(), None, fields)));
             }
@@ -348,10 +370,13 @@ pub(super) fn enqueue_all(
 /// The real enqueue path, run inside a transaction the caller rolls back.
 pub(super) fn explain(cx: &Cx, p: &PreparedEnqueue) -> Result<Explain> {
     let idempotency = match &p.idempotency {
-        Some(k) => idem_live(cx, k)?.map(|b| ExplainIdempotency {
-            job_id: b.job_id,
-            expires_at: ts(b.expires_at),
-        }),
+        Some(k) => match idem_live(cx, k)? {
+            Some(b) => Some(ExplainIdempotency {
+                job_id: b.job_id,
+                expires_at: ts(b.expires_at)?,
+            }),
+            None => None,
+        },
         None => None,
     };
     let dedupe = match &p.dedupe {
@@ -359,7 +384,7 @@ pub(super) fn explain(cx: &Cx, p: &PreparedEnqueue) -> Result<Explain> {
             Some(b) if b.is_live(keyed_job(cx, &b.job_id)?, cx.now) => Some(ExplainDedupe {
                 job_id: b.job_id,
                 mode: b.mode,
-                window_until: b.window_until.map(ts),
+                window_until: b.window_until.map(ts).transpose()?,
             }),
             _ => None,
         },

@@ -3,9 +3,10 @@
 //! is fenced by the lease token: a stale token changes nothing and is told
 //! `LeaseLost`.
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::params;
 use serde_json::json;
 
+use super::decode::{Cols, all, one};
 use super::enqueue::keep_us;
 use super::{Cx, ts};
 use crate::error::{Error, Result};
@@ -30,7 +31,7 @@ pub(super) struct Active {
     started_at: i64,
     timeout_ms: i64,
     lease_ms: i64,
-    worker: Option<String>,
+    worker: String,
     /// The number of the attempt's derived `claimed` event.
     claim_seq: Option<i64>,
 }
@@ -38,21 +39,32 @@ pub(super) struct Active {
 const ACTIVE_COLS: &str = "id, attempt, attempts_used, max_attempts, retry, deadline,
     cancel_requested, keep_ms, started_at, timeout_ms, lease_ms, worker, claim_seq";
 
-fn active_row(r: &rusqlite::Row) -> rusqlite::Result<Active> {
+/// An active job's row. A claim sets its start, lease length and worker,
+/// so any of them missing is a broken row, not a reason to guess.
+fn active_row(r: &rusqlite::Row) -> Result<Active> {
+    let mut c = Cols::new(r, "idemq_jobs", "active job");
+    let id: String = c.get("id")?;
+    c.named(format!("job {id}"));
+    let started_at: i64 = c.get("started_at")?;
+    c.instant("started_at", started_at)?;
+    let deadline: Option<i64> = c.get("deadline")?;
+    if let Some(us) = deadline {
+        c.instant("deadline", us)?;
+    }
     Ok(Active {
-        id: r.get(0)?,
-        attempt: r.get(1)?,
-        attempts_used: r.get(2)?,
-        max_attempts: r.get(3)?,
-        retry: serde_json::from_str(&r.get::<_, String>(4)?).unwrap_or_default(),
-        deadline: r.get(5)?,
-        cancel_requested: r.get(6)?,
-        keep_ms: r.get(7)?,
-        started_at: r.get::<_, Option<i64>>(8)?.unwrap_or_default(),
-        timeout_ms: r.get(9)?,
-        lease_ms: r.get::<_, Option<i64>>(10)?.unwrap_or(30_000),
-        worker: r.get(11)?,
-        claim_seq: r.get(12)?,
+        attempt: c.get("attempt")?,
+        attempts_used: c.get("attempts_used")?,
+        max_attempts: c.get("max_attempts")?,
+        retry: c.json("retry", "retry policy")?,
+        deadline,
+        cancel_requested: c.get("cancel_requested")?,
+        keep_ms: c.get("keep_ms")?,
+        started_at,
+        timeout_ms: c.get("timeout_ms")?,
+        lease_ms: c.get("lease_ms")?,
+        worker: c.get("worker")?,
+        claim_seq: c.get("claim_seq")?,
+        id,
     })
 }
 
@@ -61,11 +73,11 @@ fn load_active(cx: &Cx, lease: &LeaseRef) -> Result<Option<Active>> {
         "SELECT {ACTIVE_COLS} FROM idemq_jobs
          WHERE id = ?1 AND state = 'active' AND lease_token = ?2"
     );
-    Ok(cx
-        .db
-        .prepare_cached(&sql)?
-        .query_row([&lease.job_id, &lease.lease_token], active_row)
-        .optional()?)
+    one(
+        cx.db.prepare_cached(&sql)?,
+        [&lease.job_id, &lease.lease_token],
+        active_row,
+    )
 }
 
 fn lease_lost(lease: &LeaseRef) -> Error {
@@ -177,7 +189,7 @@ pub(super) fn end_attempt(cx: &Cx, a: &Active, end: End) -> Result<FailOutcome> 
     // job_events); an attempt that ends otherwise is written out now, its
     // `claimed` event under the number the claim drew.
     if !matches!(end, End::Completed(_)) {
-        let worker = a.worker.as_deref().unwrap_or_default();
+        let worker = a.worker.as_str();
         cx.db
             .prepare_cached(
                 "INSERT OR REPLACE INTO idemq_runs
@@ -243,7 +255,11 @@ pub(super) fn end_attempt(cx: &Cx, a: &Active, end: End) -> Result<FailOutcome> 
                 .execute(params![a.id, now, used, at, error])?;
             if let Some(kind) = event {
                 let snoozed = matches!(end, End::Snoozed(_));
-                cx.event(&a.id, kind, json!({ "run_at": ts(at), "snoozed": snoozed }))?;
+                cx.event(
+                    &a.id,
+                    kind,
+                    json!({ "run_at": ts(at)?, "snoozed": snoozed }),
+                )?;
             }
             FailOutcome {
                 // The derived state, like every read (SPEC 2): a zero delay is ready.
@@ -252,7 +268,7 @@ pub(super) fn end_attempt(cx: &Cx, a: &Active, end: End) -> Result<FailOutcome> 
                 } else {
                     JobState::Scheduled
                 },
-                next_run_at: Some(ts(at)),
+                next_run_at: Some(ts(at)?),
             }
         }
         Next::Dead(reason) => {
@@ -320,11 +336,11 @@ pub(super) fn reap(cx: &Cx, limit: u32) -> Result<u64> {
         "SELECT {ACTIVE_COLS} FROM idemq_jobs
          WHERE state = 'active' AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2"
     );
-    let expired: Vec<Active> = cx
-        .db
-        .prepare_cached(&sql)?
-        .query_map(params![cx.now, limit], active_row)?
-        .collect::<rusqlite::Result<_>>()?;
+    let expired: Vec<Active> = all(
+        cx.db.prepare_cached(&sql)?,
+        params![cx.now, limit],
+        active_row,
+    )?;
     for a in &expired {
         end_attempt(cx, a, End::LeaseExpired)?;
     }
@@ -336,12 +352,9 @@ const CLAIM_PAGE: u32 = 256;
 
 pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<Vec<ClaimedJob>> {
     reap(cx, 1000)?;
-    let queues =
-        (!p.queues.is_empty()).then(|| serde_json::to_string(&p.queues).unwrap_or_default());
-    let types = p
-        .types
-        .as_ref()
-        .map(|t| serde_json::to_string(t).unwrap_or_default());
+    // JSON arrays of strings for `json_each`; a list of strings always serializes.
+    let queues = (!p.queues.is_empty()).then(|| json!(p.queues).to_string());
+    let types = p.types.as_ref().map(|t| json!(t).to_string());
     let mut claimed = Vec::new();
     let mut taken_keys = std::collections::HashSet::new();
     while (claimed.len() as u32) < p.limit {
@@ -417,27 +430,31 @@ fn claim_one(cx: &Cx, id: &str, p: &JobClaim) -> Result<ClaimedJob> {
             cx.now,
             cx.next_seq()?
         ])?;
-    let job = cx
-        .db
-        .prepare_cached(
+    let lease_expires_at = ts(expires)?;
+    let job = one(
+        cx.db.prepare_cached(
             "SELECT id, type, queue, payload, attempt, max_attempts, timeout_ms, deadline, tags
              FROM idemq_jobs WHERE id = ?1",
-        )?
-        .query_row([id], |r| {
+        )?,
+        [id],
+        |r| {
+            let c = Cols::new(r, "idemq_jobs", format!("job {id}"));
             Ok(ClaimedJob {
-                id: r.get(0)?,
-                job_type: r.get(1)?,
-                queue: r.get(2)?,
-                payload: serde_json::from_str(&r.get::<_, String>(3)?).unwrap_or_default(),
-                attempt: r.get(4)?,
-                max_attempts: r.get(5)?,
+                id: c.get("id")?,
+                job_type: c.get("type")?,
+                queue: c.get("queue")?,
+                payload: c.json("payload", "payload")?,
+                attempt: c.get("attempt")?,
+                max_attempts: c.get("max_attempts")?,
                 lease_token: token.clone(),
-                lease_expires_at: ts(expires),
-                timeout_ms: r.get(6)?,
-                deadline: r.get::<_, Option<i64>>(7)?.map(ts),
-                tags: serde_json::from_str(&r.get::<_, String>(8)?).unwrap_or_default(),
+                lease_expires_at,
+                timeout_ms: c.get("timeout_ms")?,
+                deadline: c.opt_time("deadline")?,
+                tags: c.json("tags", "tag list")?,
             })
-        })?;
+        },
+    )?
+    .ok_or_else(|| Error::job_not_found(id))?;
     // The attempt's run and `claimed` event are derived from the row until
     // the attempt ends other than completed (end_attempt).
     Ok(job)
@@ -462,7 +479,7 @@ pub(super) fn heartbeat(cx: &Cx, lease: &LeaseRef) -> Result<Result<Heartbeat>> 
         .prepare_cached("UPDATE idemq_jobs SET lease_expires_at = ?2 WHERE id = ?1")?
         .execute(params![a.id, expires])?;
     Ok(Ok(Heartbeat {
-        lease_expires_at: ts(expires),
+        lease_expires_at: ts(expires)?,
         cancel_requested: a.cancel_requested,
     }))
 }

@@ -26,6 +26,7 @@
 
 mod admin;
 mod caller;
+mod decode;
 mod enqueue;
 mod exec;
 mod installation;
@@ -631,9 +632,13 @@ enum Mode {
     DryRun,
 }
 
-/// µs since the epoch → instant.
-pub(crate) fn ts(us: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_micros(us).unwrap_or_default()
+/// µs since the epoch → instant, for an instant an operation computed
+/// (the clock plus a bounded delay). One out of range is an error, never the
+/// epoch. Values read back go through [`decode::Cols`], which names the column.
+pub(crate) fn ts(us: i64) -> Result<DateTime<Utc>> {
+    decode::instant(us).ok_or_else(|| Error::Backend {
+        message: format!("{us} µs since the epoch is not an instant in range"),
+    })
 }
 
 impl Cx<'_> {

@@ -3,15 +3,15 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::params;
 use serde_json::Value;
 
-use super::admin::derive;
+use super::decode::{Cols, all, one};
 use super::enqueue::{keyed_job, load_binding};
 use super::{Cx, ts};
 use crate::error::Result;
 use crate::fingerprint::key_digest;
-use crate::job::{Event, Job, JobDedupe, JobIdempotency, QueueInfo, Run};
+use crate::job::{Event, Job, JobDedupe, JobIdempotency, JobState, QueueInfo, Run, Undecodable};
 use crate::request::DedupeMode;
 use crate::store::{
     BindingInfo, BindingRef, CheckpointGet, DedupeRef, ExplainDedupe, JobList, JobPage,
@@ -25,59 +25,77 @@ const JOB_COLS: &str = "seq, id, type, queue, state, payload, result, priority, 
 struct Row {
     seq: i64,
     job: Job,
-    idem: Option<(String, Vec<u8>, String)>,
-    dedupe: Option<(String, String)>,
+    idem: Option<(String, [u8; 32], String)>,
+    dedupe: Option<(String, DedupeMode)>,
 }
 
-fn json(s: Option<String>) -> Option<Value> {
-    s.map(|s| serde_json::from_str(&s).unwrap_or(Value::Null))
+/// The row name of job `id` in errors.
+fn job_named(id: &str) -> String {
+    format!("job {id}")
 }
 
-fn job_row(r: &rusqlite::Row, now: i64) -> rusqlite::Result<Row> {
-    let stored: String = r.get(4)?;
-    let run_at: i64 = r.get(8)?;
+/// A stored idempotency key hash: SHA-256, 32 bytes. Never shown.
+fn key_hash(c: &Cols, col: &str, hash: &[u8]) -> Result<[u8; 32]> {
+    <[u8; 32]>::try_from(hash).map_err(|_| {
+        c.bad(
+            col,
+            Undecodable::described(format!("a key hash of {} bytes, not 32", hash.len())),
+        )
+    })
+}
+
+fn job_row(r: &rusqlite::Row, now: i64) -> Result<Row> {
+    let mut c = Cols::new(r, "idemq_jobs", "job");
+    let id: String = c.get("id")?;
+    c.named(job_named(&id));
+    let run_at: i64 = c.get("run_at")?;
+    // A job accepted with an idempotency key stores its scope, hash and
+    // preview together; a part without the others is a broken row.
     let idem = match (
-        r.get::<_, Option<String>>(24)?,
-        r.get::<_, Option<Vec<u8>>>(25)?,
+        c.get::<Option<String>>("idem_scope")?,
+        c.get::<Option<Vec<u8>>>("idem_key_hash")?,
     ) {
-        (Some(scope), Some(hash)) => Some((scope, hash, r.get::<_, String>(26)?)),
-        _ => None,
+        (Some(scope), Some(hash)) => Some((
+            scope,
+            key_hash(&c, "idem_key_hash", &hash)?,
+            c.get::<String>("idem_key_preview")?,
+        )),
+        (None, None) => None,
+        (Some(_), None) => return Err(c.bad("idem_key_hash", Undecodable::null("key hash"))),
+        (None, Some(_)) => return Err(c.bad("idem_scope", Undecodable::null("key scope"))),
     };
-    let dedupe = match (
-        r.get::<_, Option<String>>(27)?,
-        r.get::<_, Option<String>>(28)?,
-    ) {
-        (Some(k), Some(m)) => Some((k, m)),
-        _ => None,
+    let dedupe = match c.get::<Option<String>>("dedupe_key")? {
+        Some(k) => Some((k, c.decode("dedupe_mode", DedupeMode::from_stored)?)),
+        None => None,
     };
     Ok(Row {
-        seq: r.get(0)?,
+        seq: c.get("seq")?,
         job: Job {
-            id: r.get(1)?,
-            job_type: r.get(2)?,
-            queue: r.get(3)?,
-            state: derive(&stored, run_at, now),
-            payload: json(r.get(5)?).unwrap_or(Value::Null),
-            result: json(r.get(6)?),
-            priority: r.get(7)?,
-            run_at: ts(run_at),
-            attempt: r.get(9)?,
-            attempts_used: r.get(10)?,
-            max_attempts: r.get(11)?,
-            retry: serde_json::from_str(&r.get::<_, String>(12)?).unwrap_or_default(),
-            timeout_ms: r.get(13)?,
-            deadline: r.get::<_, Option<i64>>(14)?.map(ts),
-            concurrency_key: r.get(15)?,
-            tags: serde_json::from_str(&r.get::<_, String>(16)?).unwrap_or_default(),
-            keep_ms: r.get(17)?,
-            created_at: ts(r.get(18)?),
-            updated_at: ts(r.get(19)?),
-            finished_at: r.get::<_, Option<i64>>(20)?.map(ts),
-            last_error: r.get(21)?,
-            cancel_requested: r.get(22)?,
-            lease_expires_at: r.get::<_, Option<i64>>(23)?.map(ts),
+            job_type: c.get("type")?,
+            queue: c.get("queue")?,
+            state: c.state("state", run_at, now)?,
+            payload: c.json("payload", "payload")?,
+            result: c.opt_json("result", "result")?,
+            priority: c.get("priority")?,
+            run_at: c.instant("run_at", run_at)?,
+            attempt: c.get("attempt")?,
+            attempts_used: c.get("attempts_used")?,
+            max_attempts: c.get("max_attempts")?,
+            retry: c.json("retry", "retry policy")?,
+            timeout_ms: c.get("timeout_ms")?,
+            deadline: c.opt_time("deadline")?,
+            concurrency_key: c.get("concurrency_key")?,
+            tags: c.json("tags", "tag list")?,
+            keep_ms: c.get("keep_ms")?,
+            created_at: c.time("created_at")?,
+            updated_at: c.time("updated_at")?,
+            finished_at: c.opt_time("finished_at")?,
+            last_error: c.get("last_error")?,
+            cancel_requested: c.get("cancel_requested")?,
+            lease_expires_at: c.opt_time("lease_expires_at")?,
             idempotency: None,
             dedupe: None,
+            id,
         },
         idem,
         dedupe,
@@ -88,27 +106,25 @@ fn job_row(r: &rusqlite::Row, now: i64) -> rusqlite::Result<Row> {
 fn finish_row(cx: &Cx, row: Row) -> Result<Job> {
     let mut job = row.job;
     if let Some((scope, hash, preview)) = row.idem {
-        let expires_at: Option<i64> = cx
-            .db
-            .prepare_cached(
+        let expires_at = one(
+            cx.db.prepare_cached(
                 "SELECT expires_at FROM idemq_idempotency
                  WHERE scope = ?1 AND key_hash = ?2 AND job_id = ?3 AND expires_at > ?4",
-            )?
-            .query_row(params![scope, hash, job.id, cx.now], |r| r.get(0))
-            .optional()?;
-        let mut h = [0u8; 32];
-        if hash.len() == 32 {
-            h.copy_from_slice(&hash);
-        }
+            )?,
+            params![scope, &hash[..], job.id, cx.now],
+            |r| {
+                let what = format!("idempotency binding of job {}", job.id);
+                Cols::new(r, "idemq_idempotency", what).time("expires_at")
+            },
+        )?;
         job.idempotency = Some(JobIdempotency {
             scope,
             key_preview: preview,
-            key_digest: key_digest(&h),
-            expires_at: expires_at.map(ts),
+            key_digest: key_digest(&hash),
+            expires_at,
         });
     }
-    if let Some((key, mode)) = row.dedupe {
-        let own = DedupeMode::parse(&mode).unwrap_or(DedupeMode::Pending);
+    if let Some((key, own)) = row.dedupe {
         let holding = match load_binding(cx, &job.job_type, &key)? {
             Some(b) if b.job_id == job.id && b.is_live(keyed_job(cx, &b.job_id)?, cx.now) => {
                 Some(b)
@@ -118,7 +134,11 @@ fn finish_row(cx: &Cx, row: Row) -> Result<Job> {
         job.dedupe = Some(JobDedupe {
             key,
             mode: holding.as_ref().map_or(own, |b| b.mode),
-            window_until: holding.as_ref().and_then(|b| b.window_until).map(ts),
+            window_until: holding
+                .as_ref()
+                .and_then(|b| b.window_until)
+                .map(ts)
+                .transpose()?,
             holds_binding: holding.is_some(),
         });
     }
@@ -127,11 +147,7 @@ fn finish_row(cx: &Cx, row: Row) -> Result<Job> {
 
 pub(super) fn job_get(cx: &Cx, id: &str) -> Result<Option<Job>> {
     let sql = format!("SELECT {JOB_COLS} FROM idemq_jobs WHERE id = ?1");
-    let row = cx
-        .db
-        .prepare_cached(&sql)?
-        .query_row([id], |r| job_row(r, cx.now))
-        .optional()?;
+    let row = one(cx.db.prepare_cached(&sql)?, [id], |r| job_row(r, cx.now))?;
     row.map(|r| finish_row(cx, r)).transpose()
 }
 
@@ -148,23 +164,20 @@ pub(super) fn job_list(cx: &Cx, p: &JobList) -> Result<JobPage> {
            AND (?7 IS NULL OR seq < ?7)
          ORDER BY seq DESC LIMIT ?8"
     );
-    let rows: Vec<Row> = cx
-        .db
-        .prepare_cached(&sql)?
-        .query_map(
-            params![
-                stored,
-                due,
-                cx.now,
-                p.queue,
-                p.job_type,
-                p.tag,
-                cursor,
-                limit + 1
-            ],
-            |r| job_row(r, cx.now),
-        )?
-        .collect::<rusqlite::Result<_>>()?;
+    let rows: Vec<Row> = all(
+        cx.db.prepare_cached(&sql)?,
+        params![
+            stored,
+            due,
+            cx.now,
+            p.queue,
+            p.job_type,
+            p.tag,
+            cursor,
+            limit + 1
+        ],
+        |r| job_row(r, cx.now),
+    )?;
     let more = rows.len() as u32 > limit;
     let mut jobs = Vec::with_capacity(rows.len());
     let mut last = None;
@@ -190,78 +203,86 @@ pub(super) fn job_list(cx: &Cx, p: &JobList) -> Result<JobPage> {
 /// that ends otherwise writes its `claimed` event out under the same number,
 /// so the order never depends on which events are stored.
 pub(super) fn job_events(cx: &Cx, id: &str) -> Result<Vec<Event>> {
-    let mut events: Vec<Event> = cx
-        .db
-        .prepare_cached(
+    let mut events: Vec<Event> = all(
+        cx.db.prepare_cached(
             "SELECT seq, kind, at, data FROM idemq_events WHERE job_id = ?1 ORDER BY seq",
-        )?
-        .query_map([id], |r| {
+        )?,
+        [id],
+        |r| {
+            let mut c = Cols::new(r, "idemq_events", format!("event of job {id}"));
+            let seq: i64 = c.get("seq")?;
+            c.named(format!("event {seq} of job {id}"));
             Ok(Event {
-                seq: r.get(0)?,
-                kind: r.get(1)?,
-                at: ts(r.get(2)?),
-                data: json(r.get(3)?).unwrap_or(Value::Null),
+                seq,
+                kind: c.decode("kind", |k| Event::kind_from_stored(k.to_owned()))?,
+                at: c.time("at")?,
+                data: c.json("data", "event data")?,
             })
-        })?
-        .collect::<rusqlite::Result<_>>()?;
-    let derived = cx
-        .db
-        .prepare_cached(
+        },
+    )?;
+    let derived = one(
+        cx.db.prepare_cached(
             "SELECT seq, queue, created_at, first_run_at, idem_scope, idem_key_hash,
                     idem_key_preview, dedupe_key, dedupe_mode, claim_seq, started_at, attempt,
                     worker, done_seq, finished_at
              FROM idemq_jobs WHERE id = ?1",
-        )?
-        .query_row([id], |r| {
+        )?,
+        [id],
+        |r| {
+            let c = Cols::new(r, "idemq_jobs", job_named(id));
+            // Jobs accepted before `first_run_at` was stored were due at acceptance.
+            let run_at = match c.opt_time("first_run_at")? {
+                Some(at) => at,
+                None => c.time("created_at")?,
+            };
             let mut accepted = serde_json::json!({
-                "queue": r.get::<_, String>(1)?,
-                "run_at": ts(r.get::<_, Option<i64>>(3)?.unwrap_or(r.get(2)?)),
+                "queue": c.get::<String>("queue")?,
+                "run_at": run_at,
             });
-            if let Some(scope) = r.get::<_, Option<String>>(4)? {
-                let hash: Vec<u8> = r.get::<_, Option<Vec<u8>>>(5)?.unwrap_or_default();
-                let digest = <[u8; 32]>::try_from(hash.as_slice())
-                    .map(|h| key_digest(&h))
-                    .unwrap_or_default();
+            if let Some(scope) = c.get::<Option<String>>("idem_scope")? {
+                let hash: Vec<u8> = c.get("idem_key_hash")?;
+                let digest = key_digest(&key_hash(&c, "idem_key_hash", &hash)?);
                 accepted["idempotency"] = serde_json::json!({
                     "scope": scope,
-                    "key_preview": r.get::<_, Option<String>>(6)?,
+                    "key_preview": c.get::<String>("idem_key_preview")?,
                     "key_digest": digest,
                 });
             }
-            if let Some(key) = r.get::<_, Option<String>>(7)? {
-                accepted["dedupe"] =
-                    serde_json::json!({ "key": key, "mode": r.get::<_, Option<String>>(8)? });
+            if let Some(key) = c.get::<Option<String>>("dedupe_key")? {
+                let mode = c.decode("dedupe_mode", DedupeMode::from_stored)?;
+                accepted["dedupe"] = serde_json::json!({ "key": key, "mode": mode.as_str() });
             }
-            let attempt: i32 = r.get(11)?;
+            let attempt: i32 = c.get("attempt")?;
             let mut out = vec![Event {
-                seq: r.get(0)?,
+                seq: c.get("seq")?,
                 kind: "accepted".into(),
-                at: ts(r.get(2)?),
+                at: c.time("created_at")?,
                 data: accepted,
             }];
-            if let (Some(seq), Some(at)) = (r.get::<_, Option<i64>>(9)?, r.get(10)?) {
+            if let (Some(seq), Some(at)) = (c.get("claim_seq")?, c.opt_time("started_at")?) {
                 out.push(Event {
                     seq,
                     kind: "claimed".into(),
-                    at: ts(at),
+                    at,
                     data: serde_json::json!({
                         "attempt": attempt,
-                        "worker": r.get::<_, Option<String>>(12)?,
+                        "worker": c.get::<Option<String>>("worker")?,
                     }),
                 });
             }
-            if let (Some(seq), Some(at)) = (r.get::<_, Option<i64>>(13)?, r.get(14)?) {
+            if let (Some(seq), Some(at)) = (c.get("done_seq")?, c.opt_time("finished_at")?) {
                 out.push(Event {
                     seq,
                     kind: "completed".into(),
-                    at: ts(at),
+                    at,
                     data: serde_json::json!({ "attempt": attempt }),
                 });
             }
             Ok(out)
-        })
-        .optional()?
-        .unwrap_or_default();
+        },
+    )?
+    // No job row (purged): only the stored events are left.
+    .unwrap_or_default();
     let stored_accepted = events.iter().any(|e| e.kind == "accepted");
     events.extend(
         derived
@@ -276,9 +297,10 @@ pub(super) fn job_events(cx: &Cx, id: &str) -> Result<Vec<Event>> {
 /// completed) and the current attempt, derived from the job row while it
 /// runs and once it completed.
 pub(super) fn job_runs(cx: &Cx, id: &str) -> Result<Vec<Run>> {
-    let mut runs: Vec<Run> = cx
-        .db
-        .prepare_cached(
+    // The current attempt is read from the job row, whose worker may be
+    // unset; the union's columns take their names from the first select.
+    let mut runs: Vec<Run> = all(
+        cx.db.prepare_cached(
             "SELECT attempt, worker, started_at, finished_at, outcome, error
              FROM idemq_runs WHERE job_id = ?1
              UNION ALL
@@ -287,57 +309,77 @@ pub(super) fn job_runs(cx: &Cx, id: &str) -> Result<Vec<Run>> {
                     CASE WHEN state = 'completed' THEN 'completed' END, NULL
              FROM idemq_jobs
              WHERE id = ?1 AND claim_seq IS NOT NULL AND started_at IS NOT NULL",
-        )?
-        .query_map([id], |r| {
+        )?,
+        [id],
+        |r| {
+            let mut c = Cols::new(r, "idemq_runs", format!("run of job {id}"));
+            let attempt: i32 = c.get("attempt")?;
+            c.named(format!("run {attempt} of job {id}"));
             Ok(Run {
-                attempt: r.get(0)?,
-                worker: r.get(1)?,
-                started_at: ts(r.get(2)?),
-                finished_at: r.get::<_, Option<i64>>(3)?.map(ts),
-                outcome: r.get(4)?,
-                error: r.get(5)?,
+                attempt,
+                worker: c.get("worker")?,
+                started_at: c.time("started_at")?,
+                finished_at: c.opt_time("finished_at")?,
+                outcome: Run::outcome_from_stored(c.get("outcome")?)
+                    .map_err(|e| c.bad("outcome", e))?,
+                error: c.get("error")?,
             })
-        })?
-        .collect::<rusqlite::Result<_>>()?;
+        },
+    )?;
     runs.sort_by_key(|r| r.attempt);
     Ok(runs)
 }
 
+/// A checkpoint's value.
+fn checkpoint_value(r: &rusqlite::Row, job_id: &str, name: &str) -> Result<Value> {
+    let row = format!("checkpoint {name:?} of job {job_id}");
+    Cols::new(r, "idemq_checkpoints", row).json("value", "checkpoint value")
+}
+
 pub(super) fn checkpoint_list(cx: &Cx, id: &str) -> Result<BTreeMap<String, Value>> {
-    Ok(cx
-        .db
-        .prepare_cached("SELECT name, value FROM idemq_checkpoints WHERE job_id = ?1")?
-        .query_map([id], |r| {
-            Ok((r.get(0)?, json(r.get(1)?).unwrap_or(Value::Null)))
-        })?
-        .collect::<rusqlite::Result<_>>()?)
+    Ok(all(
+        cx.db
+            .prepare_cached("SELECT name, value FROM idemq_checkpoints WHERE job_id = ?1")?,
+        [id],
+        |r| {
+            let name: String = Cols::new(r, "idemq_checkpoints", "checkpoint").get("name")?;
+            let value = checkpoint_value(r, id, &name)?;
+            Ok((name, value))
+        },
+    )?
+    .into_iter()
+    .collect())
 }
 
 pub(super) fn checkpoint_get(cx: &Cx, p: &CheckpointGet) -> Result<Option<Value>> {
-    let v: Option<String> = cx
-        .db
-        .prepare_cached("SELECT value FROM idemq_checkpoints WHERE job_id = ?1 AND name = ?2")?
-        .query_row([&p.job_id, &p.name], |r| r.get(0))
-        .optional()?;
-    Ok(json(v))
+    one(
+        cx.db.prepare_cached(
+            "SELECT value FROM idemq_checkpoints WHERE job_id = ?1 AND name = ?2",
+        )?,
+        [&p.job_id, &p.name],
+        |r| checkpoint_value(r, &p.job_id, &p.name),
+    )
 }
 
 pub(super) fn binding_lookup(cx: &Cx, p: &BindingRef) -> Result<Option<BindingInfo>> {
-    Ok(cx
-        .db
-        .prepare_cached(
+    one(
+        cx.db.prepare_cached(
             "SELECT job_id, key_preview, expires_at FROM idemq_idempotency
              WHERE scope = ?1 AND key_hash = ?2 AND expires_at > ?3",
-        )?
-        .query_row(params![p.scope, &p.hash[..], cx.now], |r| {
+        )?,
+        params![p.scope, &p.hash[..], cx.now],
+        |r| {
+            let mut c = Cols::new(r, "idemq_idempotency", "idempotency binding");
+            let job_id: String = c.get("job_id")?;
+            c.named(format!("idempotency binding of job {job_id}"));
             Ok(BindingInfo {
-                job_id: r.get(0)?,
-                key_preview: r.get(1)?,
+                key_preview: c.get("key_preview")?,
                 key_digest: key_digest(&p.hash),
-                expires_at: ts(r.get(2)?),
+                expires_at: c.time("expires_at")?,
+                job_id,
             })
-        })
-        .optional()?)
+        },
+    )
 }
 
 pub(super) fn dedupe_lookup(cx: &Cx, p: &DedupeRef) -> Result<Option<ExplainDedupe>> {
@@ -345,23 +387,28 @@ pub(super) fn dedupe_lookup(cx: &Cx, p: &DedupeRef) -> Result<Option<ExplainDedu
         Some(b) if b.is_live(keyed_job(cx, &b.job_id)?, cx.now) => Some(ExplainDedupe {
             job_id: b.job_id,
             mode: b.mode,
-            window_until: b.window_until.map(ts),
+            window_until: b.window_until.map(ts).transpose()?,
         }),
         _ => None,
     })
 }
 
 pub(super) fn queue_list(cx: &Cx) -> Result<Vec<QueueInfo>> {
-    let counts: Vec<(String, String, bool, i64)> = cx
-        .db
-        .prepare_cached(
-            "SELECT queue, state, state = 'waiting' AND run_at <= ?1, count(*)
+    let counts: Vec<(String, JobState, i64)> = all(
+        cx.db.prepare_cached(
+            "SELECT queue, state, state = 'waiting' AND run_at <= ?1 AS due, count(*) AS n
              FROM idemq_jobs GROUP BY 1, 2, 3",
-        )?
-        .query_map([cx.now], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-        })?
-        .collect::<rusqlite::Result<_>>()?;
+        )?,
+        [cx.now],
+        |r| {
+            let mut c = Cols::new(r, "idemq_jobs", "jobs");
+            let queue: String = c.get("queue")?;
+            c.named(format!("jobs of queue {queue}"));
+            let due: bool = c.get("due")?;
+            let state = c.decode("state", |s| JobState::from_stored(s, due))?;
+            Ok((queue, state, c.get("n")?))
+        },
+    )?;
     let paused: Vec<(String, bool)> = cx
         .db
         .prepare_cached("SELECT name, paused FROM idemq_queues")?
@@ -379,8 +426,7 @@ pub(super) fn queue_list(cx: &Cx) -> Result<Vec<QueueInfo>> {
             .or_insert_with(|| blank(&name))
             .paused = is_paused;
     }
-    for (name, stored, due, n) in counts {
-        let state = derive(&stored, if due { cx.now } else { cx.now + 1 }, cx.now);
+    for (name, state, n) in counts {
         out.entry(name.clone())
             .or_insert_with(|| blank(&name))
             .counts

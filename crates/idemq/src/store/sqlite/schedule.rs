@@ -2,41 +2,33 @@
 
 use rusqlite::{OptionalExtension, Row, params};
 
+use super::decode::{Cols, all};
 use super::{Cx, ts};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::schedule::{Schedule, every_next};
 use crate::store::{DueSchedules, ScheduleMarkFired, SchedulePut};
 
 const COLUMNS: &str = "name, cron, every_ms, timezone, job, paused, created_at, updated_at, \
                        last_fired_at, next_fire_at, last_error, last_error_at";
 
-fn schedule_of(r: &Row) -> rusqlite::Result<(Schedule, String)> {
-    let job: String = r.get(4)?;
-    Ok((
-        Schedule {
-            name: r.get(0)?,
-            cron: r.get(1)?,
-            every_ms: r.get(2)?,
-            timezone: r.get(3)?,
-            job: crate::request::EnqueueRequest::default(),
-            paused: r.get(5)?,
-            created_at: ts(r.get(6)?),
-            updated_at: ts(r.get(7)?),
-            last_fired_at: r.get::<_, Option<i64>>(8)?.map(ts),
-            next_fire_at: r.get::<_, Option<i64>>(9)?.map(ts),
-            last_error: r.get(10)?,
-            last_error_at: r.get::<_, Option<i64>>(11)?.map(ts),
-        },
-        job,
-    ))
-}
-
-/// Parses the stored template into the schedule read beside it.
-fn with_job((mut s, job): (Schedule, String)) -> Result<Schedule> {
-    s.job = serde_json::from_str(&job).map_err(|e| Error::Backend {
-        message: format!("schedule {}: unreadable job template: {e}", s.name),
-    })?;
-    Ok(s)
+fn schedule_of(r: &Row) -> Result<Schedule> {
+    let mut c = Cols::new(r, "idemq_schedules", "schedule");
+    let name: String = c.get("name")?;
+    c.named(format!("schedule {name}"));
+    Ok(Schedule {
+        cron: c.get("cron")?,
+        every_ms: c.get("every_ms")?,
+        timezone: c.get("timezone")?,
+        job: c.json("job", "job template")?,
+        paused: c.get("paused")?,
+        created_at: c.time("created_at")?,
+        updated_at: c.time("updated_at")?,
+        last_fired_at: c.opt_time("last_fired_at")?,
+        next_fire_at: c.opt_time("next_fire_at")?,
+        last_error: c.get("last_error")?,
+        last_error_at: c.opt_time("last_error_at")?,
+        name,
+    })
 }
 
 /// Creates or replaces a definition. A schedule whose timing is unchanged
@@ -106,23 +98,21 @@ pub(super) fn delete(cx: &Cx, name: &str) -> Result<bool> {
 }
 
 pub(super) fn list(cx: &Cx) -> Result<Vec<Schedule>> {
-    let mut stmt = cx.db.prepare_cached(&format!(
+    let stmt = cx.db.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM idemq_schedules ORDER BY name"
     ))?;
-    let rows = stmt.query_map([], schedule_of)?;
-    rows.map(|r| with_job(r?)).collect()
+    all(stmt, [], schedule_of)
 }
 
 pub(super) fn due(cx: &Cx, limit: u32) -> Result<DueSchedules> {
-    let mut stmt = cx.db.prepare_cached(&format!(
+    let stmt = cx.db.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM idemq_schedules
          WHERE next_fire_at IS NOT NULL AND next_fire_at <= ?1
          ORDER BY next_fire_at, name LIMIT ?2"
     ))?;
-    let rows = stmt.query_map(params![cx.now, limit], schedule_of)?;
-    let schedules = rows.map(|r| with_job(r?)).collect::<Result<_>>()?;
+    let schedules = all(stmt, params![cx.now, limit], schedule_of)?;
     Ok(DueSchedules {
-        now: ts(cx.now),
+        now: ts(cx.now)?,
         schedules,
     })
 }
