@@ -111,13 +111,10 @@ pub async fn run(database: &str, args: ServeArgs, json: bool) -> Result<(), CliE
     }
     init_tracing();
 
-    if database.starts_with("postgres://") || database.starts_with("postgresql://") {
-        let applied = idemq::Queue::migrate(database).await?;
-        if !applied.is_empty() {
-            eprintln!("applied migrations {applied:?}");
-        }
+    let applied = idemq::Queue::migrate(database).await?;
+    if !applied.is_empty() {
+        eprintln!("applied migrations {applied:?}");
     }
-    // SQLite databases are created and migrated when opened.
     let mut options = idemq::QueueOptions::default();
     if let Some(limit) = args.payload_limit {
         // In range by the flag's parser; a usize holds 16 MiB everywhere.

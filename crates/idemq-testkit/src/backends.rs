@@ -1,17 +1,22 @@
 //! The one list of backends, what each cannot do, and the macro that runs
 //! every case on each.
 
-/// Whether `backend` has `capability` (a name such as `CallerTransactions`,
-/// as a case lists it after `needs` in [`instantiate!`](crate::instantiate)).
+/// What a case's setup made, asked whether its backend has a capability
+/// (as a case names it after `needs` in [`instantiate!`](crate::instantiate)).
 ///
-/// This is the one place a backend declares what it cannot do, until the
-/// store reports its capabilities itself: a case that needs a capability its
-/// backend lacks is skipped with the reason printed instead of failing.
-/// SQLite and PostgreSQL have every capability.
-pub fn backend_supports(backend: &str, capability: &str) -> bool {
-    /// (backend, capability) pairs a backend lacks.
-    const LACKS: &[(&str, &str)] = &[];
-    !LACKS.iter().any(|&(b, c)| b == backend && c == capability)
+/// The answer is the store's own ([`idemq::Queue::supports`]): a backend
+/// declares what it cannot do in one place, its `Store::supports`, and a
+/// case that needs a capability its backend lacks is skipped with the reason
+/// printed instead of failing.
+pub trait Supports {
+    /// Whether the backend under test has `capability`.
+    fn supports(&self, capability: idemq::store::Capability) -> bool;
+}
+
+impl Supports for crate::Harness {
+    fn supports(&self, capability: idemq::store::Capability) -> bool {
+        self.queue.supports(capability)
+    }
 }
 
 /// Calls `callback!` with the one list of backends.
@@ -67,11 +72,11 @@ macro_rules! for_each_backend {
 /// # fn main() {}
 /// ```
 ///
-/// `[needs A, B]` after a case names the capabilities it needs: on a backend
-/// without one of them ([`backend_supports`](crate::backend_supports)) the
-/// test prints `skipped: <backend> lacks <capability>` and passes, before
-/// any database is made. Nothing else skips: a backend whose server is down
-/// fails its cases.
+/// `[needs A, B]` after a case names the capabilities it needs (variants of
+/// `idemq::store::Capability`): on a backend without one of them (asked
+/// through [`Supports`](crate::Supports) of what the setup made) the test
+/// prints `skipped: <backend> lacks <capability>` and passes. Nothing else
+/// skips: a backend whose server is down fails its cases.
 #[macro_export]
 macro_rules! instantiate {
     (using |$backend:ident| $setup:expr; $($cases:tt)*) => {
@@ -110,13 +115,17 @@ macro_rules! __instantiate_backend {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     let $backend: &'static str = stringify!($name);
+                    let setup = $setup;
                     $($(
-                        if !$crate::backend_supports($backend, stringify!($capability)) {
+                        if !$crate::Supports::supports(
+                            &setup,
+                            ::idemq::store::Capability::$capability,
+                        ) {
                             println!("skipped: {} lacks {}", $backend, stringify!($capability));
                             return;
                         }
                     )+)?
-                    super::$case($setup).await;
+                    super::$case(setup).await;
                 }
             )*
         }

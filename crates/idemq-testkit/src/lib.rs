@@ -7,7 +7,7 @@
 //!   [`Harness::for_backend`]).
 //! - [`instantiate!`] makes one test per case and backend, named
 //!   `<module>::<backend>::<case>`, and skips a case on a backend that lacks a
-//!   capability the case names ([`backend_supports`]).
+//!   capability the case names (asked of the store through [`Supports`]).
 //! - [`Harness`] is a queue on a fresh database with a movable clock of record;
 //!   [`pg_database`] and [`pg_url`] give tests of their own a PostgreSQL
 //!   database cloned from the migrated template.
@@ -36,6 +36,6 @@ mod backends;
 mod harness;
 mod postgres;
 
-pub use backends::backend_supports;
+pub use backends::Supports;
 pub use harness::{Harness, epoch};
 pub use postgres::{drop_pg_database, pg_admin_url, pg_database, pg_url};

@@ -14,6 +14,7 @@ use crate::request::{DedupeMode, RetryPolicy};
 /// ([`Undecodable::at`]); it is never read as a default, which would show a
 /// wrong job (or act on one) instead of a broken row.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) struct Undecodable {
     /// What the value is, as the message says it: `an unknown state`.
     what: String,
@@ -25,8 +26,10 @@ pub(crate) struct Undecodable {
 
 /// The longest part of a bad value an error shows: enough to recognise it,
 /// never a whole payload.
+#[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 const SHOWN_BYTES: usize = 40;
 
+#[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 impl Undecodable {
     /// `value` is not one of the names of `what` (`state`, `dedupe mode`, …).
     pub(crate) fn unknown(what: &str, value: &str) -> Self {
@@ -92,6 +95,7 @@ impl Undecodable {
 }
 
 /// At most [`SHOWN_BYTES`] of `s`, cut at a character boundary, then `…`.
+#[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 fn shorten(s: &str) -> String {
     if s.len() <= SHOWN_BYTES {
         return s.to_owned();
@@ -154,6 +158,7 @@ impl JobState {
     /// Decodes a job's state as stored: `waiting` (scheduled or ready, as
     /// `due` says) or the name of another state. The stored names are the
     /// same on every backend, so this is their one table.
+    #[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn from_stored(stored: &str, due: bool) -> Result<Self, Undecodable> {
         match stored {
             "waiting" if due => Ok(Self::Ready),
@@ -166,6 +171,7 @@ impl JobState {
 
     /// Decodes a state a store's function answered with, already derived
     /// from the clock (`scheduled`, `ready`, `active`, …).
+    #[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn from_derived(name: &str) -> Result<Self, Undecodable> {
         Self::parse(name).ok_or_else(|| Undecodable::unknown("state", name))
     }
@@ -207,6 +213,7 @@ impl NonReplaceableReason {
     }
 
     /// Decodes a reason a store answered with.
+    #[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn from_stored(name: &str) -> Result<Self, Undecodable> {
         [
             Self::IncompatibleMode,
@@ -251,6 +258,7 @@ impl Outcome {
 
     /// Decodes an outcome a store answered with: its name, and the reason
     /// that must come with `non_replaceable` (and only with it).
+    #[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn from_stored(name: &str, reason: Option<&str>) -> Result<Self, Undecodable> {
         let plain = match name {
             "accepted" => Self::Accepted,
@@ -437,6 +445,7 @@ impl Event {
     ];
 
     /// Decodes an event's kind as stored: one of [`Self::KINDS`].
+    #[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn kind_from_stored(kind: String) -> Result<String, Undecodable> {
         if Self::KINDS.contains(&kind.as_str()) {
             Ok(kind)
@@ -478,6 +487,7 @@ impl Run {
 
     /// Decodes a run's outcome as stored: one of [`Self::OUTCOMES`], or
     /// none while the attempt runs.
+    #[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn outcome_from_stored(
         outcome: Option<String>,
     ) -> Result<Option<String>, Undecodable> {

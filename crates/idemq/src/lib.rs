@@ -46,9 +46,11 @@ pub mod dedupe;
 mod error;
 pub mod fingerprint;
 mod job;
+mod list;
 #[cfg(feature = "openapi")]
 pub mod openapi;
 mod queue;
+mod report;
 pub mod request;
 pub mod retry;
 pub mod schedule;
@@ -63,21 +65,27 @@ pub use job::{
     CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, JobDedupe,
     JobIdempotency, JobState, NonReplaceableReason, Outcome, QueueInfo, Run, StateCounts,
 };
+pub use list::{JobList, JobPage};
 pub use queue::{
     BatchOptions, ClaimOptions, Completion, FailOptions, MAX_BATCH_BYTES, MAX_BATCH_ITEMS, Queue,
     QueueOptions, RedriveOptions, key_secret_from_env,
 };
+pub use report::{
+    BindingInfo, Explain, ExplainConflict, ExplainDedupe, ExplainIdempotency, KeyCheckChange,
+    MigrationStatus,
+};
 pub use request::{DedupeMode, DedupeOptions, EnqueueRequest, IdempotencyOptions, RetryPolicy};
 pub use schedule::{Schedule, ScheduleDefinition, ScheduleSpec};
 pub use stats::Stats;
-pub use store::{BindingInfo, Explain, JobList, JobPage, KeyCheckChange, MigrationStatus};
 pub use worker::{HandlerContext, JobError, Worker};
 
 /// The PostgreSQL driver idemq uses, for [`Queue::enqueue_in`] on your own transactions.
+#[cfg(feature = "postgres")]
 pub use sqlx;
 
 /// The SQLite driver idemq uses, for [`Queue::enqueue_in_sqlite`] and
 /// [`Queue::complete_in_sqlite`] on your own connection to the queue's file.
+#[cfg(feature = "sqlite")]
 pub use rusqlite;
 
 /// The README's Rust example, compiled by `cargo test --doc`.

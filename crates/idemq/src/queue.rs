@@ -2,7 +2,6 @@
 //! primitives a worker uses.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,8 +19,6 @@ use crate::request::{
     EnqueueRequest, PreparedEnqueue, bounds, defaults, encode_json, micros, prepare_key,
 };
 use crate::stats::{Counter, Counters, Stats};
-use crate::store::postgres::{PgOptions, PgStore};
-use crate::store::sqlite::SqliteStore;
 use crate::store::*;
 use crate::worker::IntoEnqueueRequest;
 
@@ -228,54 +225,13 @@ impl Queue {
     /// processes at once. (SQLite databases are also migrated when opened.)
     /// Records no key check: the first process that connects does.
     pub async fn migrate(url: &str) -> Result<Vec<i64>> {
-        if let Some(pool) = Self::schema_pool(url).await? {
-            let applied = crate::store::postgres::migrate(&pool).await;
-            pool.close().await;
-            return applied;
-        }
-        Self::open_store(url, &QueueOptions::default()).await?;
-        Ok(Vec::new())
-    }
-
-    /// One connection to a PostgreSQL URL for schema work; `None` for
-    /// another backend.
-    async fn schema_pool(url: &str) -> Result<Option<sqlx::PgPool>> {
-        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return Ok(None);
-        }
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(url)
-            .await
-            .map(Some)
-            .map_err(|e| Error::Unavailable {
-                message: format!("cannot connect to PostgreSQL: {e}"),
-            })
+        Location::parse(url)?.migrate().await
     }
 
     /// How the schema of the database the URL names stands against this
     /// binary's: what `idemq migrate` would apply. Changes nothing.
     pub async fn migration_status(url: &str) -> Result<crate::store::MigrationStatus> {
-        if let Some(pool) = Self::schema_pool(url).await? {
-            let status = crate::store::postgres::migration_status(&pool).await;
-            pool.close().await;
-            return status;
-        }
-        match url.strip_prefix("sqlite:") {
-            Some(rest) if url != "sqlite::memory:" => {
-                let path = rest.strip_prefix("//").unwrap_or(rest);
-                let path = std::path::Path::new(path).to_owned();
-                tokio::task::spawn_blocking(move || crate::store::sqlite::migration_status(&path))
-                    .await
-                    .map_err(|e| Error::Backend {
-                        message: e.to_string(),
-                    })?
-            }
-            _ => Err(Error::validation(
-                "database",
-                "name a database file (sqlite://path/to/file.db) or postgres://…",
-            )),
-        }
+        Location::parse(url)?.migration_status().await
     }
 
     /// [`connect`](Self::connect) with options. Refuses, with
@@ -289,35 +245,7 @@ impl Queue {
 
     /// Opens the store a URL names (no key check).
     async fn open_store(url: &str, options: &QueueOptions) -> Result<Arc<dyn Store>> {
-        let store: Arc<dyn Store> = if url == "sqlite::memory:" {
-            Arc::new(SqliteStore::open(None, options.clock.clone())?)
-        } else if let Some(rest) = url.strip_prefix("sqlite:") {
-            let path = rest.strip_prefix("//").unwrap_or(rest);
-            if path.is_empty() || path.contains('?') {
-                return Err(Error::validation(
-                    "database",
-                    "use sqlite://path/to/file.db or sqlite::memory: (no query parameters)",
-                ));
-            }
-            let path = path.to_owned();
-            let clock = options.clock.clone();
-            let store = tokio::task::spawn_blocking(move || {
-                SqliteStore::open(Some(Path::new(&path)), clock)
-            })
-            .await
-            .map_err(|e| Error::Backend {
-                message: e.to_string(),
-            })??;
-            Arc::new(store)
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Arc::new(PgStore::connect(url, PgOptions::default()).await?)
-        } else {
-            return Err(Error::validation(
-                "database",
-                "unknown database URL: use sqlite://path/to/file.db, sqlite::memory: or postgres://…",
-            ));
-        };
-        Ok(store)
+        Location::parse(url)?.open(options.clock.clone()).await
     }
 
     /// A queue over an already opened store, after the key check of
@@ -400,6 +328,12 @@ impl Queue {
     /// `sqlite`, `postgres`, …
     pub fn backend(&self) -> &'static str {
         self.store.backend()
+    }
+
+    /// Whether the backend has a capability beyond the operations every
+    /// backend has (docs/storage.md lists which backend has which).
+    pub fn supports(&self, capability: crate::store::Capability) -> bool {
+        self.store.supports(capability)
     }
 
     pub(crate) fn prepare(&self, req: &EnqueueRequest) -> Result<PreparedEnqueue> {
@@ -515,29 +449,6 @@ impl Queue {
                 }),
             })
             .collect())
-    }
-
-    /// Enqueues on the caller's own PostgreSQL connection or transaction: the
-    /// job, its bindings and its event commit or roll back with the caller's
-    /// rows. A refused request (a conflict, a validation failure) raises
-    /// nothing in the database, so the transaction stays usable.
-    ///
-    /// Under `REPEATABLE READ` or `SERIALIZABLE`, a key bound by a transaction
-    /// that committed after this one's snapshot fails with `Unavailable`
-    /// (a serialization failure): retry the whole transaction, and the retry
-    /// answers `replayed`. See docs/operating.md.
-    pub async fn enqueue_in(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        req: impl IntoEnqueueRequest,
-    ) -> Result<EnqueueResult> {
-        let item = self.prepare(&req.into_request()?)?;
-        let mut results = PgStore::enqueue_in(conn, std::slice::from_ref(&item)).await?;
-        results.pop().unwrap_or_else(|| {
-            Err(Error::Backend {
-                message: "no result".into(),
-            })
-        })
     }
 
     /// A dry run: what an enqueue would do now and why. Writes nothing, ever.

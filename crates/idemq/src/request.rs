@@ -294,6 +294,7 @@ impl DedupeMode {
 
     /// Decodes a mode read back from a store: an unknown name is an error,
     /// never a default mode (which would decide the next request wrongly).
+    #[cfg_attr(not(all(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn from_stored(s: &str) -> Result<Self, crate::job::Undecodable> {
         Self::parse(s).ok_or_else(|| crate::job::Undecodable::unknown("dedupe mode", s))
     }

@@ -1,7 +1,9 @@
 //! The database each workload runs on: a fresh one every time, so no
 //! workload inherits another's rows, dead tuples or WAL.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+use idemq::store::Location;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context as _, Result, bail};
@@ -36,25 +38,19 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 impl Backend {
     pub(crate) fn parse(url: &str) -> Result<Self> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return Ok(Self::Postgres {
-                admin_url: url.to_owned(),
-            });
-        }
-        if url == "sqlite::memory:" {
-            return Ok(Self::Sqlite {
+        Ok(match idemq::store::Location::parse(url)? {
+            Location::Postgres(url) => Self::Postgres { admin_url: url },
+            Location::SqliteMemory => Self::Sqlite {
                 dir: std::env::temp_dir(),
-            });
-        }
-        if let Some(rest) = url.strip_prefix("sqlite:") {
-            let path = Path::new(rest.strip_prefix("//").unwrap_or(rest));
-            let dir = match path.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-                _ => PathBuf::from("."),
-            };
-            return Ok(Self::Sqlite { dir });
-        }
-        bail!("unknown database URL: use sqlite://path/to/file.db or postgres://…")
+            },
+            Location::SqliteFile(path) => Self::Sqlite {
+                dir: match path.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                    _ => PathBuf::from("."),
+                },
+            },
+            other => bail!("idemq bench does not run on {} yet", other.backend()),
+        })
     }
 
     /// `sqlite` or `postgres`.

@@ -36,9 +36,10 @@ impl WakeHub {
     async fn get(&self, queue: &idemq::Queue) -> Option<Arc<Notify>> {
         self.notify
             .get_or_try_init(|| async {
-                match queue.store().wakeups().await? {
-                    idemq::store::Wakeups::Local(notify) => Ok::<_, idemq::Error>(notify),
-                    mut wakeups => {
+                let mut wakeups = queue.store().wakeups().await?;
+                match wakeups.as_local() {
+                    Some(notify) => Ok::<_, idemq::Error>(notify.clone()),
+                    None => {
                         let notify = Arc::new(Notify::new());
                         let weak = Arc::downgrade(&notify);
                         // Forwards until the server (and with it the hub) is gone.

@@ -12,22 +12,33 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
 use crate::job::{
-    CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, JobState,
-    QueueInfo, Run,
+    CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, QueueInfo, Run,
 };
-use crate::request::{DedupeMode, PreparedEnqueue, PreparedKey};
+use crate::request::{PreparedEnqueue, PreparedKey};
 use crate::schedule::Schedule;
 
+mod location;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
+
+pub use location::Location;
+
+// The public types the seam returns (and the list filter it takes) are the
+// queue's, defined outside the seam; named here too for the backends.
+pub use crate::list::{JobList, JobPage};
+pub use crate::report::{
+    BindingInfo, Explain, ExplainConflict, ExplainDedupe, ExplainIdempotency, KeyCheckChange,
+    MigrationStatus,
+};
 
 /// What a page cursor looks like: the decimal acceptance sequence number of
 /// the last job of the previous page (`Queue::list` refuses anything else).
@@ -36,28 +47,6 @@ pub const CURSOR_PATTERN: &str = "^[0-9]{1,19}$";
 /// Whether `cursor` has the form of [`CURSOR_PATTERN`].
 pub fn is_cursor(cursor: &str) -> bool {
     (1..=19).contains(&cursor.len()) && cursor.bytes().all(|b| b.is_ascii_digit())
-}
-
-/// How a database's schema stands against this binary's (`idemq migrate
-/// --check`). Reading it changes nothing.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct MigrationStatus {
-    /// The newest migration the database has.
-    pub current: i64,
-    /// The newest migration this binary knows.
-    pub latest: i64,
-    /// The migrations `idemq migrate` would apply, in order.
-    pub pending: Vec<i64>,
-    /// Whether the database's functions are this binary's (always true on
-    /// backends without server-side functions).
-    pub functions_current: bool,
-}
-
-impl MigrationStatus {
-    /// Whether `idemq migrate` has nothing to do and this binary can run.
-    pub fn is_current(&self) -> bool {
-        self.current == self.latest && self.pending.is_empty() && self.functions_current
-    }
 }
 
 /// `job_enqueue`: one or many prepared requests, decided in order.
@@ -80,111 +69,11 @@ pub struct JobExplain {
     pub item: PreparedEnqueue,
 }
 
-/// What an explain found: the outcome an enqueue would have now, and who holds the keys.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct Explain {
-    /// `accepted`, `replayed`, `coalesced`, `replaced`, `non_replaceable` or `conflict`.
-    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExplainOutcome))]
-    pub outcome: String,
-    /// For `non_replaceable`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::job::NonReplaceableReason>))]
-    pub reason: Option<String>,
-    /// The job the enqueue would return (`None` for a new job without an explicit id, and for a conflict).
-    pub job_id: Option<String>,
-    /// For `conflict`: the owning job and the differing fields.
-    pub conflict: Option<ExplainConflict>,
-    /// The live idempotency binding of the request's key, if any.
-    pub idempotency: Option<ExplainIdempotency>,
-    /// The live dedupe binding of the request's key, if any.
-    pub dedupe: Option<ExplainDedupe>,
-}
-
-/// Conflict details of an explain.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ExplainConflict {
-    /// The job that owns the key or id.
-    pub job_id: String,
-    /// The differing fields.
-    pub fields: Vec<String>,
-}
-
-/// A live idempotency binding as explain reports it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct ExplainIdempotency {
-    /// The job the key is bound to.
-    pub job_id: String,
-    /// When the binding expires.
-    pub expires_at: DateTime<Utc>,
-}
-
-/// A live dedupe binding as explain and lookups report it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[cfg_attr(feature = "openapi", schema(as = DedupeBinding))]
-pub struct ExplainDedupe {
-    /// The keyed job.
-    pub job_id: String,
-    /// The binding's mode.
-    pub mode: DedupeMode,
-    /// The end of its window (`None` for modes live while the job is pending).
-    pub window_until: Option<DateTime<Utc>>,
-}
-
 /// A job id, for the single-job calls.
 #[derive(Clone, Debug)]
 pub struct JobRef {
     /// The job.
     pub job_id: String,
-}
-
-/// `job_list` filters.
-#[derive(Clone, Debug, Default)]
-pub struct JobList {
-    /// Derived state.
-    pub state: Option<JobState>,
-    /// Queue.
-    pub queue: Option<String>,
-    /// Job type.
-    pub job_type: Option<String>,
-    /// Tag.
-    pub tag: Option<String>,
-    /// Page size (1–1000).
-    pub limit: u32,
-    /// Opaque cursor from the previous page.
-    pub cursor: Option<String>,
-}
-
-impl JobList {
-    /// The filter on the stored state: `scheduled` and `ready` are one stored
-    /// state (`waiting`), split by whether `run_at` is due.
-    pub fn stored_state(&self) -> (Option<&'static str>, Option<bool>) {
-        match self.state {
-            None => (None, None),
-            Some(JobState::Scheduled) => (Some("waiting"), Some(false)),
-            Some(JobState::Ready) => (Some("waiting"), Some(true)),
-            Some(s) => (Some(s.as_str()), None),
-        }
-    }
-
-    /// The acceptance sequence number the cursor stands for (`Queue::list`
-    /// refuses a cursor that is not a previous page's).
-    pub fn seq_cursor(&self) -> Option<i64> {
-        self.cursor.as_deref().and_then(|c| c.parse().ok())
-    }
-}
-
-/// One page of jobs, newest first.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct JobPage {
-    /// The jobs.
-    pub jobs: Vec<Job>,
-    /// The cursor of the next page, if there is one.
-    pub next_cursor: Option<String>,
 }
 
 /// `job_cancel_by_key`.
@@ -308,21 +197,6 @@ pub struct BindingRef {
     pub hash: [u8; 32],
 }
 
-/// A live idempotency binding as a lookup reports it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[cfg_attr(feature = "openapi", schema(as = Binding))]
-pub struct BindingInfo {
-    /// The job the key is bound to.
-    pub job_id: String,
-    /// The key's preview.
-    pub key_preview: String,
-    /// The first 16 hex digits of the key hash.
-    pub key_digest: String,
-    /// When the binding expires.
-    pub expires_at: DateTime<Utc>,
-}
-
 /// A dedupe binding, by job type and key.
 #[derive(Clone, Debug)]
 pub struct DedupeRef {
@@ -341,37 +215,90 @@ pub struct Sweep {
 
 /// A worker's source of wake-ups: new claimable work was committed. It may
 /// miss some (notifications can be lost), so workers also poll.
-pub enum Wakeups {
-    /// The in-process signal of an embedded store.
+pub struct Wakeups(WakeSource);
+
+enum WakeSource {
+    /// An in-process signal (an embedded store).
     Local(std::sync::Arc<tokio::sync::Notify>),
-    /// `LISTEN idemq_jobs` on PostgreSQL.
-    Postgres(Box<sqlx::postgres::PgListener>),
+    /// A backend's own channel (`LISTEN` on PostgreSQL).
+    Channel(Box<dyn WakeChannel>),
+}
+
+/// A backend's channel of wake-ups, behind [`Wakeups`].
+#[async_trait]
+pub trait WakeChannel: Send {
+    /// Waits for the next wake-up. An error means the channel is down for
+    /// now (a backend reconnects it by itself, or the caller only polls).
+    async fn recv(&mut self) -> Result<()>;
 }
 
 impl std::fmt::Debug for Wakeups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Local(_) => "Wakeups::Local",
-            Self::Postgres(_) => "Wakeups::Postgres",
+        f.write_str(match self.0 {
+            WakeSource::Local(_) => "Wakeups(local)",
+            WakeSource::Channel(_) => "Wakeups(channel)",
         })
     }
 }
 
 impl Wakeups {
+    /// Wake-ups from a signal raised in this process.
+    pub fn local(notify: std::sync::Arc<tokio::sync::Notify>) -> Self {
+        Self(WakeSource::Local(notify))
+    }
+
+    /// Wake-ups from a backend's channel.
+    pub fn channel(channel: impl WakeChannel + 'static) -> Self {
+        Self(WakeSource::Channel(Box::new(channel)))
+    }
+
+    /// The in-process signal, when that is what this is: a server shares
+    /// it among its waiting requests instead of forwarding it.
+    pub fn as_local(&self) -> Option<&std::sync::Arc<tokio::sync::Notify>> {
+        match &self.0 {
+            WakeSource::Local(n) => Some(n),
+            WakeSource::Channel(_) => None,
+        }
+    }
+
     /// Waits until work may be there or `timeout` passes. Returns true when
-    /// woken. A lost `LISTEN` connection is reconnected by the driver; until
-    /// then this waits out the timeout.
+    /// woken. While a channel is down this waits (at most half a second at
+    /// a time) and returns false, so a caller polls meanwhile.
     pub async fn wait(&mut self, timeout: std::time::Duration) -> bool {
-        match self {
-            Self::Local(n) => tokio::time::timeout(timeout, n.notified()).await.is_ok(),
-            Self::Postgres(l) => match tokio::time::timeout(timeout, l.recv()).await {
-                Ok(Ok(_)) => true,
+        match &mut self.0 {
+            WakeSource::Local(n) => tokio::time::timeout(timeout, n.notified()).await.is_ok(),
+            WakeSource::Channel(c) => match tokio::time::timeout(timeout, c.recv()).await {
+                Ok(Ok(())) => true,
                 Ok(Err(_)) => {
                     tokio::time::sleep(timeout.min(std::time::Duration::from_millis(500))).await;
                     false
                 }
                 Err(_) => false,
             },
+        }
+    }
+}
+
+/// What a backend can do beyond the operations every backend has. A backend
+/// without one refuses the calls that need it with a clear error, and the
+/// conformance suite names the capability a case needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Capability {
+    /// Enqueue and complete inside a caller's own database transaction
+    /// (`Queue::enqueue_in`, `Queue::enqueue_in_sqlite`, …), so the job
+    /// commits or rolls back with the caller's rows.
+    CallerTransactions,
+}
+
+impl Capability {
+    /// Every capability, for listing what a backend has.
+    pub const ALL: &[Capability] = &[Capability::CallerTransactions];
+
+    /// Its name in docs and test output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::CallerTransactions => "caller_transactions",
         }
     }
 }
@@ -389,11 +316,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         1
     }
 
-    /// The SQLite store, for the operations that run on a caller's own
-    /// connection to its file (`None` on other backends).
-    fn as_sqlite(&self) -> Option<&sqlite::SqliteStore> {
-        None
-    }
+    /// Whether this backend has a capability beyond the common operations.
+    fn supports(&self, capability: Capability) -> bool;
+
+    /// The store as its own type, for a backend's extras that run on a
+    /// caller's connection (`Queue::enqueue_in_sqlite`, …).
+    fn as_any(&self) -> &dyn std::any::Any;
 
     /// A source of wake-ups for a worker.
     async fn wakeups(&self) -> Result<Wakeups>;
@@ -512,16 +440,6 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 pub struct KeyCheck {
     /// `sha256` or `hmac-sha256:<16 hex>`.
     pub value: String,
-}
-
-/// What replacing the installation's key check did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyCheckChange {
-    /// The check recorded before (`None` on a fresh database).
-    pub previous: Option<String>,
-    /// Live idempotency bindings, made with the previous hashing, that no
-    /// request hashed the new way will match again.
-    pub live_bindings: u64,
 }
 
 /// `schedule_put`: a validated definition.

@@ -160,6 +160,7 @@ impl HandlerContext {
             .map_err(JobError::retryable)
     }
 
+    #[cfg(feature = "postgres")]
     /// Completes this job inside the handler's own PostgreSQL transaction,
     /// with `result` as the job's result: the business writes and the
     /// completion commit or roll back together, fenced by this attempt's
@@ -185,6 +186,7 @@ impl HandlerContext {
         Ok(())
     }
 
+    #[cfg(feature = "sqlite")]
     /// [`complete_in`](Self::complete_in) on the handler's own `rusqlite`
     /// connection to the queue's SQLite database file, inside its open
     /// transaction ([`Queue::sqlite_connection`] opens such a connection).
@@ -250,6 +252,7 @@ impl HandlerContext {
         Ok(())
     }
 
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     fn result_value<T: Serialize + ?Sized>(&self, result: &T) -> Result<Option<Value>, Error> {
         let value = serde_json::to_value(result)
             .map_err(|e| Error::validation("result", format!("does not serialize: {e}")))?;

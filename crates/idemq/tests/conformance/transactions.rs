@@ -21,6 +21,7 @@ idemq_testkit::instantiate!(
     a_completion_in_a_rolled_back_transaction_leaves_the_job_running [needs CallerTransactions],
     a_lost_lease_refuses_the_completion_and_the_caller_rolls_back [needs CallerTransactions],
     a_sqlite_completion_on_another_database_is_refused [needs CallerTransactions],
+    a_postgres_connection_for_a_queue_on_another_backend_is_refused [needs CallerTransactions],
     a_handler_completes_its_job_in_its_own_transaction [needs CallerTransactions],
     a_handler_whose_transaction_rolled_back_fails_its_attempt [needs CallerTransactions],
     a_transactional_enqueue_commits_with_the_business_row [needs CallerTransactions],
@@ -327,6 +328,43 @@ async fn a_sqlite_completion_on_another_database_is_refused(h: Harness) {
             "{err}"
         );
     }
+}
+
+/// A PostgreSQL connection passed to a queue that is not on PostgreSQL
+/// would put the job where the queue never reads it: refused with a
+/// `Validation` error on `connection`, the queue's job untouched.
+async fn a_postgres_connection_for_a_queue_on_another_backend_is_refused(h: Harness) {
+    if h.backend == "postgres" {
+        // The connection is of the queue's own database: covered by the
+        // cases above.
+        return;
+    }
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let claimed = h.claim_one().await;
+    let pool = sqlx::PgPool::connect(&idemq_testkit::pg_admin_url())
+        .await
+        .expect("PostgreSQL for the caller's connection");
+    let mut conn = pool.acquire().await.expect("a connection");
+    let err = h
+        .queue
+        .enqueue_in(&mut conn, EnqueueRequest::new("elsewhere"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Validation { ref field, .. } if field == "connection"),
+        "{err}"
+    );
+    let err = h
+        .queue
+        .complete_in(&mut conn, &id, &claimed.lease_token, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Validation { ref field, .. } if field == "connection"),
+        "{err}"
+    );
+    assert_eq!(h.job(&id).await.state, JobState::Active);
+    assert_eq!(h.queue.stats().completions, 0);
 }
 
 fn worker(h: &Harness) -> Worker {

@@ -76,6 +76,42 @@ pub fn latest() -> i64 {
     MIGRATIONS.last().map_or(0, |m| m.0)
 }
 
+/// One connection to the database a URL names, for schema work. idemq's
+/// own parameters are taken off the URL; through PgBouncer the statements
+/// are not prepared.
+async fn schema_pool(url: &str) -> Result<PgPool> {
+    let (url, net) = super::db::split_url(url).map_err(|e| Error::validation("database", e))?;
+    let mut connect: sqlx::postgres::PgConnectOptions = url
+        .parse()
+        .map_err(|e| Error::validation("database", format!("bad PostgreSQL URL: {e}")))?;
+    if net.bouncer {
+        connect = connect.statement_cache_capacity(0).extra_float_digits(None);
+    }
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(connect)
+        .await
+        .map_err(|e| Error::Unavailable {
+            message: format!("cannot connect to PostgreSQL: {e}"),
+        })
+}
+
+/// [`migrate`] on the database a URL names.
+pub async fn migrate_url(url: &str) -> Result<Vec<i64>> {
+    let pool = schema_pool(url).await?;
+    let applied = migrate(&pool).await;
+    pool.close().await;
+    applied
+}
+
+/// [`status`] of the database a URL names.
+pub async fn status_url(url: &str) -> Result<MigrationStatus> {
+    let pool = schema_pool(url).await?;
+    let status = status(&pool).await;
+    pool.close().await;
+    status
+}
+
 /// Applies every pending migration; returns the versions applied.
 pub async fn migrate(pool: &PgPool) -> Result<Vec<i64>> {
     let mut conn = pool.acquire().await.map_err(db_err)?;

@@ -29,7 +29,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
 
 pub use migrate::{
-    FUNCTIONS, MIGRATIONS, latest as schema_version, migrate, status as migration_status,
+    FUNCTIONS, MIGRATIONS, latest as schema_version, migrate, migrate_url,
+    status as migration_status, status_url as migration_status_url,
 };
 
 use super::*;
@@ -38,6 +39,17 @@ use crate::job::JobState;
 
 /// The channel `LISTEN`ers are told of new work on; the payload is the queue name.
 pub const NOTIFY_CHANNEL: &str = "idemq_jobs";
+
+/// `LISTEN idemq_jobs` as a source of wake-ups. A lost connection is
+/// reconnected by the driver at the next receive.
+struct Listener(sqlx::postgres::PgListener);
+
+#[async_trait]
+impl WakeChannel for Listener {
+    async fn recv(&mut self) -> Result<()> {
+        self.0.recv().await.map(drop).map_err(db_err)
+    }
+}
 
 /// Maps a driver error: lost connections, serialization failures, deadlocks,
 /// lock timeouts, shutdowns, a database that is gone and a server out of
@@ -299,6 +311,16 @@ impl Store for PgStore {
         "postgres"
     }
 
+    fn supports(&self, capability: Capability) -> bool {
+        match capability {
+            Capability::CallerTransactions => true,
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     /// Two: the database works on one claim while the worker runs the jobs
     /// of the other (W3 in docs/benchmarks.md).
     fn claims_in_flight(&self) -> usize {
@@ -313,7 +335,7 @@ impl Store for PgStore {
         }
         .map_err(db_err)?;
         listener.listen(NOTIFY_CHANNEL).await.map_err(db_err)?;
-        Ok(Wakeups::Postgres(Box::new(listener)))
+        Ok(Wakeups::channel(Listener(listener)))
     }
 
     async fn now(&self) -> Result<DateTime<Utc>> {

@@ -411,7 +411,7 @@ fn open_conn(path: Option<&Path>) -> Result<Connection> {
     Ok(conn)
 }
 
-fn migrate(conn: &mut Connection) -> Result<()> {
+fn migrate(conn: &mut Connection) -> Result<Vec<i64>> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS idemq_migrations (
             version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
@@ -430,15 +430,23 @@ fn migrate(conn: &mut Connection) -> Result<()> {
             ),
         });
     }
+    let mut applied = Vec::new();
     for (version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
         tx.execute_batch(sql)?;
         tx.execute(
             "INSERT INTO idemq_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
             params![version, name, Utc::now().timestamp_micros()],
         )?;
+        applied.push(*version);
     }
     tx.commit()?;
-    Ok(())
+    Ok(applied)
+}
+
+/// Creates the database file at `path` if it is missing and applies the
+/// pending migrations; returns the versions applied (`idemq migrate`).
+pub fn migrate_file(path: &Path) -> Result<Vec<i64>> {
+    migrate(&mut open_conn(Some(path))?)
 }
 
 /// How the database file at `path` stands against this binary's schema,
@@ -697,12 +705,18 @@ impl Store for SqliteStore {
         "sqlite"
     }
 
-    fn as_sqlite(&self) -> Option<&SqliteStore> {
-        Some(self)
+    fn supports(&self, capability: Capability) -> bool {
+        match capability {
+            Capability::CallerTransactions => true,
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     async fn wakeups(&self) -> Result<Wakeups> {
-        Ok(Wakeups::Local(self.inner.wakeup.clone()))
+        Ok(Wakeups::local(self.inner.wakeup.clone()))
     }
 
     async fn now(&self) -> Result<DateTime<Utc>> {

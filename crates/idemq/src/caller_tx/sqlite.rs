@@ -1,66 +1,21 @@
-//! The queue's operations inside a caller's own transaction: enqueue and
-//! complete commit or roll back with the caller's business rows
-//! (docs/storage.md). On PostgreSQL the caller passes its `sqlx`
-//! connection or transaction; on SQLite its own `rusqlite` connection to
-//! the queue's database file ([`Queue::sqlite_connection`] opens one set up
-//! as the store's).
+//! A caller's own connection to the queue's SQLite file.
 
 use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::job::EnqueueResult;
 use crate::queue::Queue;
-use crate::request::encode_json;
-use crate::store::JobComplete;
-use crate::store::postgres::PgStore;
 use crate::store::sqlite::SqliteStore;
 use crate::worker::IntoEnqueueRequest;
 
 impl Queue {
     fn sqlite(&self) -> Result<&SqliteStore> {
-        self.store().as_sqlite().ok_or_else(|| {
+        self.store().as_any().downcast_ref().ok_or_else(|| {
             Error::validation(
                 "connection",
                 format!("this queue is on {}, not SQLite", self.backend()),
             )
         })
-    }
-
-    fn completion(
-        &self,
-        job_id: &str,
-        lease_token: &str,
-        result: Option<Value>,
-    ) -> Result<JobComplete> {
-        Self::lease_text(job_id, lease_token)?;
-        Ok(JobComplete {
-            lease: Self::lease(job_id, lease_token),
-            result: result
-                .filter(|v| !v.is_null())
-                .map(|v| encode_json("result", &v, self.payload_limit()))
-                .transpose()?,
-        })
-    }
-
-    /// Completes an attempt inside the caller's own PostgreSQL transaction,
-    /// fenced by its lease token: the completion (state, result, event, run
-    /// ledger) commits or rolls back with the caller's rows. A lease that is
-    /// no longer the job's current one fails with [`Error::LeaseLost`] and
-    /// writes nothing; roll the transaction back then, its business writes
-    /// belong to an attempt that is not the job's any more. Nothing in it
-    /// raises in the database, so the transaction stays usable.
-    ///
-    /// The job's row stays locked until the transaction ends: call it last,
-    /// just before the commit.
-    pub async fn complete_in(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        job_id: &str,
-        lease_token: &str,
-        result: Option<Value>,
-    ) -> Result<()> {
-        let p = self.completion(job_id, lease_token, result)?;
-        PgStore::complete_in(conn, &p).await
     }
 
     /// [`complete_in`](Self::complete_in) on the caller's own connection to

@@ -1,0 +1,110 @@
+//! What the queue reports beyond jobs: an explain's findings, a binding, a
+//! schema's standing, a key-check change. Public types, which the storage
+//! seam returns as it returns a [`Job`](crate::Job); the seam's own
+//! parameters live in [`crate::store`].
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::request::DedupeMode;
+
+/// How a database's schema stands against this binary's (`idemq migrate
+/// --check`). Reading it changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MigrationStatus {
+    /// The newest migration the database has.
+    pub current: i64,
+    /// The newest migration this binary knows.
+    pub latest: i64,
+    /// The migrations `idemq migrate` would apply, in order.
+    pub pending: Vec<i64>,
+    /// Whether the database's functions are this binary's (always true on
+    /// backends without server-side functions).
+    pub functions_current: bool,
+}
+
+impl MigrationStatus {
+    /// Whether `idemq migrate` has nothing to do and this binary can run.
+    pub fn is_current(&self) -> bool {
+        self.current == self.latest && self.pending.is_empty() && self.functions_current
+    }
+}
+
+/// What an explain found: the outcome an enqueue would have now, and who holds the keys.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Explain {
+    /// `accepted`, `replayed`, `coalesced`, `replaced`, `non_replaceable` or `conflict`.
+    #[cfg_attr(feature = "openapi", schema(value_type = crate::openapi::ExplainOutcome))]
+    pub outcome: String,
+    /// For `non_replaceable`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::job::NonReplaceableReason>))]
+    pub reason: Option<String>,
+    /// The job the enqueue would return (`None` for a new job without an explicit id, and for a conflict).
+    pub job_id: Option<String>,
+    /// For `conflict`: the owning job and the differing fields.
+    pub conflict: Option<ExplainConflict>,
+    /// The live idempotency binding of the request's key, if any.
+    pub idempotency: Option<ExplainIdempotency>,
+    /// The live dedupe binding of the request's key, if any.
+    pub dedupe: Option<ExplainDedupe>,
+}
+
+/// Conflict details of an explain.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ExplainConflict {
+    /// The job that owns the key or id.
+    pub job_id: String,
+    /// The differing fields.
+    pub fields: Vec<String>,
+}
+
+/// A live idempotency binding as explain reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ExplainIdempotency {
+    /// The job the key is bound to.
+    pub job_id: String,
+    /// When the binding expires.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// A live dedupe binding as explain and lookups report it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = DedupeBinding))]
+pub struct ExplainDedupe {
+    /// The keyed job.
+    pub job_id: String,
+    /// The binding's mode.
+    pub mode: DedupeMode,
+    /// The end of its window (`None` for modes live while the job is pending).
+    pub window_until: Option<DateTime<Utc>>,
+}
+
+/// A live idempotency binding as a lookup reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = Binding))]
+pub struct BindingInfo {
+    /// The job the key is bound to.
+    pub job_id: String,
+    /// The key's preview.
+    pub key_preview: String,
+    /// The first 16 hex digits of the key hash.
+    pub key_digest: String,
+    /// When the binding expires.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// What replacing the installation's key check did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyCheckChange {
+    /// The check recorded before (`None` on a fresh database).
+    pub previous: Option<String>,
+    /// Live idempotency bindings, made with the previous hashing, that no
+    /// request hashed the new way will match again.
+    pub live_bindings: u64,
+}
