@@ -495,16 +495,17 @@ impl Queue {
         }
         // A cursor is what a previous page returned; anything else is refused
         // rather than silently restarting from the first page.
-        if filter
-            .cursor
-            .as_deref()
-            .is_some_and(|c| !crate::store::is_cursor(c))
-        {
-            return Err(Error::validation(
-                "cursor",
-                "is not a cursor returned by a previous page",
-            ));
-        }
+        let before_seq = match filter.cursor.as_deref() {
+            None => None,
+            Some(c) => Some(
+                c.parse::<i64>()
+                    .ok()
+                    .filter(|seq| crate::store::is_cursor(c) && *seq >= 0)
+                    .ok_or_else(|| {
+                        Error::validation("cursor", "is not a cursor returned by a previous page")
+                    })?,
+            ),
+        };
         for (field, v) in [
             ("queue", &filter.queue),
             ("type", &filter.job_type),
@@ -514,7 +515,9 @@ impl Queue {
                 return Err(Error::validation(field, "must not contain U+0000"));
             }
         }
-        self.store.job_list(filter).await
+        self.store
+            .job_list(JobListing::new(filter, before_seq))
+            .await
     }
 
     /// A job's events, oldest first.

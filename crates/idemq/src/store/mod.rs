@@ -76,6 +76,51 @@ pub struct JobRef {
     pub job_id: String,
 }
 
+/// `job_list`: a validated filter as the stores read it.
+#[derive(Clone, Debug, Default)]
+pub struct JobListing {
+    /// The stored state (`waiting` stands for both scheduled and ready).
+    pub stored_state: Option<&'static str>,
+    /// With `waiting`: only jobs whose `run_at` is due (`Some(true)`) or not
+    /// yet due (`Some(false)`) by the clock of record.
+    pub due: Option<bool>,
+    /// Queue.
+    pub queue: Option<String>,
+    /// Job type.
+    pub job_type: Option<String>,
+    /// Tag.
+    pub tag: Option<String>,
+    /// Page size, 1–1000.
+    pub limit: u32,
+    /// Only jobs accepted before this sequence number (the last of the
+    /// previous page).
+    pub before_seq: Option<i64>,
+}
+
+impl JobListing {
+    /// The stores' reading of a public filter whose bounds
+    /// [`Queue::list`](crate::Queue::list) checked. `scheduled` and `ready`
+    /// are one stored state, split by whether `run_at` is due.
+    pub fn new(filter: JobList, before_seq: Option<i64>) -> Self {
+        use crate::job::JobState;
+        let (stored_state, due) = match filter.state {
+            None => (None, None),
+            Some(JobState::Scheduled) => (Some("waiting"), Some(false)),
+            Some(JobState::Ready) => (Some("waiting"), Some(true)),
+            Some(s) => (Some(s.as_str()), None),
+        };
+        Self {
+            stored_state,
+            due,
+            queue: filter.queue,
+            job_type: filter.job_type,
+            tag: filter.tag,
+            limit: filter.limit.clamp(1, 1000),
+            before_seq,
+        }
+    }
+}
+
 /// `job_cancel_by_key`.
 #[derive(Clone, Debug)]
 pub struct JobCancelByKey {
@@ -334,7 +379,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// One job.
     async fn job_get(&self, p: JobRef) -> Result<Option<Job>>;
     /// A page of jobs.
-    async fn job_list(&self, p: JobList) -> Result<JobPage>;
+    async fn job_list(&self, p: JobListing) -> Result<JobPage>;
     /// A job's events, oldest first.
     async fn job_events(&self, p: JobRef) -> Result<Vec<Event>>;
     /// A job's run ledger.

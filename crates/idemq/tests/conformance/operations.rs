@@ -1188,7 +1188,7 @@ async fn list_unknown_cursor_is_refused(h: Harness) {
     for n in 0..3 {
         h.put(item(n)).await;
     }
-    for cursor in ["", "garbage", "not-a-cursor"] {
+    for cursor in ["", "garbage", "not-a-cursor", "9999999999999999999", "-1"] {
         let err = h
             .queue
             .list(JobList {

@@ -364,7 +364,7 @@ impl Store for PgStore {
         query::job_get(self.db(), &p.job_id).await
     }
 
-    async fn job_list(&self, p: JobList) -> Result<JobPage> {
+    async fn job_list(&self, p: JobListing) -> Result<JobPage> {
         query::job_list(self.db(), &p).await
     }
 

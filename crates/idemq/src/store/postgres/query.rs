@@ -14,7 +14,7 @@ use crate::error::Result;
 use crate::fingerprint::key_digest;
 use crate::job::{Event, Job, JobDedupe, JobIdempotency, JobState, QueueInfo, Run, Undecodable};
 use crate::request::DedupeMode;
-use crate::store::{BindingInfo, BindingRef, DedupeRef, ExplainDedupe, JobList, JobPage};
+use crate::store::{BindingInfo, BindingRef, DedupeRef, ExplainDedupe, JobListing, JobPage};
 
 /// A job with its derived state and key details, as of `idemq.now()`.
 const JOB_SELECT: &str = "
@@ -141,9 +141,9 @@ pub(super) async fn job_get(pool: Db<'_>, id: &str) -> Result<Option<Job>> {
     row.as_ref().map(job_from).transpose()
 }
 
-pub(super) async fn job_list(pool: Db<'_>, p: &JobList) -> Result<JobPage> {
-    let (stored, due) = p.stored_state();
-    let (cursor, limit) = (p.seq_cursor(), p.limit.clamp(1, 1000));
+pub(super) async fn job_list(pool: Db<'_>, p: &JobListing) -> Result<JobPage> {
+    let (stored, due) = (p.stored_state, p.due);
+    let (cursor, limit) = (p.before_seq, p.limit);
     // Sent unprepared, so it is planned with its values: a filter left out
     // (`$n IS NULL`) folds away, and the planner sees which index returns
     // the page in order (0008_big_tables.sql). A prepared statement's one

@@ -125,8 +125,8 @@ impl Store for RedisStore {
         r.get(1).map(|j| codec::job(j, now)).transpose()
     }
 
-    async fn job_list(&self, p: JobList) -> Result<JobPage> {
-        let (stored, due) = p.stored_state();
+    async fn job_list(&self, p: JobListing) -> Result<JobPage> {
+        let (stored, due) = (p.stored_state, p.due);
         let mut cmd = self.fcall("job_list");
         cmd.arg(stored.unwrap_or_default())
             .arg(match due {
@@ -137,8 +137,8 @@ impl Store for RedisStore {
             .arg(p.queue.as_deref().unwrap_or_default())
             .arg(p.job_type.as_deref().unwrap_or_default())
             .arg(p.tag.as_deref().unwrap_or_default())
-            .arg(p.seq_cursor().map(|c| c.to_string()).unwrap_or_default())
-            .arg(p.limit.clamp(1, 1000));
+            .arg(p.before_seq.map(|c| c.to_string()).unwrap_or_default())
+            .arg(p.limit);
         let v = self.run(cmd).await?;
         let r = array(&v)?;
         let now = int(at(r, 0)?)?;

@@ -767,7 +767,7 @@ impl Store for SqliteStore {
         self.read(move |cx| query::job_get(cx, &p.job_id)).await
     }
 
-    async fn job_list(&self, p: JobList) -> Result<JobPage> {
+    async fn job_list(&self, p: JobListing) -> Result<JobPage> {
         self.read(move |cx| query::job_list(cx, &p)).await
     }
 

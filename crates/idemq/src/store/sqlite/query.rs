@@ -14,7 +14,7 @@ use crate::fingerprint::key_digest;
 use crate::job::{Event, Job, JobDedupe, JobIdempotency, JobState, QueueInfo, Run, Undecodable};
 use crate::request::DedupeMode;
 use crate::store::{
-    BindingInfo, BindingRef, CheckpointGet, DedupeRef, ExplainDedupe, JobList, JobPage,
+    BindingInfo, BindingRef, CheckpointGet, DedupeRef, ExplainDedupe, JobListing, JobPage,
 };
 
 const JOB_COLS: &str = "seq, id, type, queue, state, payload, result, priority, run_at, attempt,
@@ -151,9 +151,9 @@ pub(super) fn job_get(cx: &Cx, id: &str) -> Result<Option<Job>> {
     row.map(|r| finish_row(cx, r)).transpose()
 }
 
-pub(super) fn job_list(cx: &Cx, p: &JobList) -> Result<JobPage> {
-    let (stored, due) = p.stored_state();
-    let (cursor, limit) = (p.seq_cursor(), p.limit.clamp(1, 1000));
+pub(super) fn job_list(cx: &Cx, p: &JobListing) -> Result<JobPage> {
+    let (stored, due) = (p.stored_state, p.due);
+    let (cursor, limit) = (p.before_seq, p.limit);
     let sql = format!(
         "SELECT {JOB_COLS} FROM idemq_jobs j
          WHERE (?1 IS NULL OR state = ?1)
