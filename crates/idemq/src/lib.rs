@@ -71,8 +71,8 @@ pub use queue::{
     QueueOptions, RedriveOptions, key_secret_from_env,
 };
 pub use report::{
-    BindingInfo, Explain, ExplainConflict, ExplainDedupe, ExplainIdempotency, KeyCheckChange,
-    MigrationStatus,
+    BindingInfo, Durability, Explain, ExplainConflict, ExplainDedupe, ExplainIdempotency,
+    KeyCheckChange, MigrationStatus,
 };
 pub use request::{DedupeMode, DedupeOptions, EnqueueRequest, IdempotencyOptions, RetryPolicy};
 pub use schedule::{Schedule, ScheduleDefinition, ScheduleSpec};

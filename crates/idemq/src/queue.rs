@@ -330,6 +330,13 @@ impl Queue {
         self.store.backend()
     }
 
+    /// Whether the store runs with the settings under which nothing
+    /// acknowledged is lost ([`Durability::Full`](crate::Durability)), or
+    /// was opened with them unchecked (Redis `?durability=relaxed`).
+    pub fn durability(&self) -> crate::Durability {
+        self.store.durability()
+    }
+
     /// Whether the backend has a capability beyond the operations every
     /// backend has (docs/storage.md lists which backend has which).
     pub fn supports(&self, capability: crate::store::Capability) -> bool {

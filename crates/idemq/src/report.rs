@@ -108,3 +108,44 @@ pub struct KeyCheckChange {
     /// request hashed the new way will match again.
     pub live_bindings: u64,
 }
+
+/// What an acknowledgement from the store is worth: whether the backend
+/// runs with the settings under which nothing acknowledged is lost.
+/// `/healthz`, `/metrics` and the dashboard show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Acknowledged work survives a crash of the database process: SQLite
+    /// and PostgreSQL as idemq opens them, Redis with its durable settings
+    /// checked at connect.
+    Full,
+    /// The store was opened without its durability settings checked
+    /// (Redis with `?durability=relaxed`): acknowledged work may be lost.
+    Relaxed {
+        /// Why, for an operator: what was skipped and what it risks.
+        reason: String,
+    },
+}
+
+impl Durability {
+    /// `full` or `relaxed`: the word `/healthz` and the dashboard show.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Relaxed { .. } => "relaxed",
+        }
+    }
+
+    /// Whether acknowledged work may be lost.
+    pub fn is_relaxed(&self) -> bool {
+        matches!(self, Self::Relaxed { .. })
+    }
+
+    /// Why durability is reduced (`None` when it is full).
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Full => None,
+            Self::Relaxed { reason } => Some(reason),
+        }
+    }
+}

@@ -75,6 +75,11 @@ impl Metrics {
                 "Jobs deleted by this process: reason=operator (purge) or reason=retention (the retention sweep)"
             );
             describe_gauge!(
+                "idemq_durability_relaxed",
+                "1 when the store runs without its durability settings checked (Redis \
+                 ?durability=relaxed: acknowledged jobs may be lost), else 0"
+            );
+            describe_gauge!(
                 "idemq_queue_depth",
                 "Jobs per queue and state at scrape time"
             );
@@ -117,10 +122,17 @@ impl Metrics {
         });
     }
 
-    /// The text exposition, with the queue depths of `queues` and the
-    /// process's counters `stats`.
-    pub(crate) fn render(&self, queues: &[QueueInfo], stats: idemq::Stats) -> String {
+    /// The text exposition, with the queue depths of `queues`, the
+    /// process's counters `stats`, and whether the store's durability is
+    /// `relaxed`.
+    pub(crate) fn render(
+        &self,
+        queues: &[QueueInfo],
+        stats: idemq::Stats,
+        relaxed: bool,
+    ) -> String {
         self.record(|| {
+            gauge!("idemq_durability_relaxed").set(if relaxed { 1.0 } else { 0.0 });
             counter!("idemq_claims_total").absolute(stats.claims);
             counter!("idemq_completions_total").absolute(stats.completions);
             counter!("idemq_retries_total").absolute(stats.retries);

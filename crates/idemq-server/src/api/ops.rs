@@ -16,6 +16,10 @@ pub(crate) struct Health {
     ok: bool,
     /// `sqlite`, `postgres`, …
     backend: &'static str,
+    /// `full`, or `relaxed` when the store was opened without its
+    /// durability settings checked (Redis `?durability=relaxed`):
+    /// acknowledged jobs may then be lost.
+    durability: &'static str,
 }
 
 /// How long the health probe waits for the backend.
@@ -38,7 +42,12 @@ pub(crate) async fn healthz(State(s): State<ApiState>) -> ApiResult<Response> {
     // A key lookup reaches the database on every backend (the embedded
     // store's clock alone would answer without it).
     match tokio::time::timeout(HEALTH_TIMEOUT, s.queue().get("healthz")).await {
-        Ok(Ok(_)) => Ok(axum::Json(Health { ok: true, backend }).into_response()),
+        Ok(Ok(_)) => Ok(axum::Json(Health {
+            ok: true,
+            backend,
+            durability: s.queue().durability().as_str(),
+        })
+        .into_response()),
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "health check failed");
             Err(unavailable("the backend is unreachable", 1)
@@ -69,7 +78,11 @@ pub(crate) async fn metrics(State(s): State<ApiState>) -> Response {
             Vec::new()
         }
     };
-    let mut response = s.metrics.render(&queues, s.queue().stats()).into_response();
+    let relaxed = s.queue().durability().is_relaxed();
+    let mut response = s
+        .metrics
+        .render(&queues, s.queue().stats(), relaxed)
+        .into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

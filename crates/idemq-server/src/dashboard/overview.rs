@@ -146,6 +146,15 @@ pub(crate) async fn page(State(state): State<AppState>, Query(f): Query<Flash>) 
     let est = estimated(&queues);
     let mut body = String::new();
 
+    // The operator must see, before any count, that what the counts show
+    // may not survive a crash of the database.
+    if let Some(reason) = state.queue.durability().reason() {
+        body.push_str(&format!(
+            r#"<div class="banner banner-warn" id="durability-warning" role="alert"><strong>Durability relaxed:</strong> acknowledged jobs may be lost. {}</div>"#,
+            esc(reason)
+        ));
+    }
+
     body.push_str(r#"<section class="cards">"#);
     for s in JobState::ALL {
         body.push_str(&format!(
@@ -291,6 +300,8 @@ pub(crate) async fn stats(
         "jobs": all,
         // The states whose totals are estimates (docs/dashboard.md).
         "estimated": estimated(&queues),
+        // `full` or `relaxed` (acknowledged jobs may be lost), as /healthz.
+        "durability": state.queue.durability().as_str(),
         "queues": queues,
     }))
     .into_response();

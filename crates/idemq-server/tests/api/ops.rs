@@ -13,7 +13,10 @@ async fn health_and_pages(b: Backend) {
         Backend::Sqlite => "sqlite",
         Backend::Postgres => "postgres",
     };
-    assert_eq!(a.ok(200).clone(), json!({"ok": true, "backend": expected}));
+    assert_eq!(
+        a.ok(200).clone(),
+        json!({"ok": true, "backend": expected, "durability": "full"})
+    );
     for name in [
         "bad-request",
         "validation",

@@ -36,8 +36,8 @@ pub use location::Location;
 // queue's, defined outside the seam; named here too for the backends.
 pub use crate::list::{JobList, JobPage};
 pub use crate::report::{
-    BindingInfo, Explain, ExplainConflict, ExplainDedupe, ExplainIdempotency, KeyCheckChange,
-    MigrationStatus,
+    BindingInfo, Durability, Explain, ExplainConflict, ExplainDedupe, ExplainIdempotency,
+    KeyCheckChange, MigrationStatus,
 };
 
 /// What a page cursor looks like: the decimal acceptance sequence number of
@@ -363,6 +363,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// Whether this backend has a capability beyond the common operations.
     fn supports(&self, capability: Capability) -> bool;
+
+    /// Whether the store runs with the settings under which nothing
+    /// acknowledged is lost. Full unless the backend was opened with its
+    /// durability check skipped (Redis `?durability=relaxed`).
+    fn durability(&self) -> Durability {
+        Durability::Full
+    }
 
     /// The store as its own type, for a backend's extras that run on a
     /// caller's connection (`Queue::enqueue_in_sqlite`, …).

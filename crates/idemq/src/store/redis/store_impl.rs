@@ -20,6 +20,21 @@ impl Store for RedisStore {
         false
     }
 
+    /// Relaxed when the URL said `?durability=relaxed`: the server's
+    /// settings were not checked, so acknowledged jobs may be lost.
+    fn durability(&self) -> Durability {
+        if self.inner.relaxed {
+            Durability::Relaxed {
+                reason: "Redis opened with ?durability=relaxed: appendonly yes, appendfsync \
+                         always and maxmemory-policy noeviction were not checked, so a crash \
+                         or an eviction can lose acknowledged jobs"
+                    .into(),
+            }
+        } else {
+            Durability::Full
+        }
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
