@@ -39,15 +39,18 @@ fn keyed(key: usize) -> EnqueueRequest {
         .idempotency_key(format!("key-{key}"))
 }
 
-/// The targets (docs/benchmarks.md), as minimum ratios.
+/// The targets (docs/benchmarks.md), as minimum ratios. Redis has none:
+/// its target is to be ahead of BullMQ on the same server, which the bench
+/// cannot measure.
 fn target(workload: &str, backend: &Backend, producers: usize) -> Option<f64> {
     let pg = matches!(backend, Backend::Postgres { .. });
+    let sqlite = matches!(backend, Backend::Sqlite { .. });
     match (workload, producers) {
-        ("W1", 1) => Some(0.8),
+        ("W1", 1) if pg || sqlite => Some(0.8),
         ("W1", _) if pg => Some(0.6),
         ("W2", _) if pg => Some(0.4),
         ("W3", _) if pg => Some(0.5),
-        ("W3", _) => Some(0.4),
+        ("W3", _) if sqlite => Some(0.4),
         ("W4", 8) if pg => Some(1.0),
         ("W4r", _) if pg => Some(1.0),
         ("W1h", _) if pg => Some(0.8),
@@ -131,7 +134,7 @@ pub(crate) async fn single(backend: &Backend, producers: usize, ops: usize) -> R
                 producers,
                 ops,
                 ops_per_sec,
-                limit.name(),
+                limit.name(db.backend()),
                 raw.ops_per_sec,
                 check,
             ))
@@ -174,7 +177,7 @@ pub(crate) async fn batch(backend: &Backend, ops: usize) -> Result<Row> {
                 1,
                 ops,
                 ops_per_sec,
-                limit.name(),
+                limit.name(db.backend()),
                 raw.ops_per_sec,
                 check,
             ))
@@ -215,7 +218,7 @@ pub(crate) async fn duplicates(
                 producers,
                 calls,
                 ops_per_sec,
-                limit.name(),
+                limit.name(db.backend()),
                 raw.ops_per_sec,
                 check,
             ))
@@ -262,7 +265,7 @@ pub(crate) async fn replay(
                 producers,
                 calls,
                 ops_per_sec,
-                limit.name(),
+                limit.name(db.backend()),
                 raw.ops_per_sec,
                 check,
             ))
@@ -305,7 +308,7 @@ pub(crate) async fn storm(
                 producers,
                 calls,
                 ops_per_sec,
-                limit.name(),
+                limit.name(db.backend()),
                 raw.ops_per_sec,
                 check,
             ))

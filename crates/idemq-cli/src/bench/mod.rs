@@ -1,16 +1,18 @@
 //! `idemq bench`: measures what idemq does against what the database under
 //! it can do, in the same run on the same database. Every workload runs on a
 //! fresh database (SQLite: a new file; PostgreSQL: a new database on the
-//! URL's server, dropped afterwards) and is reported next to the raw limit of
-//! that database for the same shape of work, as a ratio.
+//! URL's server, dropped afterwards; Redis: a new key prefix on the URL's
+//! server, its keys deleted afterwards) and is reported next to the raw
+//! limit of that database for the same shape of work, as a ratio.
 //!
-//! Files by concern: `target` makes and drops the fresh databases, `raw_pg`
-//! and `raw_sqlite` measure the raw limits, `enqueue` and `worker` run the
-//! idemq workloads, `report` prints rows and tracks memory.
+//! Files by concern: `target` makes and drops the fresh databases, `raw_pg`,
+//! `raw_sqlite` and `raw_redis` measure the raw limits, `enqueue` and
+//! `worker` run the idemq workloads, `report` prints rows and tracks memory.
 
 mod enqueue;
 mod http;
 mod raw_pg;
+mod raw_redis;
 mod raw_sqlite;
 mod report;
 mod soak;
@@ -100,7 +102,7 @@ pub(crate) async fn run(args: BenchArgs, database: &str, json: bool) -> Result<(
 }
 
 async fn bench(args: BenchArgs, database: &str, json: bool) -> Result<()> {
-    let backend = Backend::parse(database)?;
+    let backend = Backend::connect(database).await?;
     if let Some(duration) = args.soak {
         return soak::run(&backend, duration, json).await;
     }
@@ -268,7 +270,7 @@ pub(crate) async fn paired<F>(
 where
     F: AsyncFnMut(Range<usize>, &ProgressBar) -> Result<Duration>,
 {
-    let raw_bar = bar(&limit.name(), ops);
+    let raw_bar = bar(&limit.name(db.backend()), ops);
     let idemq_bar = bar(name, ops);
     let raw = Raw::open(db, limit).await?;
     let (mut raw_time, mut idemq_time) = (Duration::ZERO, Duration::ZERO);
@@ -314,6 +316,7 @@ fn reset_peak_memory_once(slice: &Range<usize>) {
 pub(crate) enum Raw {
     Postgres(raw_pg::Raw),
     Sqlite(raw_sqlite::Raw),
+    Redis(raw_redis::Raw),
 }
 
 impl Raw {
@@ -321,6 +324,9 @@ impl Raw {
         Ok(match db {
             Fresh::Postgres { url, .. } => Self::Postgres(raw_pg::Raw::open(url, limit).await?),
             Fresh::Sqlite { path, .. } => Self::Sqlite(raw_sqlite::Raw::open(path, limit).await?),
+            Fresh::Redis { driver, prefix, .. } => {
+                Self::Redis(raw_redis::Raw::open(driver, prefix, limit).await?)
+            }
         })
     }
 
@@ -329,6 +335,7 @@ impl Raw {
         match self {
             Self::Postgres(r) => r.run(range, bar).await,
             Self::Sqlite(r) => r.run(range, bar).await,
+            Self::Redis(r) => r.run(range, bar).await,
         }
     }
 
@@ -338,6 +345,7 @@ impl Raw {
         match self {
             Self::Postgres(r) => r.close().await,
             Self::Sqlite(r) => r.close().await,
+            Self::Redis(r) => r.close().await,
         }
     }
 }
@@ -347,29 +355,45 @@ pub(crate) fn rate(n: usize, elapsed: Duration) -> f64 {
     n as f64 / elapsed.as_secs_f64().max(1e-9)
 }
 
-/// What a workload compares against: a raw limit of the database.
+/// What a workload compares against: a raw limit of the database. The
+/// shapes are SQL's; on Redis each is the command a minimal queue on Redis
+/// would send instead (`raw_redis`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Limit {
-    /// Single-row `INSERT`, each its own transaction, over `producers` connections.
+    /// Single-row `INSERT`, each its own transaction, over `producers`
+    /// connections (Redis: `SET`).
     InsertCommit { producers: usize },
-    /// Multi-row `INSERT`s of 1,000 rows.
+    /// Multi-row `INSERT`s of 1,000 rows (Redis: `RPUSH` of 1,000 values).
     MultiRow,
     /// The two-step loop of a minimal at-least-once queue until every job
     /// is done: claim 100 due jobs (one transaction, `UPDATE … SKIP
-    /// LOCKED`), then mark them done (a second transaction).
+    /// LOCKED`), then mark them done (a second transaction). Redis: 100
+    /// `LMOVE`s to a processing list in one round trip, then 100 `LREM`s
+    /// in a second.
     ClaimComplete,
-    /// `INSERT … ON CONFLICT DO NOTHING` over `keys` keys.
+    /// `INSERT … ON CONFLICT DO NOTHING` over `keys` keys (Redis: `SET … NX`).
     OnConflict { producers: usize, keys: usize },
     /// The same over `keys` keys that all exist already (filled before the
     /// clock starts): every statement finds its key and writes nothing.
     OnConflictNoop { producers: usize, keys: usize },
-    /// `INSERT … ON CONFLICT DO UPDATE` (a counter) over `keys` keys.
+    /// `INSERT … ON CONFLICT DO UPDATE` (a counter) over `keys` keys
+    /// (Redis: `INCR`).
     Upsert { producers: usize, keys: usize },
 }
 
 impl Limit {
-    /// The name printed beside the workload.
-    pub(crate) fn name(self) -> String {
+    /// The name printed beside the workload on `backend` (`Backend::name`).
+    pub(crate) fn name(self, backend: &str) -> String {
+        if backend == "redis" {
+            return match self {
+                Self::InsertCommit { producers } => format!("raw SET x{producers}"),
+                Self::MultiRow => "raw RPUSH of 1,000".into(),
+                Self::ClaimComplete => "raw LMOVE-100 + LREM".into(),
+                Self::OnConflict { producers, .. } => format!("raw SET NX x{producers}"),
+                Self::OnConflictNoop { producers, .. } => format!("raw SET NX no-op x{producers}"),
+                Self::Upsert { producers, .. } => format!("raw INCR x{producers}"),
+            };
+        }
         match self {
             Self::InsertCommit { producers } => format!("raw insert commit x{producers}"),
             Self::MultiRow => "raw multi-row insert".into(),
@@ -393,7 +417,7 @@ pub(crate) struct Measured {
 
 /// Measures `limit` alone with `ops` operations on the fresh database `db`.
 pub(crate) async fn measure_limit(db: &Fresh, limit: Limit, ops: usize) -> Result<Measured> {
-    let bar = bar(&limit.name(), ops);
+    let bar = bar(&limit.name(db.backend()), ops);
     let raw = Raw::open(db, limit).await?;
     let timed = raw.run(0..ops, &bar).await;
     let p50 = raw.close().await;

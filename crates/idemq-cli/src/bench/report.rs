@@ -86,6 +86,9 @@ impl Printer {
                 backend.name(),
                 std::thread::available_parallelism().map_or(0, |n| n.get()),
             );
+            if let Some(settings) = backend.settings() {
+                eprintln!("server: {settings}");
+            }
         }
     }
 

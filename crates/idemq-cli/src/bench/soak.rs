@@ -75,6 +75,14 @@ async fn database_counts(db: &Fresh) -> Result<(i64, i64)> {
             // Connections of an embedded database are file descriptors.
             Ok((0, bindings))
         }
+        Fresh::Redis { driver, prefix, .. } => {
+            let mut conn = super::raw_redis::connect(driver).await?;
+            // Every client of the server: the bench runs on a server of its own.
+            let connections = super::raw_redis::other_clients(&mut conn).await?;
+            let bindings =
+                super::raw_redis::count_matching(&mut conn, &format!("{prefix}idem:*")).await?;
+            Ok((connections, bindings as i64))
+        }
     }
 }
 

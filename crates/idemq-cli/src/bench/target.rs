@@ -1,5 +1,6 @@
 //! The database each workload runs on: a fresh one every time, so no
-//! workload inherits another's rows, dead tuples or WAL.
+//! workload inherits another's rows, dead tuples or WAL (on Redis: a fresh
+//! key prefix on the named server, so no workload inherits another's keys).
 
 use std::path::PathBuf;
 
@@ -18,6 +19,9 @@ pub(crate) enum Backend {
     /// SQLite: fresh files are made in this directory (the one of the
     /// `--database` file, so the bench measures that file system).
     Sqlite { dir: PathBuf },
+    /// A Redis server: each workload gets a key prefix of its own on it,
+    /// deleted afterwards.
+    Redis(super::raw_redis::Server),
 }
 
 /// A fresh, migrated database.
@@ -32,12 +36,29 @@ pub(crate) enum Fresh {
         path: PathBuf,
         _dir: tempfile::TempDir,
     },
+    /// An installation under a key prefix of its own.
+    Redis {
+        url: String,
+        /// The driver's URL (idemq's parameters taken out).
+        driver: String,
+        prefix: String,
+    },
 }
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 impl Backend {
-    pub(crate) fn parse(url: &str) -> Result<Self> {
+    /// Reads `--database`; on Redis, also reads the server's persistence
+    /// settings and refuses a server that could lose acknowledged writes
+    /// unless the URL says `?durability=relaxed` (as idemq's store does).
+    pub(crate) async fn connect(url: &str) -> Result<Self> {
+        Ok(match idemq::store::Location::parse(url)? {
+            Location::Redis(url) => Self::Redis(super::raw_redis::Server::connect(&url).await?),
+            _ => Self::parse(url)?,
+        })
+    }
+
+    fn parse(url: &str) -> Result<Self> {
         Ok(match idemq::store::Location::parse(url)? {
             Location::Postgres(url) => Self::Postgres { admin_url: url },
             Location::SqliteMemory => Self::Sqlite {
@@ -53,11 +74,21 @@ impl Backend {
         })
     }
 
-    /// `sqlite` or `postgres`.
+    /// `sqlite`, `postgres` or `redis`.
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Self::Postgres { .. } => "postgres",
             Self::Sqlite { .. } => "sqlite",
+            Self::Redis(_) => "redis",
+        }
+    }
+
+    /// What the run's header says about the server beside its name (on
+    /// Redis: its version and persistence settings).
+    pub(crate) fn settings(&self) -> Option<&str> {
+        match self {
+            Self::Redis(server) => Some(server.settings()),
+            _ => None,
         }
     }
 
@@ -107,6 +138,20 @@ impl Backend {
                     _dir: tmp,
                 })
             }
+            Self::Redis(server) => {
+                // Redis prefixes take no underscore: hyphens, dots and colons.
+                let prefix = format!("idemq-bench-{}-{n}:", std::process::id());
+                let fresh = Fresh::Redis {
+                    url: server.url_with_prefix(&prefix),
+                    driver: server.driver().to_owned(),
+                    prefix,
+                };
+                if let Err(e) = idemq::Queue::migrate(fresh.url()).await {
+                    fresh.dispose().await.ok();
+                    return Err(e).context("cannot migrate the bench installation");
+                }
+                Ok(fresh)
+            }
         }
     }
 
@@ -129,12 +174,29 @@ impl Fresh {
     /// The URL idemq connects to.
     pub(crate) fn url(&self) -> &str {
         match self {
-            Self::Postgres { url, .. } | Self::Sqlite { url, .. } => url,
+            Self::Postgres { url, .. } | Self::Sqlite { url, .. } | Self::Redis { url, .. } => url,
         }
     }
 
-    /// Drops the database (the SQLite directory goes with the value).
+    /// `sqlite`, `postgres` or `redis`.
+    pub(crate) fn backend(&self) -> &'static str {
+        match self {
+            Self::Postgres { .. } => "postgres",
+            Self::Sqlite { .. } => "sqlite",
+            Self::Redis { .. } => "redis",
+        }
+    }
+
+    /// Drops the database (the SQLite directory goes with the value; on
+    /// Redis, every key under the prefix is unlinked).
     pub(crate) async fn dispose(self) -> Result<()> {
+        if let Self::Redis { driver, prefix, .. } = &self {
+            let mut conn = super::raw_redis::connect(driver).await?;
+            super::raw_redis::unlink_prefixed(&mut conn, prefix)
+                .await
+                .with_context(|| format!("cannot delete the keys under {prefix}"))?;
+            return Ok(());
+        }
         if let Self::Postgres {
             name, admin_url, ..
         } = self

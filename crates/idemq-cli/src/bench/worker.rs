@@ -136,7 +136,7 @@ pub(crate) async fn drain(backend: &Backend, n: usize) -> Result<Row> {
                 DRAIN_CONCURRENCY,
                 n,
                 ops_per_sec,
-                limit.name(),
+                limit.name(db.backend()),
                 raw.ops_per_sec,
                 check,
             ))
@@ -202,7 +202,10 @@ pub(crate) async fn latency(backend: &Backend, n: usize) -> Result<Row> {
                 1,
                 n,
                 rate(n, elapsed),
-                "raw insert commit x1 (p50)".into(),
+                format!(
+                    "{} (p50)",
+                    Limit::InsertCommit { producers: 1 }.name(db.backend())
+                ),
                 raw.ops_per_sec,
                 None,
             );
