@@ -24,7 +24,8 @@ use idemq::Queue;
 #[command(name = "idemq", version, about)]
 struct Cli {
     /// Database URL: sqlite://path/to/file.db (created if missing), sqlite::memory:,
-    /// or postgres://user:password@host/db (install its schema with `idemq migrate`).
+    /// postgres://user:password@host/db or redis://host:port[/db] (install its schema
+    /// or functions with `idemq migrate`).
     #[arg(
         long,
         global = true,

@@ -6,7 +6,8 @@
 //! - body, payload and key limits are enforced (`413`, `422`);
 //! - a raw idempotency key sent to every route that takes one never appears
 //!   in a response (body or header), the job's events, the dashboard, the
-//!   server's log output or the database (SQLite files, `pg_dump`);
+//!   server's log output or the database (SQLite files, `pg_dump`, every key
+//!   and value of a Redis installation and the server's append-only files);
 //! - every SQL statement of `crates/idemq/src/store/` binds its values (a
 //!   source scan: `format!` only splices constant fragments).
 
@@ -852,6 +853,40 @@ async fn raw_key_never_leaks(b: Backend) {
             println!("postgres: {} bytes of pg_dump scanned", out.stdout.len());
             s.stop().await;
         }
+        Backend::Redis => {
+            let url = s.redis_url.clone().expect("redis url");
+            let prefix = idemq::store::redis::RedisUrl::parse(&url)
+                .expect("redis url")
+                .prefix;
+            let contents = idemq_testkit::redis_contents(&url, &prefix)
+                .await
+                .expect("read the installation");
+            let preview = format!("{}…", &k_head[..8]);
+            assert!(
+                contents.contains(&preview),
+                "the installation holds the bindings"
+            );
+            assert_absent(&tails, "the Redis installation", contents.as_bytes());
+            // The append-only files of the server the test kit started.
+            let mut scanned = 0;
+            if let Some(dir) = idemq_testkit::redis_dir() {
+                let mut paths = vec![dir.to_path_buf()];
+                while let Some(path) = paths.pop() {
+                    if path.is_dir() {
+                        let entries = std::fs::read_dir(&path).expect("dir");
+                        paths.extend(entries.map(|e| e.expect("entry").path()));
+                    } else if let Ok(bytes) = std::fs::read(&path) {
+                        scanned += bytes.len();
+                        assert_absent(&tails, &path.display().to_string(), &bytes);
+                    }
+                }
+            }
+            println!(
+                "redis: {} bytes of keys and values and {scanned} bytes of server files scanned",
+                contents.len()
+            );
+            s.stop().await;
+        }
     }
 }
 
@@ -863,6 +898,11 @@ async fn raw_key_never_leaks_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raw_key_never_leaks_postgres() {
     raw_key_never_leaks(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_key_never_leaks_redis() {
+    raw_key_never_leaks(Backend::Redis).await;
 }
 
 // ---------------------------------------------------------------------------

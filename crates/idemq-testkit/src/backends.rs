@@ -22,7 +22,7 @@ impl Supports for crate::Harness {
 /// Calls `callback!` with the one list of backends.
 ///
 /// `for_each_backend!(path::to::callback!(args…))` expands to
-/// `path::to::callback! { [sqlite postgres] args… }`. This is the only place
+/// `path::to::callback! { [sqlite postgres redis] args… }`. This is the only place
 /// the backends are listed: a new backend is one more name here, and every
 /// suite built on [`instantiate!`](crate::instantiate) (or on this macro)
 /// runs on it.
@@ -30,7 +30,7 @@ impl Supports for crate::Harness {
 macro_rules! for_each_backend {
     ($($callback:ident)::+ ! ( $($args:tt)* )) => {
         // The one list of backends.
-        $($callback)::+! { [sqlite postgres] $($args)* }
+        $($callback)::+! { [sqlite postgres redis] $($args)* }
     };
 }
 

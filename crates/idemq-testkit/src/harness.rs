@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use idemq::store::postgres::{PgOptions, PgStore};
+use idemq::store::redis::{RedisOptions, RedisStore};
 use idemq::{ClaimOptions, ClaimedJob, EnqueueRequest, JobList, ManualClock, Queue, QueueOptions};
 
 use crate::postgres::{drop_pg_database, pg_database};
@@ -23,6 +24,9 @@ enum Clock {
     Manual(Arc<ManualClock>),
     /// PostgreSQL's frozen test clock, and the instant it stands at.
     Postgres(PgStore, Mutex<DateTime<Utc>>),
+    /// The test clock key of a Redis installation, and the instant it
+    /// stands at.
+    Redis(RedisStore, Mutex<DateTime<Utc>>),
 }
 
 /// A fresh database and the means to move its clock.
@@ -36,6 +40,10 @@ pub struct Harness {
     pub db_file: Option<PathBuf>,
     /// The PostgreSQL database's URL.
     pub db_url: Option<String>,
+    /// The Redis installation's URL (its key prefix in `?prefix=`).
+    pub redis_url: Option<String>,
+    /// The key prefix of the Redis installation.
+    pub redis_prefix: Option<String>,
     _dir: Option<tempfile::TempDir>,
     drop_db: Option<String>,
 }
@@ -52,6 +60,7 @@ impl Harness {
         match backend {
             "sqlite" => Self::sqlite().await,
             "postgres" => Self::postgres().await,
+            "redis" => Self::redis().await,
             other => panic!(
                 "no harness for backend {other:?}: add its constructor to Harness::for_backend"
             ),
@@ -78,6 +87,8 @@ impl Harness {
             clock: Clock::Manual(clock),
             db_file: Some(path),
             db_url: None,
+            redis_url: None,
+            redis_prefix: None,
             _dir: Some(dir),
             drop_db: None,
         }
@@ -107,8 +118,37 @@ impl Harness {
             clock: Clock::Postgres(store, Mutex::new(epoch())),
             db_file: None,
             db_url: Some(url),
+            redis_url: None,
+            redis_prefix: None,
             _dir: None,
             drop_db: Some(db),
+        }
+    }
+
+    /// A new Redis installation: a fresh key prefix on the test process's
+    /// durable redis-server ([`redis_url`](crate::redis_url)), migrated, its
+    /// clock frozen at [`epoch`].
+    pub async fn redis() -> Self {
+        let (url, prefix) = crate::redis_url();
+        idemq::store::redis::migrate(&url)
+            .await
+            .expect("migrate the Redis installation");
+        let store = redis_store(&url).await;
+        store
+            .set_test_clock(Some(epoch()))
+            .await
+            .expect("freeze the clock");
+        let queue = Queue::from_store(Arc::new(store.clone()), QueueOptions::default());
+        Self {
+            queue,
+            backend: "redis",
+            clock: Clock::Redis(store, Mutex::new(epoch())),
+            db_file: None,
+            db_url: None,
+            redis_url: Some(url),
+            redis_prefix: Some(prefix),
+            _dir: None,
+            drop_db: None,
         }
     }
 
@@ -137,20 +177,33 @@ impl Harness {
                 let store = PgStore::connect(url, options).await.expect("connect again");
                 Queue::from_store(Arc::new(store), QueueOptions::default())
             }
+            Clock::Redis(..) => {
+                let url = self.redis_url.as_ref().expect("redis url");
+                Queue::from_store(Arc::new(redis_store(url).await), QueueOptions::default())
+            }
         }
     }
 
     /// Moves the clock of record forward.
     pub fn advance(&self, by: Duration) {
+        let step = chrono::Duration::from_std(by).expect("duration");
+        let next = |at: &Mutex<DateTime<Utc>>| {
+            let mut at = at.lock().expect("clock");
+            *at += step;
+            *at
+        };
         match &self.clock {
             Clock::Manual(c) => c.advance(by),
             Clock::Postgres(store, at) => {
-                let next = {
-                    let mut at = at.lock().expect("clock");
-                    *at += chrono::Duration::from_std(by).expect("duration");
-                    *at
-                };
-                let store = store.clone();
+                let (store, next) = (store.clone(), next(at));
+                tokio::task::block_in_place(|| {
+                    tokio::runtime::Handle::current()
+                        .block_on(store.set_test_clock(Some(next)))
+                        .expect("move the clock")
+                });
+            }
+            Clock::Redis(store, at) => {
+                let (store, next) = (store.clone(), next(at));
                 tokio::task::block_in_place(|| {
                     tokio::runtime::Handle::current()
                         .block_on(store.set_test_clock(Some(next)))
@@ -253,6 +306,14 @@ impl Harness {
             options.options([("idemq.test_clock", store.test_clock().expect("clock id"))]);
         sqlx::PgPool::connect_with(options).await.expect("pool")
     }
+}
+
+/// A store on the Redis installation `url` that reads the installation's
+/// test clock.
+async fn redis_store(url: &str) -> RedisStore {
+    RedisStore::connect(url, RedisOptions { test_clock: true })
+        .await
+        .expect("connect to the Redis installation")
 }
 
 impl Drop for Harness {

@@ -10,7 +10,8 @@
 //!   capability the case names (asked of the store through [`Supports`]).
 //! - [`Harness`] is a queue on a fresh database with a movable clock of record;
 //!   [`pg_database`] and [`pg_url`] give tests of their own a PostgreSQL
-//!   database cloned from the migrated template.
+//!   database cloned from the migrated template; [`redis_url`] gives them a
+//!   fresh key prefix on the test process's durable redis-server.
 //!
 //! A conformance module lists its cases once:
 //!
@@ -35,7 +36,9 @@
 mod backends;
 mod harness;
 mod postgres;
+mod redis;
 
 pub use backends::Supports;
 pub use harness::{Harness, epoch};
 pub use postgres::{drop_pg_database, pg_admin_url, pg_database, pg_url};
+pub use redis::{redis_command, redis_contents, redis_dir, redis_own_server, redis_url};

@@ -214,8 +214,10 @@ fn ms(d: Duration) -> i64 {
 
 impl Queue {
     /// Connects to the backend the URL names: `sqlite://path/to/file.db`
-    /// (created if missing), `sqlite::memory:`, or `postgres://…` (whose
-    /// schema `idemq migrate` installs).
+    /// (created if missing), `sqlite::memory:`, `postgres://…` (whose
+    /// schema `idemq migrate` installs) or, with the cargo feature `redis`,
+    /// `redis://…` / `redis+unix://…` (whose functions `idemq migrate`
+    /// loads).
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, QueueOptions::default()).await
     }

@@ -15,7 +15,7 @@
 //! collide often; retry policies have no jitter, so every instant is exact.
 //!
 //! Cases: `IDEMQ_MODEL_CASES` (default 200 on SQLite, half that on
-//! PostgreSQL); `IDEMQ_MODEL_STEPS` bounds the sequence length (default 30).
+//! PostgreSQL and Redis); `IDEMQ_MODEL_STEPS` bounds the sequence length (default 30).
 //! A failure reports the shrunk sequence, the step, and both answers.
 
 // Observations are plain comparable values, not errors that travel.
@@ -1695,17 +1695,13 @@ type Drops = std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>;
 fn check(
     rt: &tokio::runtime::Runtime,
     drops: &Drops,
-    postgres: bool,
+    backend: &'static str,
     ops: Vec<Op>,
 ) -> Result<(), TestCaseError> {
     // On a worker thread: the harness's `advance` uses `block_in_place`.
     let (outcome, h) = rt
         .block_on(rt.spawn(async move {
-            let h = if postgres {
-                Harness::postgres().await
-            } else {
-                Harness::sqlite().await
-            };
+            let h = Harness::for_backend(backend).await;
             (run(&h, ops).await, h)
         }))
         .expect("case task");
@@ -1725,22 +1721,35 @@ fn finish(rt: &tokio::runtime::Runtime, drops: Drops) {
 fn model_sqlite() {
     let (rt, drops) = (runtime(), Drops::default());
     proptest!(config(200), |(ops in ops())| {
-        check(&rt, &drops, false, ops)?;
+        check(&rt, &drops, "sqlite", ops)?;
+    });
+    finish(&rt, drops);
+}
+
+/// A server backend runs half the cases of SQLite (each case makes a
+/// database or installation of its own on the server).
+fn server_config() -> ProptestConfig {
+    let cases = config(100);
+    ProptestConfig {
+        cases: env_usize("IDEMQ_MODEL_CASES").map_or(cases.cases, |n| (n as u32).div_ceil(2)),
+        ..cases
+    }
+}
+
+#[test]
+fn model_postgres() {
+    let (rt, drops) = (runtime(), Drops::default());
+    proptest!(server_config(), |(ops in ops())| {
+        check(&rt, &drops, "postgres", ops)?;
     });
     finish(&rt, drops);
 }
 
 #[test]
-fn model_postgres() {
-    let rt = runtime();
-    let cases = config(100);
-    let cases = ProptestConfig {
-        cases: env_usize("IDEMQ_MODEL_CASES").map_or(cases.cases, |n| (n as u32).div_ceil(2)),
-        ..cases
-    };
-    let drops = Drops::default();
-    proptest!(cases, |(ops in ops())| {
-        check(&rt, &drops, true, ops)?;
+fn model_redis() {
+    let (rt, drops) = (runtime(), Drops::default());
+    proptest!(server_config(), |(ops in ops())| {
+        check(&rt, &drops, "redis", ops)?;
     });
     finish(&rt, drops);
 }

@@ -12,6 +12,7 @@ use serde_json::Value;
 pub enum Backend {
     Sqlite,
     Postgres,
+    Redis,
 }
 
 impl Backend {
@@ -20,6 +21,7 @@ impl Backend {
         match name {
             "sqlite" => Self::Sqlite,
             "postgres" => Self::Postgres,
+            "redis" => Self::Redis,
             other => panic!("the API tests have no server for backend {other:?}"),
         }
     }
@@ -77,6 +79,8 @@ pub struct Server {
     task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     pub pg_db: Option<String>,
     pub db_file: Option<std::path::PathBuf>,
+    /// The Redis installation's URL.
+    pub redis_url: Option<String>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -103,6 +107,21 @@ impl Server {
         backend: Backend,
         options: idemq_server::ServerOptions,
     ) -> Self {
+        let redis_url = (backend == Backend::Redis).then(|| idemq_testkit::redis_url().0);
+        Self::start_on(backend, redis_url, options).await
+    }
+
+    /// A server on a Redis installation of the caller's (`url`, not yet
+    /// migrated), without a token.
+    pub async fn start_on_redis(url: String) -> Self {
+        Self::start_on(Backend::Redis, Some(url), Default::default()).await
+    }
+
+    async fn start_on(
+        backend: Backend,
+        redis_url: Option<String>,
+        options: idemq_server::ServerOptions,
+    ) -> Self {
         let token = options.token.clone();
         let (queue, pg_db, dir, db_file) = match backend {
             Backend::Sqlite => {
@@ -117,6 +136,12 @@ impl Server {
                 let (url, db) = idemq_testkit::pg_database();
                 let queue = Queue::connect(&url).await.expect("connect postgres");
                 (queue, Some(db), None, None)
+            }
+            Backend::Redis => {
+                let url = redis_url.as_deref().expect("a Redis URL");
+                Queue::migrate(url).await.expect("migrate redis");
+                let queue = Queue::connect(url).await.expect("connect redis");
+                (queue, None, None, None)
             }
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -145,6 +170,7 @@ impl Server {
             task: Some(task),
             pg_db,
             db_file,
+            redis_url,
             _dir: dir,
         }
     }

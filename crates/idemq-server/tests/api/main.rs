@@ -1,6 +1,7 @@
 //! The HTTP API over real HTTP: each case starts `idemq_server::serve` on
 //! 127.0.0.1:0 over a fresh database and runs once per backend (a SQLite
-//! file, and a PostgreSQL database cloned from the migrated template).
+//! file, a PostgreSQL database cloned from the migrated template, and a key
+//! prefix of its own on the test process's durable redis-server).
 
 mod harness;
 

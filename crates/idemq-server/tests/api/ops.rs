@@ -12,6 +12,7 @@ async fn health_and_pages(b: Backend) {
     let expected = match b {
         Backend::Sqlite => "sqlite",
         Backend::Postgres => "postgres",
+        Backend::Redis => "redis",
     };
     assert_eq!(
         a.ok(200).clone(),
@@ -110,12 +111,24 @@ async fn metrics_counted(b: Backend) {
 /// `Retry-After`, and an enqueue answers 503 `unavailable` with
 /// `Retry-After`, never 500.
 async fn backend_down(b: Backend) {
-    let s = Server::start(b).await;
+    // On Redis, a server of the case's own, which it stops.
+    let s = match b {
+        Backend::Redis => {
+            let url = format!("{}?prefix=down:", idemq_testkit::redis_own_server());
+            Server::start_on_redis(url).await
+        }
+        _ => Server::start(b).await,
+    };
     s.enqueue(json!({"type": "t"})).await;
     match b {
         Backend::Postgres => {
             let db = s.pg_db.clone().unwrap();
             idemq_testkit::drop_pg_database(&db);
+        }
+        Backend::Redis => {
+            // The connection drops as the server exits: no reply to read.
+            let url = s.redis_url.clone().unwrap();
+            let _ = idemq_testkit::redis_command(&url, &["SHUTDOWN", "NOSAVE"]).await;
         }
         Backend::Sqlite => {
             // Overwrite the database file with bytes that are not a database.

@@ -446,7 +446,37 @@ async fn raw_key_is_absent_from_the_database_files(h: Harness) {
         );
         return;
     }
-    let Some(file) = &h.db_file else { return };
+    if let (Some(url), Some(prefix)) = (&h.redis_url, &h.redis_prefix) {
+        // Redis: every key and value of the installation, and the append-only
+        // files of the server when the test kit started it.
+        let contents = idemq_testkit::redis_contents(url, prefix)
+            .await
+            .expect("read the installation");
+        assert!(!contents.contains(raw), "the raw key is stored in Redis");
+        assert!(contents.contains("raw-key-…"), "the preview is stored");
+        if let Some(dir) = idemq_testkit::redis_dir() {
+            let mut scanned = 0;
+            let mut files = vec![dir.to_path_buf()];
+            while let Some(path) = files.pop() {
+                if path.is_dir() {
+                    files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+                } else if let Ok(bytes) = std::fs::read(&path) {
+                    scanned += bytes.len();
+                    assert!(
+                        !bytes.windows(raw.len()).any(|w| w == raw.as_bytes()),
+                        "the raw key is in {}",
+                        path.display()
+                    );
+                }
+            }
+            assert!(scanned > 0, "the server keeps its data on disk");
+        }
+        return;
+    }
+    let file = h
+        .db_file
+        .as_ref()
+        .expect("a SQLite, PostgreSQL or Redis database");
     let dir = file.parent().unwrap();
     let mut scanned = 0;
     for entry in std::fs::read_dir(dir).unwrap() {

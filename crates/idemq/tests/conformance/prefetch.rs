@@ -28,6 +28,24 @@ struct Slow {
     go: Arc<Notify>,
 }
 
+impl Slow {
+    /// Waits (at most 30 s) until a handler has started, and returns how
+    /// many have. A job shows active as soon as its claim commits, a moment
+    /// before the worker starts its handler: a case that counts starts right
+    /// after seeing its jobs active would race the worker.
+    async fn started(&self) -> usize {
+        let start = tokio::time::Instant::now();
+        while self.started.load(Ordering::SeqCst) == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no handler started in 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.started.load(Ordering::SeqCst)
+    }
+}
+
 /// A worker of one slot whose handler of `quick` returns at once and of
 /// `slow` waits for `slow.go`.
 fn one_slot(h: &Harness, slow: &Slow, prefetch: usize) -> Worker {
@@ -126,11 +144,7 @@ async fn jobs_waiting_for_a_slot_are_released_at_shutdown_unrun(h: Harness) {
     })
     .await;
     // Six jobs leased to a worker of one slot: five wait in it.
-    assert_eq!(
-        slow.started.load(Ordering::SeqCst),
-        1,
-        "one slot, one handler"
-    );
+    assert_eq!(slow.started().await, 1, "one slot, one handler");
     let _ = stop.send(());
     let report = run.await.expect("worker task").expect("worker run");
     // Five released at once, the running one after the grace period.
@@ -153,7 +167,7 @@ async fn a_job_cancelled_while_it_waits_ends_cancelled_unrun(h: Harness) {
     .await;
     // The one that has not started waits in the worker.
     let waiting = ids[1].clone();
-    assert_eq!(slow.started.load(Ordering::SeqCst), 1);
+    assert_eq!(slow.started().await, 1);
     assert!(h.queue.cancel(&waiting).await.expect("cancel").cancelled);
     // Heartbeats run every 100 ms (lease 300 ms): let a few carry the
     // request to the waiting job, then free the slot.

@@ -773,10 +773,12 @@ async fn a_failing_maintenance_step_does_not_stop_the_others(h: Harness) {
     // A schedule whose stored template no longer reads back.
     let def = idemq::ScheduleDefinition::every(Duration::from_secs(10), EnqueueRequest::new("s"));
     h.queue.schedule_set("broken", def).await.unwrap();
-    raw_sql(
+    let redis_key = format!("{}sch:broken", h.redis_prefix.as_deref().unwrap_or(""));
+    raw_write(
         &h,
         r#"UPDATE idemq_schedules SET job = '{"type": 5}'"#,
         r#"UPDATE idemq.schedules SET job = '{"type": 5}'"#,
+        &["HSET", &redis_key, "job", r#"{"type": 5}"#],
     )
     .await;
     h.advance(Duration::from_secs(60));
@@ -817,9 +819,15 @@ async fn an_oversized_checkpoint_fails_the_attempt_for_good(h: Harness) {
 }
 
 /// Runs one statement on the backend's own connection, outside idemq
-/// (`sqlite` on SQLite, `postgres` on PostgreSQL): for a row idemq would
-/// never write.
-async fn raw_sql(h: &Harness, sqlite: &str, postgres: &str) {
+/// (`sqlite` on SQLite, `postgres` on PostgreSQL, the command `redis` on
+/// Redis): for a row idemq would never write.
+async fn raw_write(h: &Harness, sqlite: &str, postgres: &str, redis: &[&str]) {
+    if let Some(url) = &h.redis_url {
+        idemq_testkit::redis_command(url, redis)
+            .await
+            .expect("raw Redis command");
+        return;
+    }
     match (&h.db_file, &h.db_url) {
         (Some(path), _) => {
             let db = rusqlite::Connection::open(path).expect("open the file");

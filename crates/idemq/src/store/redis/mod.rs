@@ -1,9 +1,13 @@
 //! The Redis backend (feature `redis`), for users whose queue already lives
 //! in Redis.
 //!
-//! Not yet served from a URL: the conformance suite does not yet pass on
-//! it, so [`Queue::connect`](crate::Queue::connect) refuses `redis://` and
-//! the store is opened only as [`RedisStore::connect`].
+//! Opened from a URL like every backend (`redis://host:port[/db]`,
+//! `redis+unix:///path.sock`; [`Location`]), so
+//! [`Queue::connect`](crate::Queue::connect), `idemq serve`, `idemq worker`
+//! and `idemq migrate` take it. The whole conformance suite, the model-based
+//! test and the HTTP API tests run on it; it lacks only
+//! [`Capability::CallerTransactions`](super::Capability) (Redis has no
+//! transaction around the caller's own writes).
 //!
 //! **One round trip per operation.** Every operation of the [`Store`]
 //! trait is one `FCALL` of a function of the idemq Redis Functions library
