@@ -28,6 +28,7 @@ idemq_testkit::instantiate!(
     concurrency_key_is_held_until_the_active_job_ends,
     concurrency_key_is_freed_by_fail_and_not_held_by_a_retry,
     concurrency_keys_are_global_across_queues,
+    a_passed_deadline_behind_a_held_key_is_found_once_the_key_is_free,
     stale_token_is_refused_and_changes_nothing,
     token_is_dead_after_the_attempt_ends,
     complete_many_records_each_and_refuses_stale_items,
@@ -522,6 +523,26 @@ async fn concurrency_key_is_freed_by_fail_and_not_held_by_a_retry(h: Harness) {
     complete(&h, &cb).await;
     let again = claim_id(&h, &a).await;
     assert_eq!(again.attempt, 2);
+}
+
+/// A job whose concurrency key an active job holds is not a claim
+/// candidate at all: a claim leaves it as it is, its deadline passed or not,
+/// and the first claim that finds the key free ends it `dead` (`deadline`).
+async fn a_passed_deadline_behind_a_held_key_is_found_once_the_key_is_free(h: Harness) {
+    let a = h.put(job("t").concurrency_key("k")).await;
+    let deadline = at(h.now().await, secs(10));
+    let b = h
+        .put(job("t").concurrency_key("k").deadline(deadline))
+        .await;
+    let ca = claim_id(&h, &a).await;
+    h.advance_ms(15_000);
+    assert!(h.claim(10).await.is_empty(), "key k is held by {a}");
+    assert_eq!(state(&h, &b).await, JobState::Ready);
+    assert!(h.event_kinds(&b).await.iter().all(|k| k != "dead"));
+    complete(&h, &ca).await;
+    assert!(h.claim(10).await.is_empty());
+    assert_eq!(state(&h, &b).await, JobState::Dead);
+    assert_eq!(last_event(&h, &b, "dead").await["reason"], "deadline");
 }
 
 async fn concurrency_keys_are_global_across_queues(h: Harness) {

@@ -255,11 +255,19 @@ local function claim(c)
     if not j or j.state ~= 'waiting' then
       -- An entry its job left behind: drop it.
       redis.call('ZREM', best.key, bm)
+    elseif j.concurrency_key and not taken[j.concurrency_key]
+      and redis.call('EXISTS', P .. 'ck:' .. j.concurrency_key) == 1 then
+      -- Its key is held by a job that was active before this claim: not a
+      -- candidate at all (as on SQL), so a passed deadline is left for the
+      -- claim that finds the key free.
+      best.skipped = best.skipped + 1
+      skipped = skipped + 1
     elseif N(j.deadline) and N(j.deadline) <= NOW then
       -- Past its deadline: never started.
       finish(j, 'dead', tonumber(j.attempts_used), 'deadline')
       event(id, 'dead', obj('reason', js('deadline')))
-    elseif j.concurrency_key and (taken[j.concurrency_key] or redis.call('EXISTS', P .. 'ck:' .. j.concurrency_key) == 1) then
+    elseif j.concurrency_key and taken[j.concurrency_key] then
+      -- Its key was taken by this claim.
       best.skipped = best.skipped + 1
       skipped = skipped + 1
     else
