@@ -136,7 +136,7 @@ async fn full_durability_shows_no_warning() {
 #[tokio::test]
 async fn relaxed_redis_durability_is_shown_on_health_metrics_and_dashboard() {
     let redis = Redis::start();
-    idemq::store::redis::migrate(&redis.url(""))
+    idemq::store::redis::migrate(&redis.url("?durability=relaxed"))
         .await
         .expect("migrate");
     // The check refuses this server; the URL's opt-in opens it relaxed.

@@ -211,7 +211,21 @@ async fn migrate_records_the_version_and_connect_refuses_other_versions() {
 async fn refuses_a_server_without_durable_settings_unless_relaxed() {
     let server = Server::start(&["--appendfsync", "everysec"]);
     let url = server.url("");
-    idemq::store::redis::migrate(&url).await.expect("migrate");
+    // Migrating is refused as connecting is, and writes nothing.
+    let err = idemq::store::redis::migrate(&url)
+        .await
+        .expect_err("migrate on everysec");
+    assert!(err.to_string().contains("appendfsync"), "{err}");
+    let keys = Command::new("redis-cli")
+        .arg("-s")
+        .arg(server.socket())
+        .args(["DBSIZE"])
+        .output()
+        .expect("redis-cli");
+    assert_eq!(String::from_utf8_lossy(&keys.stdout).trim(), "0");
+    idemq::store::redis::migrate(&server.url("?durability=relaxed"))
+        .await
+        .expect("migrate relaxed");
     let err = RedisStore::connect(&url, RedisOptions::default())
         .await
         .expect_err("everysec");
@@ -224,7 +238,9 @@ async fn refuses_a_server_without_durable_settings_unless_relaxed() {
 
     let server = Server::start(&["--appendonly", "no", "--maxmemory-policy", "allkeys-lru"]);
     let url = server.url("");
-    idemq::store::redis::migrate(&url).await.expect("migrate");
+    idemq::store::redis::migrate(&server.url("?durability=relaxed"))
+        .await
+        .expect("migrate relaxed");
     let err = RedisStore::connect(&url, RedisOptions::default())
         .await
         .expect_err("no aof");

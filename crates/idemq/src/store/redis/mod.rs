@@ -261,6 +261,10 @@ async fn loaded(conn: &mut ConnectionManager) -> Result<bool> {
 pub async fn migrate(url: &str) -> Result<Vec<i64>> {
     let url = RedisUrl::parse(url)?;
     let (_, mut conn) = open(&url).await?;
+    // A server the store would refuse gets nothing written either.
+    if !url.relaxed {
+        check_durability(&mut conn).await?;
+    }
     let (layout, _) = installed(&mut conn, &url.prefix).await?;
     if layout > LAYOUT {
         return Err(newer(&url.prefix, layout));
