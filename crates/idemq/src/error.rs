@@ -142,6 +142,28 @@ impl Error {
         }
     }
 
+    /// An idempotency conflict with `job_id`: on the request's key when
+    /// `key` is given, else on its explicit job id. Every backend builds it
+    /// here, so the members are the same whichever store found it.
+    pub(crate) fn idempotency_conflict(
+        job_id: String,
+        key: Option<&crate::request::PreparedKey>,
+        fields: Vec<String>,
+    ) -> Self {
+        Self::EnqueueIdempotencyConflict(Box::new(IdempotencyConflict {
+            job_id,
+            source: if key.is_some() {
+                ConflictSource::IdempotencyKey
+            } else {
+                ConflictSource::JobId
+            },
+            scope: key.map(|k| k.scope.clone()),
+            key_preview: key.map(|k| k.preview.clone()),
+            key_digest: key.map(crate::request::PreparedKey::digest),
+            fields,
+        }))
+    }
+
     /// `NotFound` for a job id.
     pub fn job_not_found(job_id: &str) -> Self {
         Self::NotFound {

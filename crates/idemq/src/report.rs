@@ -51,6 +51,38 @@ pub struct Explain {
     pub dedupe: Option<ExplainDedupe>,
 }
 
+impl Explain {
+    /// Records what the dry run of a request decided: its outcome and the
+    /// job it would return (`explicit_id`, the request's own id, for a new
+    /// job), or the conflict. Every backend explains through this, so the
+    /// same decision reads the same everywhere.
+    pub(crate) fn record(
+        &mut self,
+        decision: crate::Result<crate::job::EnqueueResult>,
+        explicit_id: Option<String>,
+    ) -> crate::Result<()> {
+        match decision {
+            Ok(r) => {
+                self.outcome = r.outcome.as_str().into();
+                self.reason = r.outcome.reason().map(|x| x.as_str().into());
+                self.job_id = match r.outcome {
+                    crate::job::Outcome::Accepted => explicit_id,
+                    _ => Some(r.job_id),
+                };
+            }
+            Err(crate::Error::EnqueueIdempotencyConflict(c)) => {
+                self.outcome = "conflict".into();
+                self.conflict = Some(ExplainConflict {
+                    job_id: c.job_id,
+                    fields: c.fields,
+                });
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+}
+
 /// Conflict details of an explain.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

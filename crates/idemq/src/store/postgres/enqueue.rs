@@ -8,11 +8,11 @@ use sqlx::{PgConnection, Row};
 
 use super::db::{self, Db};
 use super::db_err;
-use crate::error::{ConflictSource, Error, IdempotencyConflict, Result};
+use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, hex};
 use crate::job::{EnqueueResult, JobState, Outcome, Undecodable};
 use crate::request::{DedupeMode, PreparedEnqueue, PreparedKey, RetryPolicy};
-use crate::store::{Explain, ExplainConflict, ExplainDedupe, ExplainIdempotency, JobRedrive};
+use crate::store::{Explain, ExplainDedupe, ExplainIdempotency, JobRedrive};
 
 #[derive(Serialize)]
 struct Key<'a> {
@@ -150,20 +150,7 @@ fn item_error(function: &str, err: &Value, key: Option<&PreparedKey>) -> Error {
                         .collect::<Option<Vec<_>>>()
                 })
                 .ok_or_else(|| bad(Undecodable::invalid("no list of fields in", err)))?;
-            Ok(Error::EnqueueIdempotencyConflict(Box::new(
-                IdempotencyConflict {
-                    job_id: s("job_id")?,
-                    source: if by_key {
-                        ConflictSource::IdempotencyKey
-                    } else {
-                        ConflictSource::JobId
-                    },
-                    scope: key.map(|k| k.scope.clone()),
-                    key_preview: key.map(|k| k.preview.clone()),
-                    key_digest: key.map(PreparedKey::digest),
-                    fields,
-                },
-            )))
+            Ok(Error::idempotency_conflict(s("job_id")?, key, fields))
         })(),
         Some("validation") => s("field").and_then(|f| Ok(Error::validation(f, s("reason")?))),
         Some("not_found") => s("job_id").map(|id| Error::job_not_found(&id)),
@@ -487,22 +474,7 @@ pub(super) async fn explain(conn: &mut PgConnection, p: &PreparedEnqueue) -> Res
         dedupe,
     };
     match results.pop() {
-        Some(Ok(r)) => {
-            out.outcome = r.outcome.as_str().into();
-            out.reason = r.outcome.reason().map(|x| x.as_str().into());
-            out.job_id = match r.outcome {
-                Outcome::Accepted => p.job_id.clone(),
-                _ => Some(r.job_id),
-            };
-        }
-        Some(Err(Error::EnqueueIdempotencyConflict(c))) => {
-            out.outcome = "conflict".into();
-            out.conflict = Some(ExplainConflict {
-                job_id: c.job_id,
-                fields: c.fields,
-            });
-        }
-        Some(Err(e)) => return Err(e),
+        Some(decision) => out.record(decision, p.job_id.clone())?,
         None => {
             return Err(Error::Backend {
                 message: "no explain result".into(),

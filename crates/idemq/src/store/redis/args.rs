@@ -6,7 +6,7 @@
 use ::redis::{Cmd, Value};
 
 use super::codec::{self, array, at, int, string, ts};
-use crate::error::{ConflictSource, Error, IdempotencyConflict, Result};
+use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, hex};
 use crate::job::{ClaimedJob, EnqueueResult, NonReplaceableReason, Outcome};
 use crate::request::PreparedEnqueue;
@@ -69,18 +69,7 @@ fn conflict(p: &PreparedEnqueue, job_id: String, source: &str, stored: &str) -> 
     let by_key = source == "idempotency_key";
     let key = if by_key { p.idempotency.as_ref() } else { None };
     let fields = p.fingerprint.diff(&codec::fingerprint(stored), !by_key);
-    Error::EnqueueIdempotencyConflict(Box::new(IdempotencyConflict {
-        job_id,
-        source: if by_key {
-            ConflictSource::IdempotencyKey
-        } else {
-            ConflictSource::JobId
-        },
-        scope: key.map(|k| k.scope.clone()),
-        key_preview: key.map(|k| k.preview.clone()),
-        key_digest: key.map(|k| k.digest()),
-        fields,
-    }))
+    Error::idempotency_conflict(job_id, key, fields)
 }
 
 /// The validation error of a request refused against the clock.

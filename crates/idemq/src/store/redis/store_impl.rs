@@ -112,24 +112,7 @@ impl Store for RedisStore {
                 _ => None,
             },
         };
-        match args::decision(&p.item, at(r, 0)?)? {
-            Ok(r) => {
-                out.outcome = r.outcome.as_str().into();
-                out.reason = r.outcome.reason().map(|x| x.as_str().into());
-                out.job_id = match r.outcome {
-                    crate::Outcome::Accepted => p.item.job_id.clone(),
-                    _ => Some(r.job_id),
-                };
-            }
-            Err(Error::EnqueueIdempotencyConflict(c)) => {
-                out.outcome = "conflict".into();
-                out.conflict = Some(ExplainConflict {
-                    job_id: c.job_id,
-                    fields: c.fields,
-                });
-            }
-            Err(e) => return Err(e),
-        }
+        out.record(args::decision(&p.item, at(r, 0)?)?, p.item.job_id.clone())?;
         Ok(out)
     }
 
@@ -250,16 +233,11 @@ impl Store for RedisStore {
             }
             "conflict" => {
                 let stored = codec::fingerprint(&string(at(r, 2)?)?);
-                Err(Error::EnqueueIdempotencyConflict(Box::new(
-                    crate::error::IdempotencyConflict {
-                        job_id: string(at(r, 1)?)?,
-                        source: crate::error::ConflictSource::IdempotencyKey,
-                        scope: k.map(|k| k.scope.clone()),
-                        key_preview: k.map(|k| k.preview.clone()),
-                        key_digest: k.map(|k| k.digest()),
-                        fields: p.fingerprint.diff(&stored, false),
-                    },
-                )))
+                Err(Error::idempotency_conflict(
+                    string(at(r, 1)?)?,
+                    k,
+                    p.fingerprint.diff(&stored, false),
+                ))
             }
             "not_found" => Err(Error::job_not_found(&p.job_id)),
             "not_dead" => Err(Error::NotDead {

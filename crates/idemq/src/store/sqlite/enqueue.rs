@@ -8,11 +8,11 @@ use serde_json::json;
 use super::decode::{Cols, one};
 use super::{Cx, ts};
 use crate::dedupe::{Binding, Decision, KeyedJob};
-use crate::error::{ConflictSource, Error, IdempotencyConflict, Result};
+use crate::error::{Error, Result};
 use crate::fingerprint::Fingerprint;
 use crate::job::{EnqueueResult, JobState, Outcome};
 use crate::request::{DedupeMode, PreparedEnqueue, PreparedKey, defaults};
-use crate::store::{Explain, ExplainConflict, ExplainDedupe, ExplainIdempotency};
+use crate::store::{Explain, ExplainDedupe, ExplainIdempotency};
 
 /// A live idempotency binding.
 pub(super) struct IdemBinding {
@@ -65,18 +65,7 @@ pub(super) fn bind_key(cx: &Cx, k: &PreparedKey, job_id: &str, fp: &Fingerprint)
 }
 
 pub(super) fn conflict(job_id: String, key: Option<&PreparedKey>, fields: Vec<String>) -> Error {
-    Error::EnqueueIdempotencyConflict(Box::new(IdempotencyConflict {
-        job_id,
-        source: if key.is_some() {
-            ConflictSource::IdempotencyKey
-        } else {
-            ConflictSource::JobId
-        },
-        scope: key.map(|k| k.scope.clone()),
-        key_preview: key.map(|k| k.preview.clone()),
-        key_digest: key.map(PreparedKey::digest),
-        fields,
-    }))
+    Error::idempotency_conflict(job_id, key, fields)
 }
 
 pub(super) fn load_binding(cx: &Cx, job_type: &str, key: &str) -> Result<Option<Binding>> {
@@ -398,24 +387,7 @@ pub(super) fn explain(cx: &Cx, p: &PreparedEnqueue) -> Result<Explain> {
         idempotency,
         dedupe,
     };
-    match enqueue_one(cx, p)? {
-        Ok(r) => {
-            out.outcome = r.outcome.as_str().into();
-            out.reason = r.outcome.reason().map(|x| x.as_str().into());
-            out.job_id = match r.outcome {
-                Outcome::Accepted => p.job_id.clone(),
-                _ => Some(r.job_id),
-            };
-        }
-        Err(Error::EnqueueIdempotencyConflict(c)) => {
-            out.outcome = "conflict".into();
-            out.conflict = Some(ExplainConflict {
-                job_id: c.job_id,
-                fields: c.fields,
-            });
-        }
-        Err(e) => return Err(e),
-    }
+    out.record(enqueue_one(cx, p)?, p.job_id.clone())?;
     Ok(out)
 }
 
