@@ -6,63 +6,25 @@
 //! `?durability=relaxed`. A missing `redis-server` fails the test, never
 //! skips it.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
-
 use idemq::{Durability, Queue};
 use idemq_server::{ServerOptions, serve};
 use serde_json::Value;
 
 /// A redis-server of one test, without the durable settings
-/// (`appendfsync everysec`), killed when dropped.
+/// (`appendfsync everysec`); it ends with the test process.
 struct Redis {
-    child: Child,
-    dir: tempfile::TempDir,
+    url: String,
 }
 
 impl Redis {
     fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let sock = dir.path().join("r.sock");
-        let child = Command::new("redis-server")
-            .arg("--port")
-            .arg("0")
-            .arg("--unixsocket")
-            .arg(&sock)
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--appendonly", "yes", "--appendfsync", "everysec"])
-            .args(["--save", "", "--maxmemory-policy", "noeviction"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start redis-server (install it: apt-get install redis-server): {e}")
-            });
-        let redis = Self { child, dir };
-        for _ in 0..200 {
-            if redis.socket().exists() {
-                return redis;
-            }
-            std::thread::sleep(Duration::from_millis(25));
+        Self {
+            url: idemq_testkit::redis_own_server_with(&["--appendfsync", "everysec"]),
         }
-        panic!("redis-server did not open {}", redis.socket().display());
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("r.sock")
     }
 
     fn url(&self, query: &str) -> String {
-        format!("redis+unix://{}{query}", self.socket().display())
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        format!("{}{query}", self.url)
     }
 }
 

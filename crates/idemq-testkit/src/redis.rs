@@ -48,12 +48,13 @@ fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
     SERVER.get_or_init(|| match std::env::var("IDEMQ_TEST_REDIS_URL") {
         Ok(url) if !url.is_empty() => Server { url, dir: None },
-        _ => start().unwrap_or_else(|e| panic!("cannot start redis-server for the tests: {e}")),
+        _ => start(&[]).unwrap_or_else(|e| panic!("cannot start redis-server for the tests: {e}")),
     })
 }
 
-/// Starts the process's own server and waits until it answers.
-fn start() -> Result<Server, String> {
+/// Starts a server with the durable settings, then `settings` (a later
+/// setting wins), and waits until it answers.
+fn start(settings: &[&str]) -> Result<Server, String> {
     match Command::new("redis-server").arg("--version").output() {
         Ok(out) if out.status.success() => {}
         Ok(out) => {
@@ -96,6 +97,7 @@ fn start() -> Result<Server, String> {
             "--maxmemory-policy",
             "noeviction",
         ])
+        .args(settings)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -144,7 +146,17 @@ pub fn redis_url() -> (String, String) {
 ///
 /// When redis-server cannot be started, saying how to install it.
 pub fn redis_own_server() -> String {
-    start()
+    redis_own_server_with(&[])
+}
+
+/// [`redis_own_server`] with `settings` after the durable ones (e.g.
+/// `["--appendfsync", "everysec"]` for a server the store must refuse).
+///
+/// # Panics
+///
+/// When redis-server cannot be started, saying how to install it.
+pub fn redis_own_server_with(settings: &[&str]) -> String {
+    start(settings)
         .unwrap_or_else(|e| panic!("cannot start redis-server for the test: {e}"))
         .url
 }

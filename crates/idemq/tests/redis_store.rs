@@ -4,8 +4,6 @@
 //! never skips it.
 #![cfg(feature = "redis")]
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,70 +16,21 @@ use idemq::{
 };
 use serde_json::json;
 
-/// A redis-server of one test, killed when dropped.
+/// A redis-server of one test (the test kit's durable settings, then the
+/// test's own); it ends with the test process.
 struct Server {
-    child: Child,
-    dir: tempfile::TempDir,
+    url: String,
 }
 
 impl Server {
-    /// The durable settings, then `extra` (later arguments win).
-    fn start(extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let sock = dir.path().join("r.sock");
-        let mut args: Vec<String> = [
-            "--port",
-            "0",
-            "--unixsocket",
-            "",
-            "--dir",
-            "",
-            "--appendonly",
-            "yes",
-            "--appendfsync",
-            "always",
-            "--save",
-            "",
-            "--maxmemory-policy",
-            "noeviction",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args[3] = sock.display().to_string();
-        args[5] = dir.path().display().to_string();
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new("redis-server")
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start redis-server (install it: apt-get install redis-server): {e}")
-            });
-        let server = Self { child, dir };
-        for _ in 0..200 {
-            if sock.exists() {
-                return server;
-            }
-            std::thread::sleep(Duration::from_millis(25));
+    fn start(settings: &[&str]) -> Self {
+        Self {
+            url: idemq_testkit::redis_own_server_with(settings),
         }
-        panic!("redis-server did not open {}", sock.display());
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("r.sock")
     }
 
     fn url(&self, query: &str) -> String {
-        format!("redis+unix://{}{query}", self.socket().display())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        format!("{}{query}", self.url)
     }
 }
 
@@ -216,13 +165,10 @@ async fn refuses_a_server_without_durable_settings_unless_relaxed() {
         .await
         .expect_err("migrate on everysec");
     assert!(err.to_string().contains("appendfsync"), "{err}");
-    let keys = Command::new("redis-cli")
-        .arg("-s")
-        .arg(server.socket())
-        .args(["DBSIZE"])
-        .output()
-        .expect("redis-cli");
-    assert_eq!(String::from_utf8_lossy(&keys.stdout).trim(), "0");
+    let keys = idemq_testkit::redis_command(&url, &["DBSIZE"])
+        .await
+        .expect("DBSIZE");
+    assert_eq!(keys, redis::Value::Int(0));
     idemq::store::redis::migrate(&server.url("?durability=relaxed"))
         .await
         .expect("migrate relaxed");
