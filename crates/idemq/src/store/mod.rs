@@ -173,6 +173,20 @@ pub struct JobClaim {
     pub lease_ms: i64,
 }
 
+impl JobClaim {
+    /// A claim of nothing: what a backend that completes through
+    /// `job_complete_and_claim` passes to complete alone.
+    pub fn nothing() -> Self {
+        Self {
+            queues: Vec::new(),
+            types: None,
+            worker: String::new(),
+            limit: 0,
+            lease_ms: 0,
+        }
+    }
+}
+
 /// A lease presented by a worker.
 #[derive(Clone, Debug)]
 pub struct LeaseRef {

@@ -491,13 +491,7 @@ impl Store for PgStore {
     }
 
     async fn job_complete_many(&self, p: JobCompleteMany) -> Result<Vec<Result<()>>> {
-        let claim = JobClaim {
-            queues: Vec::new(),
-            types: None,
-            worker: String::new(),
-            limit: 0,
-            lease_ms: 0,
-        };
+        let claim = JobClaim::nothing();
         let (completed, _) = self.job_complete_and_claim(p, claim).await?;
         Ok(completed)
     }

@@ -312,13 +312,7 @@ impl Store for RedisStore {
     }
 
     async fn job_complete_many(&self, p: JobCompleteMany) -> Result<Vec<Result<()>>> {
-        let claim = JobClaim {
-            queues: Vec::new(),
-            types: None,
-            worker: String::new(),
-            limit: 0,
-            lease_ms: 0,
-        };
+        let claim = JobClaim::nothing();
         Ok(self.job_complete_and_claim(p, claim).await?.0)
     }
 
