@@ -5,6 +5,7 @@ import datetime as dt
 import time
 from typing import Callable
 
+import httpx
 import pytest
 
 import idemq
@@ -226,6 +227,25 @@ def test_schedules(client: idemq.Client, uniq: Callable[[str], str]) -> None:
 def test_health(client: idemq.Client) -> None:
     h = client.health()
     assert h.ok is True and h.backend in ("sqlite", "postgres")
+    assert h.durability == "full"  # relaxed only on Redis ?durability=relaxed
+
+
+def test_health_reads_durability_and_an_older_server_says_none() -> None:
+    bodies = [
+        {"ok": True, "backend": "redis", "durability": "relaxed", "newer": 1},
+        {"ok": True, "backend": "sqlite"},
+    ]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert (request.method, request.url.path) == ("GET", "/healthz")
+        return httpx.Response(200, json=bodies.pop(0))
+
+    with idemq.Client("http://127.0.0.1:9", transport=httpx.MockTransport(handler), retries=0) as c:
+        relaxed = c.health()
+        assert (relaxed.ok, relaxed.backend, relaxed.durability) == (True, "redis", "relaxed")
+        older = c.health()  # a server from before `durability`: too old to say, not "full"
+        assert (older.ok, older.backend, older.durability) == (True, "sqlite", None)
+    assert idemq.Health.from_wire({"ok": True, "backend": "postgres", "durability": "full"}).durability == "full"
 
 
 def test_async_client_covers_the_same_calls(server: Server, uniq: Callable[[str], str]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Union, cast
 
 from .errors import ApiError
 
@@ -16,6 +16,7 @@ __all__ = [
     "Outcome",
     "NonReplaceableReason",
     "JobState",
+    "Durability",
     "ExponentialRetry",
     "FixedRetry",
     "NoRetry",
@@ -48,6 +49,7 @@ __all__ = [
 Outcome = Literal["accepted", "replayed", "coalesced", "replaced", "non_replaceable"]
 NonReplaceableReason = Literal["incompatible_mode", "not_pending", "window_elapsed"]
 JobState = Literal["scheduled", "ready", "active", "completed", "dead", "cancelled"]
+Durability = Literal["full", "relaxed"]
 Instant = Union[_dt.datetime, str]
 
 
@@ -482,12 +484,25 @@ class Schedule:
 
 @dataclass(frozen=True)
 class Health:
+    """The answer of ``GET /healthz``.
+
+    ``durability`` is ``"full"``, or ``"relaxed"`` when the store runs without
+    its durability settings checked (Redis ``?durability=relaxed``:
+    acknowledged jobs may be lost). ``None``: the server is too old to say.
+    """
+
     ok: bool
     backend: Optional[str]
+    durability: Optional[Durability] = None
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> "Health":
-        return cls(ok=bool(d.get("ok")), backend=_opt_str(d.get("backend")))
+        durability = d.get("durability")
+        return cls(
+            ok=bool(d.get("ok")),
+            backend=_opt_str(d.get("backend")),
+            durability=None if durability is None else cast(Durability, str(durability)),
+        )
 
 
 @dataclass(frozen=True)
