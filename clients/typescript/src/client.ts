@@ -42,6 +42,7 @@ import {
   enqueueResultFromWire,
   enqueueToWire,
   explainFromWire,
+  healthFromWire,
   instant,
   jobFromWire,
   runFromWire,
@@ -563,7 +564,7 @@ export class Client {
 
   /** `GET /healthz`: raises {@link UnavailableError} when the backend is unreachable. */
   async health(options: CallOptions = {}): Promise<Health> {
-    return this.request<Health>("GET", "/healthz", { idempotent: true, ...options });
+    return healthFromWire(await this.request<Wire>("GET", "/healthz", { idempotent: true, ...options }));
   }
 
   // ------------------------------------------------------------ worker protocol

@@ -219,9 +219,17 @@ export interface Schedule {
   updatedAt: string;
 }
 
+/** `relaxed`: the store runs without its durability settings checked; acknowledged jobs may be lost. */
+export type Durability = "full" | "relaxed";
+
 export interface Health {
   ok: boolean;
   backend: string;
+  /**
+   * `full`, or `relaxed` on a Redis store opened with `?durability=relaxed`.
+   * Absent (`undefined`) when the server is too old to say.
+   */
+  durability?: Durability;
 }
 
 /** A job handed to a worker by a claim. */
@@ -478,6 +486,12 @@ export function scheduleFromWire(w: Wire): Schedule {
     createdAt: w["created_at"] as string,
     updatedAt: w["updated_at"] as string,
   };
+}
+
+export function healthFromWire(w: Wire): Health {
+  const h: Health = { ok: Boolean(w["ok"]), backend: w["backend"] as string };
+  if (typeof w["durability"] === "string") h.durability = w["durability"] as Durability;
+  return h;
 }
 
 export function claimedJobFromWire(w: Wire): ClaimedJob {

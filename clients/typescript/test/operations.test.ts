@@ -33,10 +33,28 @@ async function deadJob(queue: string): Promise<string> {
   return id;
 }
 
-test("health answers ok with the backend", async () => {
+test("health answers ok with the backend and full durability", async () => {
   const h = await client.health();
   assert.equal(h.ok, true);
   assert.equal(h.backend, server.backend);
+  assert.equal(h.durability, "full"); // relaxed only on Redis ?durability=relaxed
+});
+
+test("health reads durability; a server too old to say leaves it undefined", async () => {
+  const bodies: object[] = [
+    { ok: true, backend: "redis", durability: "relaxed", newer: 1 },
+    { ok: true, backend: "sqlite" },
+  ];
+  const canned: typeof fetch = async (input, init) => {
+    assert.equal(new URL(String(input)).pathname, "/healthz");
+    assert.equal(init?.method ?? "GET", "GET");
+    return new Response(JSON.stringify(bodies.shift()), { status: 200, headers: { "content-type": "application/json" } });
+  };
+  const offline = new Client({ baseUrl: "http://127.0.0.1:9", fetch: canned, retry: false });
+  assert.deepEqual(await offline.health(), { ok: true, backend: "redis", durability: "relaxed" });
+  const older = await offline.health();
+  assert.deepEqual(older, { ok: true, backend: "sqlite" });
+  assert.equal(older.durability, undefined);
 });
 
 test("getJob with waitMs holds until the job is terminal", async () => {
