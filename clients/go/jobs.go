@@ -189,10 +189,25 @@ type QueueInfo struct {
 	Counts map[string]int64 `json:"counts"`
 }
 
+// Durability says whether the server's store runs with its durability
+// settings checked. The zero value, "", means the server is too old to say.
+type Durability string
+
+// The durability of a store, as /healthz reports it.
+const (
+	DurabilityFull Durability = "full"
+	// DurabilityRelaxed: a Redis store opened with ?durability=relaxed, its
+	// durable settings unchecked; acknowledged jobs may be lost.
+	DurabilityRelaxed Durability = "relaxed"
+)
+
 // Health is the answer of /healthz.
 type Health struct {
 	OK      bool   `json:"ok"`
 	Backend string `json:"backend"`
+	// Durability is DurabilityFull or DurabilityRelaxed; "" when the server
+	// is too old to say.
+	Durability Durability `json:"durability"`
 }
 
 // Schedule is a named repeatable job.

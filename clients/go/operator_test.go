@@ -4,6 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -296,8 +300,51 @@ func TestJobQueriesAndOperatorActions(t *testing.T) {
 
 	t.Run("health", func(t *testing.T) {
 		h, err := c.Health(ctx)
-		if err != nil || !h.OK || h.Backend != backend {
+		// Relaxed only on a Redis store opened with ?durability=relaxed.
+		if err != nil || !h.OK || h.Backend != backend || h.Durability != DurabilityFull {
 			t.Fatalf("%+v %v", h, err)
 		}
 	})
+}
+
+// cannedBodies answers each request with the next of its JSON bodies.
+type cannedBodies struct {
+	mu     sync.Mutex
+	bodies []string
+	paths  []string
+}
+
+func (c *cannedBodies) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.paths = append(c.paths, r.Method+" "+r.URL.Path)
+	body := c.bodies[0]
+	c.bodies = c.bodies[1:]
+	return &http.Response{
+		StatusCode: http.StatusOK,
+		Header:     http.Header{"Content-Type": []string{"application/json"}},
+		Body:       io.NopCloser(strings.NewReader(body)),
+		Request:    r,
+	}, nil
+}
+
+func TestHealthReadsDurability(t *testing.T) {
+	canned := &cannedBodies{bodies: []string{
+		`{"ok": true, "backend": "redis", "durability": "relaxed", "newer": 1}`,
+		`{"ok": true, "backend": "sqlite"}`,
+	}}
+	c := NewClient("http://127.0.0.1:9", WithHTTPClient(&http.Client{Transport: canned}), WithoutRetries())
+	ctx := ctxT(t)
+	h, err := c.Health(ctx)
+	if err != nil || *h != (Health{OK: true, Backend: "redis", Durability: DurabilityRelaxed}) {
+		t.Fatalf("relaxed: %+v %v", h, err)
+	}
+	// A server from before the member: too old to say, not DurabilityFull.
+	h, err = c.Health(ctx)
+	if err != nil || *h != (Health{OK: true, Backend: "sqlite", Durability: ""}) {
+		t.Fatalf("an older server: %+v %v", h, err)
+	}
+	if strings.Join(canned.paths, ",") != "GET /healthz,GET /healthz" {
+		t.Fatalf("sent %v", canned.paths)
+	}
 }
