@@ -4,7 +4,9 @@
 //!
 //! The PostgreSQL cases use a database of their own on the server named by
 //! `IDEMQ_TEST_DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`);
-//! a missing server fails them.
+//! a missing server fails them. The Redis cases write raw values into the
+//! hashes and lists of an installation of their own (a key prefix on the
+//! test kit's durable redis-server); a missing `redis-server` fails them.
 
 use idemq::{DedupeOptions, EnqueueRequest, Error, JobList, Queue};
 
@@ -371,5 +373,183 @@ mod postgres {
             "\"sometimes\"",
         );
         db.drop().await;
+    }
+}
+
+mod redis {
+    use super::*;
+    use idemq_testkit::{redis_command, redis_url};
+
+    /// A migrated installation under a key prefix of its own.
+    struct Db {
+        url: String,
+        prefix: String,
+        queue: Queue,
+    }
+
+    impl Db {
+        async fn new() -> Self {
+            let (url, prefix) = redis_url();
+            Queue::migrate(&url).await.expect("migrate");
+            let queue = Queue::connect(&url).await.expect("connect");
+            Self { url, prefix, queue }
+        }
+
+        /// Runs one raw command, with the installation's prefix put before
+        /// its second argument (the key).
+        async fn raw(&self, args: &[&str]) {
+            let key = format!("{}{}", self.prefix, args[1]);
+            let mut all = vec![args[0], key.as_str()];
+            all.extend_from_slice(&args[2..]);
+            redis_command(&self.url, &all).await.expect("raw command");
+        }
+
+        /// Sets `field` of job `id`'s hash to `value`, behind the store's back.
+        async fn corrupt(&self, id: &str, field: &str, value: &str) {
+            self.raw(&["HSET", &format!("job:{id}"), field, value])
+                .await;
+        }
+
+        /// The one key of the installation matching `pattern` (after the prefix).
+        async fn key(&self, pattern: &str) -> String {
+            let found = redis_command(&self.url, &["KEYS", &format!("{}{pattern}", self.prefix)])
+                .await
+                .expect("KEYS");
+            let ::redis::Value::Array(keys) = found else {
+                panic!("KEYS answered {found:?}");
+            };
+            let [::redis::Value::BulkString(key)] = keys.as_slice() else {
+                panic!("{pattern}: {keys:?}");
+            };
+            let key = String::from_utf8(key.clone()).expect("UTF-8 key");
+            key[self.prefix.len()..].to_owned()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unknown_state_is_an_error_naming_the_field() {
+        let db = Db::new().await;
+        let id = db.queue.enqueue(EnqueueRequest::new("t")).await.unwrap();
+        db.corrupt(&id, "state", "zombie").await;
+        assert_names(db.queue.get(&id).await, "job.state", "\"zombie\"");
+        assert_names(db.queue.list(page()).await, "job.state", "\"zombie\"");
+        let message = backend_message(db.queue.get(&id).await);
+        assert!(message.contains(&id), "{message:?} does not name the job");
+        // `scheduled` and `ready` are derived, never stored.
+        db.corrupt(&id, "state", "ready").await;
+        assert_names(db.queue.get(&id).await, "job.state", "\"ready\"");
+    }
+
+    #[tokio::test]
+    async fn an_unknown_dedupe_mode_is_an_error_not_pending() {
+        let db = Db::new().await;
+        let id = db
+            .queue
+            .enqueue(EnqueueRequest::new("t").dedupe(DedupeOptions::key("k")))
+            .await
+            .unwrap();
+        db.corrupt(&id, "dedupe_mode", "sometimes").await;
+        assert_names(db.queue.get(&id).await, "job.dedupe_mode", "\"sometimes\"");
+        assert_names(
+            db.queue.events(&id).await,
+            "job.dedupe_mode",
+            "\"sometimes\"",
+        );
+        // The job's own mode restored, the binding's broken instead.
+        db.corrupt(&id, "dedupe_mode", "pending").await;
+        db.raw(&["HSET", "dd:t|k", "mode", "sometimes"]).await;
+        assert_names(db.queue.get(&id).await, "dd.mode", "\"sometimes\"");
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_payload_is_an_error_naming_the_field() {
+        let db = Db::new().await;
+        let id = db.queue.enqueue(EnqueueRequest::new("t")).await.unwrap();
+        db.corrupt(&id, "payload", "{\"half\": ").await;
+        assert_names(db.queue.get(&id).await, "job.payload", "{\\\"half\\\": ");
+        assert_names(db.queue.list(page()).await, "job.payload", "half");
+        db.corrupt(&id, "payload", "{}").await;
+        db.corrupt(&id, "retry", "{\"kind\": \"sometimes\"}").await;
+        assert_names(db.queue.get(&id).await, "job.retry", "sometimes");
+    }
+
+    #[tokio::test]
+    async fn a_non_integer_timestamp_is_an_error_not_the_epoch() {
+        let db = Db::new().await;
+        let id = db.queue.enqueue(EnqueueRequest::new("t")).await.unwrap();
+        db.corrupt(&id, "created_at", "soon").await;
+        assert_names(db.queue.get(&id).await, "job.created_at", "\"soon\"");
+        assert_names(db.queue.list(page()).await, "job.created_at", "\"soon\"");
+        assert_names(db.queue.events(&id).await, "job.created_at", "\"soon\"");
+        db.corrupt(&id, "created_at", "9223372036854775807").await;
+        assert_names(
+            db.queue.get(&id).await,
+            "job.created_at",
+            "9223372036854775807",
+        );
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_fingerprint_is_an_error_that_shows_no_key_or_payload() {
+        let db = Db::new().await;
+        let secret = "a-secret-key-of-the-caller";
+        let payload = serde_json::json!({ "card": "4111-1111" });
+        let req = || {
+            EnqueueRequest::new("t")
+                .job_id("fixed")
+                .payload(payload.clone())
+        };
+        db.queue.enqueue(req()).await.unwrap();
+        // Too short, then the right length but not hex: a conflict check
+        // against either is an error, never a conflict on every field.
+        for broken in ["abc".to_owned(), "z".repeat(13 * 32)] {
+            db.corrupt("fixed", "fingerprint", &broken).await;
+            let message = backend_message(
+                db.queue
+                    .enqueue(req().payload(serde_json::json!({ "card": "other" })))
+                    .await,
+            );
+            assert!(message.contains("(job.fingerprint)"), "{message:?}");
+            assert!(message.contains("job fixed"), "{message:?}");
+            assert!(!message.contains(&broken), "{message:?} shows the value");
+            assert!(!message.contains("4111"), "{message:?} shows the payload");
+        }
+        // An idempotency binding's fingerprint.
+        let id = db
+            .queue
+            .enqueue(
+                EnqueueRequest::new("t")
+                    .idempotency_key(secret)
+                    .payload(payload.clone()),
+            )
+            .await
+            .unwrap();
+        let binding = db.key("idem:*").await;
+        db.raw(&["HSET", &binding, "fp", "0123"]).await;
+        let message = backend_message(
+            db.queue
+                .enqueue(EnqueueRequest::new("t").idempotency_key(secret))
+                .await,
+        );
+        assert!(message.contains("(idem.fp)"), "{message:?}");
+        assert!(message.contains(&id), "{message:?} does not name the job");
+        assert!(!message.contains(secret), "{message:?} shows the key");
+        assert!(!message.contains("4111"), "{message:?} shows the payload");
+    }
+
+    #[tokio::test]
+    async fn an_unknown_event_kind_and_run_outcome_are_errors() {
+        let db = Db::new().await;
+        let id = db.queue.enqueue(EnqueueRequest::new("t")).await.unwrap();
+        db.raw(&["RPUSH", &format!("ev:{id}"), "1000000 0 teleported {}"])
+            .await;
+        assert_names(db.queue.events(&id).await, "ev.kind", "\"teleported\"");
+        db.raw(&[
+            "RPUSH",
+            &format!("runs:{id}"),
+            r#"{"attempt":1,"worker":"w","started_at":0,"finished_at":1,"outcome":"vanished","error":null}"#,
+        ])
+        .await;
+        assert_names(db.queue.runs(&id).await, "runs.outcome", "\"vanished\"");
     }
 }

@@ -8,7 +8,7 @@ use ::redis::{Cmd, Value};
 use super::codec::{self, array, at, int, string, ts};
 use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, hex};
-use crate::job::{ClaimedJob, EnqueueResult, NonReplaceableReason, Outcome};
+use crate::job::{ClaimedJob, EnqueueResult, Outcome, Undecodable};
 use crate::request::PreparedEnqueue;
 use crate::store::{JobClaim, JobComplete};
 
@@ -65,11 +65,22 @@ pub(super) fn item(cmd: &mut Cmd, p: &PreparedEnqueue) {
 
 /// The conflict error of a request whose key or explicit id is held by a
 /// job with another fingerprint.
-fn conflict(p: &PreparedEnqueue, job_id: String, source: &str, stored: &str) -> Error {
+/// `stored` is the holder's fingerprint: the binding's (`idem.fp`) for a
+/// key, the job's (`job.fingerprint`) for an explicit id.
+fn conflict(p: &PreparedEnqueue, job_id: String, source: &str, stored: &str) -> Result<Error> {
     let by_key = source == "idempotency_key";
+    let stored = if by_key {
+        codec::fingerprint(
+            stored,
+            &format!("idempotency binding of job {job_id}"),
+            "idem.fp",
+        )?
+    } else {
+        codec::fingerprint(stored, &format!("job {job_id}"), "job.fingerprint")?
+    };
     let key = if by_key { p.idempotency.as_ref() } else { None };
-    let fields = p.fingerprint.diff(&codec::fingerprint(stored), !by_key);
-    Error::idempotency_conflict(job_id, key, fields)
+    let fields = p.fingerprint.diff(&stored, !by_key);
+    Ok(Error::idempotency_conflict(job_id, key, fields))
 }
 
 /// The validation error of a request refused against the clock.
@@ -80,23 +91,15 @@ pub(super) fn clock_error(field: &str) -> Error {
     }
 }
 
-fn outcome(s: &str) -> Result<Outcome> {
-    Ok(match s {
-        "accepted" => Outcome::Accepted,
-        "replayed" => Outcome::Replayed,
-        "coalesced" => Outcome::Coalesced,
-        "replaced" => Outcome::Replaced,
-        "non_replaceable:incompatible_mode" => Outcome::NonReplaceable {
-            reason: NonReplaceableReason::IncompatibleMode,
-        },
-        "non_replaceable:not_pending" => Outcome::NonReplaceable {
-            reason: NonReplaceableReason::NotPending,
-        },
-        "non_replaceable:window_elapsed" => Outcome::NonReplaceable {
-            reason: NonReplaceableReason::WindowElapsed,
-        },
-        other => return Err(codec::corrupt(format!("outcome {other:?}"))),
-    })
+/// An outcome the enqueue function answered with for `job_id`:
+/// `<outcome>` or `non_replaceable:<reason>`.
+fn outcome(s: &str, job_id: &str) -> Result<Outcome> {
+    let (name, reason) = match s.split_once(':') {
+        Some((name, reason)) => (name, Some(reason)),
+        None => (s, None),
+    };
+    Outcome::from_stored(name, reason)
+        .map_err(|e| e.at(format!("answer of enqueue for job {job_id}"), "outcome"))
 }
 
 /// One item's decision: `{'ok', id, outcome}`, `{'conflict', id, source,
@@ -104,16 +107,19 @@ fn outcome(s: &str) -> Result<Outcome> {
 pub(super) fn decision(p: &PreparedEnqueue, v: &Value) -> Result<Result<EnqueueResult>> {
     let r = array(v)?;
     Ok(match string(at(r, 0)?)?.as_str() {
-        "ok" => Ok(EnqueueResult {
-            job_id: string(at(r, 1)?)?,
-            outcome: outcome(&string(at(r, 2)?)?)?,
-        }),
+        "ok" => {
+            let job_id = string(at(r, 1)?)?;
+            Ok(EnqueueResult {
+                outcome: outcome(&string(at(r, 2)?)?, &job_id)?,
+                job_id,
+            })
+        }
         "conflict" => Err(conflict(
             p,
             string(at(r, 1)?)?,
             &string(at(r, 2)?)?,
             &string(at(r, 3)?)?,
-        )),
+        )?),
         "invalid" => Err(clock_error(&string(at(r, 1)?)?)),
         other => return Err(codec::corrupt(format!("decision {other:?}"))),
     })
@@ -173,11 +179,11 @@ pub(super) fn claimed(v: &Value) -> Result<Vec<ClaimedJob>> {
             let f = array(j)?;
             let s = |i| string(at(f, i)?);
             let deadline = s(9)?;
+            let id = s(0)?;
             Ok(ClaimedJob {
-                id: s(0)?,
                 job_type: s(1)?,
                 queue: s(2)?,
-                payload: codec::parse_json(&s(3)?, "payload")?,
+                payload: job_json(&s(3)?, &id, "payload")?,
                 attempt: int32(at(f, 4)?)?,
                 max_attempts: int32(at(f, 5)?)?,
                 lease_token: s(6)?,
@@ -188,10 +194,18 @@ pub(super) fn claimed(v: &Value) -> Result<Vec<ClaimedJob>> {
                 } else {
                     Some(ts(parse_i64(&deadline)?)?)
                 },
-                tags: codec::parse_json(&s(10)?, "tags")?,
+                tags: job_json(&s(10)?, &id, "tags")?,
+                id,
             })
         })
         .collect()
+}
+
+/// JSON field `field` of job `id`, as a claim answered it.
+fn job_json<T: serde::de::DeserializeOwned>(text: &str, id: &str, field: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| {
+        Undecodable::unreadable(field, text, e).at(format!("job {id}"), &format!("job.{field}"))
+    })
 }
 
 fn int32(v: &Value) -> Result<i32> {

@@ -10,7 +10,7 @@ use serde_json::Value as Json;
 
 use crate::error::{Error, Result};
 use crate::fingerprint::{FIELDS, Fingerprint};
-use crate::job::{Event, Job, JobDedupe, JobIdempotency, JobState, Run};
+use crate::job::{Event, Job, JobDedupe, JobIdempotency, JobState, Run, Undecodable};
 use crate::request::DedupeMode;
 
 /// An error of a reply that does not have the shape the functions give.
@@ -85,97 +85,181 @@ pub(super) fn pairs(v: &Value) -> Result<HashMap<String, String>> {
     Ok(out)
 }
 
-/// A stored record: its fields by name.
-pub(super) struct Fields(pub HashMap<String, String>);
+/// A stored record: its fields by name, and how errors name it.
+pub(super) struct Fields {
+    map: HashMap<String, String>,
+    /// The kind of key it came from, as in the layout (`job`, `sch`):
+    /// errors name a field `job.state` (field `state` of `P job:<id>`).
+    record: &'static str,
+    /// The record in errors (`job 0190…`).
+    row: String,
+}
 
 impl Fields {
-    pub(super) fn opt(&self, name: &str) -> Option<&str> {
-        self.0.get(name).map(String::as_str)
+    /// The record of a `record` key (`job`, `sch`, …) named `row` in errors.
+    pub(super) fn new(v: &Value, record: &'static str, row: impl Into<String>) -> Result<Self> {
+        Ok(Self {
+            map: pairs(v)?,
+            record,
+            row: row.into(),
+        })
     }
 
+    /// Names the record once its identity was read (a job's id, say).
+    pub(super) fn named(&mut self, row: impl Into<String>) {
+        self.row = row.into();
+    }
+
+    /// Whether the key held nothing (a job that is gone).
+    pub(super) fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The `Backend` error for the value of `field` this record holds.
+    pub(super) fn bad(&self, field: &str, e: Undecodable) -> Error {
+        e.at(&self.row, &format!("{}.{field}", self.record))
+    }
+
+    pub(super) fn opt(&self, name: &str) -> Option<&str> {
+        self.map.get(name).map(String::as_str)
+    }
+
+    /// A field that must be there.
     pub(super) fn str(&self, name: &str) -> Result<&str> {
         self.opt(name)
-            .ok_or_else(|| corrupt(format!("no field {name}")))
+            .ok_or_else(|| self.bad(name, Undecodable::null("value")))
     }
 
     pub(super) fn opt_int(&self, name: &str) -> Result<Option<i64>> {
         self.opt(name)
             .map(|s| {
                 s.parse()
-                    .map_err(|_| corrupt(format!("field {name} = {s:?}")))
+                    .map_err(|_| self.bad(name, Undecodable::invalid("a non-integer value", s)))
             })
             .transpose()
     }
 
     pub(super) fn int(&self, name: &str) -> Result<i64> {
         self.opt_int(name)?
-            .ok_or_else(|| corrupt(format!("no field {name}")))
+            .ok_or_else(|| self.bad(name, Undecodable::null("value")))
     }
 
     pub(super) fn int32(&self, name: &str) -> Result<i32> {
         let n = self.int(name)?;
-        i32::try_from(n).map_err(|_| corrupt(format!("field {name} = {n}")))
+        i32::try_from(n)
+            .map_err(|_| self.bad(name, Undecodable::invalid("an integer out of range", n)))
+    }
+
+    /// `us`, read from `name`, as an instant.
+    fn instant(&self, name: &str, us: i64) -> Result<DateTime<Utc>> {
+        DateTime::from_timestamp_micros(us)
+            .ok_or_else(|| self.bad(name, Undecodable::invalid("an instant out of range", us)))
     }
 
     pub(super) fn opt_ts(&self, name: &str) -> Result<Option<DateTime<Utc>>> {
-        self.opt_int(name)?.map(ts).transpose()
+        self.opt_int(name)?
+            .map(|us| self.instant(name, us))
+            .transpose()
     }
 
     pub(super) fn ts(&self, name: &str) -> Result<DateTime<Utc>> {
-        ts(self.int(name)?)
+        self.instant(name, self.int(name)?)
     }
 
-    pub(super) fn json<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<T> {
-        parse_json(self.str(name)?, name)
+    /// JSON text holding `what` (`payload`, `retry policy`, …).
+    pub(super) fn json<T: serde::de::DeserializeOwned>(&self, name: &str, what: &str) -> Result<T> {
+        self.parse(name, what, self.str(name)?)
+    }
+
+    /// Optional JSON text holding `what`.
+    pub(super) fn opt_json<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &str,
+        what: &str,
+    ) -> Result<Option<T>> {
+        self.opt(name)
+            .map(|text| self.parse(name, what, text))
+            .transpose()
+    }
+
+    fn parse<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &str,
+        what: &str,
+        text: &str,
+    ) -> Result<T> {
+        serde_json::from_str(text)
+            .map_err(|e| self.bad(name, Undecodable::unreadable(what, text, e)))
+    }
+
+    /// A field decoded by `f` (an enum's `from_stored`).
+    pub(super) fn decode<T>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&str) -> std::result::Result<T, Undecodable>,
+    ) -> Result<T> {
+        f(self.str(name)?).map_err(|e| self.bad(name, e))
+    }
+
+    /// An idempotency key hash (64 hex digits), as its public digest.
+    fn key_digest(&self, name: &str) -> Result<String> {
+        let hash = self.str(name)?;
+        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(self.bad(
+                name,
+                Undecodable::described(format!(
+                    "a key hash of {} characters, not 64 hex digits",
+                    hash.len()
+                )),
+            ));
+        }
+        Ok(hash[..16].to_ascii_lowercase())
     }
 }
 
-pub(super) fn parse_json<T: serde::de::DeserializeOwned>(s: &str, what: &str) -> Result<T> {
-    serde_json::from_str(s).map_err(|e| corrupt(format!("{what}: {e}")))
-}
-
-/// The public state of a stored one at `now`.
-pub(super) fn derive(stored: &str, run_at: i64, now: i64) -> Result<JobState> {
-    Ok(match stored {
-        "waiting" if run_at <= now => JobState::Ready,
-        "waiting" => JobState::Scheduled,
-        "active" => JobState::Active,
-        "completed" => JobState::Completed,
-        "dead" => JobState::Dead,
-        "cancelled" => JobState::Cancelled,
-        other => return Err(corrupt(format!("state {other:?}"))),
-    })
-}
-
-/// A public state name the functions returned.
-pub(super) fn state(s: &str) -> Result<JobState> {
-    JobState::parse(s).ok_or_else(|| corrupt(format!("state {s:?}")))
+/// A public state name `function` answered with for job `job_id`.
+pub(super) fn state(s: &str, function: &str, job_id: &str) -> Result<JobState> {
+    JobState::from_derived(s)
+        .map_err(|e| e.at(format!("answer of {function} for job {job_id}"), "state"))
 }
 
 /// A job view of the functions: the hash's fields and `~idem`, `~dd_mode`,
 /// `~dd_wu` (the live bindings it holds).
 pub(super) fn job(v: &Value, now: i64) -> Result<Job> {
-    let f = Fields(pairs(v)?);
-    let run_at = f.int("run_at")?;
+    let mut f = Fields::new(v, "job", "job")?;
     let id = f.str("id")?.to_owned();
+    f.named(format!("job {id}"));
+    let run_at = f.int("run_at")?;
     let job_type = f.str("type")?.to_owned();
     let idempotency = match f.opt("idem_scope") {
         Some(scope) => Some(JobIdempotency {
             scope: scope.to_owned(),
             key_preview: f.str("idem_key_preview")?.to_owned(),
-            key_digest: digest(f.str("idem_key_hash")?),
-            expires_at: f.opt_ts("~idem")?,
+            key_digest: f.key_digest("idem_key_hash")?,
+            expires_at: f
+                .opt("~idem")
+                .map(|s| {
+                    instant(s).map_err(|e| {
+                        e.at(format!("idempotency binding of job {id}"), "idem.expires")
+                    })
+                })
+                .transpose()?,
         }),
         None => None,
     };
     let dedupe = match f.opt("dedupe_key") {
         Some(key) => {
-            let own = mode(f.str("dedupe_mode")?)?;
-            let holding = f.opt("~dd_mode").map(mode).transpose()?;
+            let own = f.decode("dedupe_mode", DedupeMode::from_stored)?;
+            let holding = f.opt("~dd_mode").map(|s| mode(s, &id)).transpose()?;
             Some(JobDedupe {
                 key: key.to_owned(),
                 mode: holding.unwrap_or(own),
-                window_until: f.opt_ts("~dd_wu")?,
+                window_until: f
+                    .opt("~dd_wu")
+                    .map(|s| {
+                        instant(s).map_err(|e| e.at(format!("dedupe binding of job {id}"), "dd.wu"))
+                    })
+                    .transpose()?,
                 holds_binding: holding.is_some(),
             })
         }
@@ -183,22 +267,24 @@ pub(super) fn job(v: &Value, now: i64) -> Result<Job> {
     };
     let priority = f.int("priority")?;
     Ok(Job {
-        state: derive(f.str("state")?, run_at, now)?,
-        payload: f.json("payload")?,
-        result: f
-            .opt("result")
-            .map(|s| parse_json(s, "result"))
-            .transpose()?,
-        priority: i16::try_from(priority).map_err(|_| corrupt(format!("priority {priority}")))?,
-        run_at: ts(run_at)?,
+        state: f.decode("state", |s| JobState::from_stored(s, run_at <= now))?,
+        payload: f.json("payload", "payload")?,
+        result: f.opt_json("result", "result")?,
+        priority: i16::try_from(priority).map_err(|_| {
+            f.bad(
+                "priority",
+                Undecodable::invalid("a priority out of range", priority),
+            )
+        })?,
+        run_at: f.ts("run_at")?,
         attempt: f.int32("attempt")?,
         attempts_used: f.int32("attempts_used")?,
         max_attempts: f.int32("max_attempts")?,
-        retry: f.json("retry")?,
+        retry: f.json("retry", "retry policy")?,
         timeout_ms: f.int("timeout_ms")?,
         deadline: f.opt_ts("deadline")?,
         concurrency_key: f.opt("concurrency_key").map(str::to_owned),
-        tags: f.json("tags")?,
+        tags: f.json("tags", "tags")?,
         keep_ms: f.opt_int("keep_ms")?,
         created_at: f.ts("created_at")?,
         updated_at: f.ts("updated_at")?,
@@ -214,35 +300,66 @@ pub(super) fn job(v: &Value, now: i64) -> Result<Job> {
     })
 }
 
-pub(super) fn mode(s: &str) -> Result<DedupeMode> {
-    DedupeMode::parse(s).ok_or_else(|| corrupt(format!("dedupe mode {s:?}")))
+/// An instant stored as µs text.
+fn instant(s: &str) -> std::result::Result<DateTime<Utc>, Undecodable> {
+    let us: i64 = s
+        .parse()
+        .map_err(|_| Undecodable::invalid("a non-integer value", s))?;
+    DateTime::from_timestamp_micros(us)
+        .ok_or_else(|| Undecodable::invalid("an instant out of range", us))
 }
 
-/// The first 16 hex digits of a stored key hash (64 hex digits).
-pub(super) fn digest(hash_hex: &str) -> String {
-    hash_hex.get(..16).unwrap_or(hash_hex).to_owned()
+/// A dedupe mode the functions returned from a binding (`dd.mode`) of job `job_id`.
+pub(super) fn mode(s: &str, job_id: &str) -> Result<DedupeMode> {
+    DedupeMode::from_stored(s)
+        .map_err(|e| e.at(format!("dedupe binding of job {job_id}"), "dd.mode"))
 }
 
-/// A fingerprint as stored: packed digests in hex (a job or an enqueue
-/// binding), or JSON (a redrive binding).
-pub(super) fn fingerprint(stored: &str) -> Fingerprint {
+/// Checkpoint `name` of job `id` (hash `cp:<id>`).
+pub(super) fn checkpoint(text: &str, id: &str, name: &str) -> Result<Json> {
+    serde_json::from_str(text).map_err(|e| {
+        Undecodable::unreadable("checkpoint value", text, e)
+            .at(format!("checkpoint {name:?} of job {id}"), "cp")
+    })
+}
+
+/// A fingerprint as stored in `column` of `row` (a job's `job.fingerprint`,
+/// a binding's `idem.fp`): the 13 packed field digests in hex (a job, an
+/// enqueue binding), or JSON (a redrive binding). A value of another length,
+/// or not hex, is an error naming the record; the value is never shown.
+pub(super) fn fingerprint(stored: &str, row: &str, column: &str) -> Result<Fingerprint> {
     if stored.starts_with('{') {
-        return Fingerprint::from_json(stored);
+        return serde_json::from_str(stored).map_err(|e| {
+            Undecodable::described(format!("an unreadable fingerprint: {e}")).at(row, column)
+        });
+    }
+    let want = FIELDS.len() * 32;
+    if stored.len() != want || !stored.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let why = if stored.len() == want {
+            format!("a fingerprint of {want} characters that are not all hex digits")
+        } else {
+            format!(
+                "a fingerprint of {} characters, not {want} hex digits",
+                stored.len()
+            )
+        };
+        return Err(Undecodable::described(why).at(row, column));
     }
     let mut fields = std::collections::BTreeMap::new();
     for (i, name) in FIELDS.iter().enumerate() {
-        if let Some(h) = stored.get(i * 32..(i + 1) * 32)
-            && h.bytes().any(|b| b != b'0')
-        {
-            fields.insert((*name).to_owned(), h.to_owned());
+        let h = &stored[i * 32..(i + 1) * 32];
+        // All zeros: the field was absent (no digest equals it).
+        if h.bytes().any(|b| b != b'0') {
+            fields.insert((*name).to_owned(), h.to_ascii_lowercase());
         }
     }
-    Fingerprint { fields }
+    Ok(Fingerprint { fields })
 }
 
-/// The stored events of a job (`seq at kind data`), with the timestamps
-/// the functions keep as integers turned into instants.
-pub(super) fn events(stored: &Value, job: &Value) -> Result<Vec<Event>> {
+/// The stored events of job `id` (`seq at kind data`, list `ev`), with
+/// the timestamps the functions keep as integers turned into instants, and
+/// the routine events derived from its hash.
+pub(super) fn events(stored: &Value, job: &Value, id: &str) -> Result<Vec<Event>> {
     let mut out = Vec::new();
     for entry in array(stored)? {
         let entry = string(entry)?;
@@ -250,23 +367,31 @@ pub(super) fn events(stored: &Value, job: &Value) -> Result<Vec<Event>> {
         let (Some(seq), Some(at), Some(kind), Some(data)) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
-            return Err(corrupt(format!("event {entry:?}")));
+            return Err(
+                Undecodable::described("an event that is not `<seq> <at> <kind> <data>`")
+                    .at(format!("event of job {id}"), "ev"),
+            );
         };
-        let mut data: Json = parse_json(data, "event data")?;
-        instant_field(&mut data, "run_at")?;
+        let seq: i64 = seq.parse().map_err(|_| {
+            Undecodable::invalid("a non-integer value", seq)
+                .at(format!("event of job {id}"), "ev.seq")
+        })?;
+        let row = format!("event {seq} of job {id}");
+        let at = instant(at).map_err(|e| e.at(&row, "ev.at"))?;
+        let kind = Event::kind_from_stored(kind.to_owned()).map_err(|e| e.at(&row, "ev.kind"))?;
+        let mut data: Json = serde_json::from_str(data)
+            .map_err(|e| Undecodable::unreadable("event data", data, e).at(&row, "ev.data"))?;
+        instant_field(&mut data, "run_at").map_err(|e| e.at(&row, "ev.data"))?;
         out.push(Event {
-            seq: seq
-                .parse()
-                .map_err(|_| corrupt(format!("event {entry:?}")))?,
-            kind: kind.to_owned(),
-            at: ts(at
-                .parse()
-                .map_err(|_| corrupt(format!("event {entry:?}")))?)?,
+            seq,
+            kind,
+            at,
             data,
         });
     }
-    let f = Fields(pairs(job)?);
-    if f.0.is_empty() {
+    let f = Fields::new(job, "job", format!("job {id}"))?;
+    if f.is_empty() {
+        // The job is gone (purged): only its stored events are left.
         out.sort_by_key(|e| e.seq);
         return Ok(out);
     }
@@ -280,12 +405,13 @@ pub(super) fn events(stored: &Value, job: &Value) -> Result<Vec<Event>> {
     if let Some(scope) = f.opt("idem_scope") {
         accepted["idempotency"] = serde_json::json!({
             "scope": scope,
-            "key_preview": f.opt("idem_key_preview"),
-            "key_digest": digest(f.str("idem_key_hash")?),
+            "key_preview": f.str("idem_key_preview")?,
+            "key_digest": f.key_digest("idem_key_hash")?,
         });
     }
     if let Some(key) = f.opt("dedupe_key") {
-        accepted["dedupe"] = serde_json::json!({ "key": key, "mode": f.opt("dedupe_mode") });
+        let mode = f.decode("dedupe_mode", DedupeMode::from_stored)?;
+        accepted["dedupe"] = serde_json::json!({ "key": key, "mode": mode.as_str() });
     }
     let attempt = f.int32("attempt")?;
     out.push(Event {
@@ -315,11 +441,13 @@ pub(super) fn events(stored: &Value, job: &Value) -> Result<Vec<Event>> {
 }
 
 /// Turns an integer µs member of an event's data into an instant.
-fn instant_field(data: &mut Json, name: &str) -> Result<()> {
+fn instant_field(data: &mut Json, name: &str) -> std::result::Result<(), Undecodable> {
     if let Some(v) = data.get_mut(name)
         && let Some(us) = v.as_i64()
     {
-        *v = serde_json::to_value(ts(us)?).map_err(corrupt)?;
+        let at = DateTime::from_timestamp_micros(us)
+            .ok_or_else(|| Undecodable::invalid("an instant out of range", us))?;
+        *v = serde_json::to_value(at).map_err(|e| Undecodable::described(e.to_string()))?;
     }
     Ok(())
 }
@@ -334,24 +462,35 @@ struct StoredRun {
     error: Option<String>,
 }
 
-/// A job's run ledger: the attempts written out (each ended other than
-/// completed) and the current one, derived from the hash while it runs and
-/// once it completed.
-pub(super) fn runs(stored: &Value, job: &Value) -> Result<Vec<Run>> {
+/// Job `id`'s run ledger: the attempts written out (list `runs`, each
+/// ended other than completed) and the current one, derived from the hash
+/// while it runs and once it completed.
+pub(super) fn runs(stored: &Value, job: &Value, id: &str) -> Result<Vec<Run>> {
     let mut out = Vec::new();
     for entry in array(stored)? {
-        let r: StoredRun = parse_json(&string(entry)?, "run")?;
+        let text = string(entry)?;
+        let r: StoredRun = serde_json::from_str(&text).map_err(|e| {
+            Undecodable::unreadable("run", &text, e).at(format!("run of job {id}"), "runs")
+        })?;
+        let row = format!("run {} of job {id}", r.attempt);
+        let at = |us: i64, column: &str| {
+            DateTime::from_timestamp_micros(us)
+                .ok_or_else(|| Undecodable::invalid("an instant out of range", us).at(&row, column))
+        };
         out.push(Run {
             attempt: r.attempt,
             worker: r.worker,
-            started_at: ts(r.started_at)?,
-            finished_at: r.finished_at.map(ts).transpose()?,
-            outcome: r.outcome,
+            started_at: at(r.started_at, "runs.started_at")?,
+            finished_at: r
+                .finished_at
+                .map(|us| at(us, "runs.finished_at"))
+                .transpose()?,
+            outcome: Run::outcome_from_stored(r.outcome).map_err(|e| e.at(&row, "runs.outcome"))?,
             error: r.error,
         });
     }
-    let f = Fields(pairs(job)?);
-    if !f.0.is_empty()
+    let f = Fields::new(job, "job", format!("job {id}"))?;
+    if !f.is_empty()
         && f.opt("claim_seq").is_some()
         && let Some(started_at) = f.opt_ts("started_at")?
     {

@@ -1,7 +1,7 @@
 //! Schedules on Redis (docs/schedules.md): definitions, due schedules and
 //! fired ticks, each one `FCALL`.
 
-use super::codec::{Fields, array, int, pairs};
+use super::codec::{Fields, array, int};
 use super::{RedisStore, Result};
 use crate::schedule::Schedule;
 use crate::store::{DueSchedules, ScheduleDue, ScheduleMarkFired, SchedulePut};
@@ -12,12 +12,11 @@ fn opt(v: Option<i64>) -> String {
 
 /// A schedule's hash.
 fn schedule(v: &::redis::Value) -> Result<Schedule> {
-    let f = Fields(pairs(v)?);
+    let mut f = Fields::new(v, "sch", "schedule")?;
     let name = f.str("name")?.to_owned();
+    f.named(format!("schedule {name:?}"));
     Ok(Schedule {
-        job: serde_json::from_str(f.str("job")?).map_err(|e| crate::error::Error::Backend {
-            message: format!("schedule {name}: unreadable job template: {e}"),
-        })?,
+        job: f.json("job", "job template")?,
         cron: f.opt("cron").map(str::to_owned),
         every_ms: f.opt_int("every_ms")?,
         timezone: f.str("timezone")?.to_owned(),

@@ -104,11 +104,14 @@ impl Store for RedisStore {
                 _ => None,
             },
             dedupe: match dd {
-                [job, mode, until] => Some(ExplainDedupe {
-                    job_id: string(job)?,
-                    mode: codec::mode(&string(mode)?)?,
-                    window_until: opt_ts(&string(until)?)?,
-                }),
+                [job, mode, until] => {
+                    let job_id = string(job)?;
+                    Some(ExplainDedupe {
+                        mode: codec::mode(&string(mode)?, &job_id)?,
+                        window_until: opt_ts(&string(until)?)?,
+                        job_id,
+                    })
+                }
                 _ => None,
             },
         };
@@ -153,20 +156,23 @@ impl Store for RedisStore {
     async fn job_events(&self, p: JobRef) -> Result<Vec<Event>> {
         let v = self.call1("job_events", &p.job_id).await?;
         let r = array(&v)?;
-        codec::events(at(r, 1)?, at(r, 0)?)
+        codec::events(at(r, 1)?, at(r, 0)?, &p.job_id)
     }
 
     async fn job_runs(&self, p: JobRef) -> Result<Vec<Run>> {
         let v = self.call1("job_runs", &p.job_id).await?;
         let r = array(&v)?;
-        codec::runs(at(r, 1)?, at(r, 0)?)
+        codec::runs(at(r, 1)?, at(r, 0)?, &p.job_id)
     }
 
     async fn checkpoint_list(&self, p: JobRef) -> Result<BTreeMap<String, Json>> {
         let v = self.call1("checkpoint_list", &p.job_id).await?;
         codec::pairs(&v)?
             .into_iter()
-            .map(|(k, v)| Ok((k, codec::parse_json(&v, "checkpoint")?)))
+            .map(|(name, v)| {
+                let value = codec::checkpoint(&v, &p.job_id, &name)?;
+                Ok((name, value))
+            })
             .collect()
     }
 
@@ -175,7 +181,7 @@ impl Store for RedisStore {
         match status(&v)? {
             (s, r) if s == "ok" => Ok(CancelOutcome {
                 cancelled: int(at(r, 1)?)? == 1,
-                state: codec::state(&string(at(r, 2)?)?)?,
+                state: codec::state(&string(at(r, 2)?)?, "cancel", &p.job_id)?,
             }),
             (s, _) if s == "not_found" => Err(Error::job_not_found(&p.job_id)),
             (s, _) => Err(codec::corrupt(s)),
@@ -232,9 +238,14 @@ impl Store for RedisStore {
                 })
             }
             "conflict" => {
-                let stored = codec::fingerprint(&string(at(r, 2)?)?);
+                let holder = string(at(r, 1)?)?;
+                let stored = codec::fingerprint(
+                    &string(at(r, 2)?)?,
+                    &format!("idempotency binding of job {holder}"),
+                    "idem.fp",
+                )?;
                 Err(Error::idempotency_conflict(
-                    string(at(r, 1)?)?,
+                    holder,
                     k,
                     p.fingerprint.diff(&stored, false),
                 ))
@@ -242,7 +253,7 @@ impl Store for RedisStore {
             "not_found" => Err(Error::job_not_found(&p.job_id)),
             "not_dead" => Err(Error::NotDead {
                 job_id: p.job_id.clone(),
-                state: codec::state(&string(at(r, 1)?)?)?,
+                state: codec::state(&string(at(r, 1)?)?, "redrive", &p.job_id)?,
             }),
             "invalid" => Err(args::clock_error(&string(at(r, 1)?)?)),
             other => Err(codec::corrupt(other)),
@@ -344,7 +355,7 @@ impl Store for RedisStore {
         let v = self.run(cmd).await?;
         match status(&v)? {
             (s, r) if s == "ok" => Ok(FailOutcome {
-                state: codec::state(&string(at(r, 1)?)?)?,
+                state: codec::state(&string(at(r, 1)?)?, "fail", &p.lease.job_id)?,
                 next_run_at: opt_ts(&string(at(r, 2)?)?)?,
             }),
             (s, _) if s == "lease_lost" => Err(lease_lost(&p.lease)),
@@ -380,7 +391,7 @@ impl Store for RedisStore {
         let mut cmd = self.fcall("checkpoint_get");
         cmd.arg(&p.job_id).arg(&p.name);
         opt_string(&self.run(cmd).await?)?
-            .map(|s| codec::parse_json(&s, "checkpoint"))
+            .map(|s| codec::checkpoint(&s, &p.job_id, &p.name))
             .transpose()
     }
 
@@ -410,11 +421,14 @@ impl Store for RedisStore {
         cmd.arg(&p.job_type).arg(&p.key);
         let v = self.run(cmd).await?;
         match array(&v)? {
-            [job, mode, until] => Ok(Some(ExplainDedupe {
-                job_id: string(job)?,
-                mode: codec::mode(&string(mode)?)?,
-                window_until: opt_ts(&string(until)?)?,
-            })),
+            [job, mode, until] => {
+                let job_id = string(job)?;
+                Ok(Some(ExplainDedupe {
+                    mode: codec::mode(&string(mode)?, &job_id)?,
+                    window_until: opt_ts(&string(until)?)?,
+                    job_id,
+                }))
+            }
             _ => Ok(None),
         }
     }
