@@ -102,7 +102,7 @@ async fn migrate_records_the_version_and_connect_refuses_other_versions() {
     assert!(err.to_string().contains("idemq migrate"), "{err}");
     assert_eq!(
         idemq::store::redis::migrate(&url).await.expect("migrate"),
-        vec![1]
+        vec![idemq::store::redis::LAYOUT]
     );
     assert!(
         idemq::store::redis::migrate(&url)
@@ -154,6 +154,83 @@ async fn migrate_records_the_version_and_connect_refuses_other_versions() {
     RedisStore::connect(&url, RedisOptions::default())
         .await
         .expect("connect after migrate");
+}
+
+/// An installation of layout 1 (an index of every job, `P jobs`, and a
+/// waiting count per queue in `P cnt:<queue>`) is refused until `idemq
+/// migrate` converts it, and reads the same afterwards.
+#[tokio::test]
+async fn an_installation_of_layout_1_is_refused_until_migrate_converts_it() {
+    let server = Server::start(&[]);
+    let url = server.url("?prefix=old:");
+    idemq::store::redis::migrate(&url).await.expect("migrate");
+    let queue = Queue::connect(&url).await.expect("connect");
+    let mut ids = Vec::new();
+    for (i, q) in ["a", "b", "a"].into_iter().enumerate() {
+        ids.push(
+            queue
+                .enqueue(EnqueueRequest::new("t").queue(q).payload(json!(i)))
+                .await
+                .expect("enqueue"),
+        );
+    }
+    drop(queue);
+    // What layout 1 kept besides: every job in `jobs`, the waiting counts.
+    let raw = |args: &[&str]| {
+        let url = url.clone();
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            idemq_testkit::redis_command(&url, &args)
+                .await
+                .expect("raw command")
+        }
+    };
+    for (seq, id) in ids.iter().enumerate() {
+        raw(&["ZADD", "old:jobs", &(seq + 1).to_string(), id]).await;
+    }
+    raw(&["HSET", "old:cnt:a", "waiting", "2"]).await;
+    raw(&["HSET", "old:cnt:b", "waiting", "1"]).await;
+    raw(&["SET", "old:layout", "1"]).await;
+
+    let err = RedisStore::connect(&url, RedisOptions::default())
+        .await
+        .expect_err("layout 1");
+    assert!(err.to_string().contains("older layout"), "{err}");
+    assert!(err.to_string().contains("idemq migrate"), "{err}");
+    assert!(
+        !idemq::store::redis::migration_status(&url)
+            .await
+            .expect("status")
+            .is_current()
+    );
+    assert_eq!(
+        idemq::store::redis::migrate(&url).await.expect("upgrade"),
+        vec![idemq::store::redis::LAYOUT]
+    );
+    assert_eq!(raw(&["EXISTS", "old:jobs"]).await, redis::Value::Int(0));
+    assert_eq!(
+        raw(&["HEXISTS", "old:cnt:a", "waiting"]).await,
+        redis::Value::Int(0)
+    );
+    let queue = Queue::connect(&url).await.expect("connect after migrate");
+    let queues = queue.queues().await.expect("queues");
+    let ready: Vec<(String, u64)> = queues
+        .iter()
+        .map(|q| (q.name.clone(), q.counts.ready))
+        .collect();
+    assert_eq!(ready, vec![("a".to_owned(), 2), ("b".to_owned(), 1)]);
+    let page = queue
+        .list(JobList {
+            limit: 10,
+            ..JobList::default()
+        })
+        .await
+        .expect("list");
+    assert_eq!(
+        page.jobs.iter().map(|j| j.id.clone()).collect::<Vec<_>>(),
+        ids.iter().rev().cloned().collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test]
@@ -846,6 +923,42 @@ async fn purge_retention_listing_and_checkpoints() {
             .expect("sweep"),
         0
     );
+}
+
+/// A listing of every job merges the queues' own indexes: newest first
+/// across queues, page after page.
+#[tokio::test]
+async fn a_listing_of_every_job_merges_the_queues_newest_first() {
+    let env = Env::new().await;
+    let mut ids = Vec::new();
+    for (i, q) in ["a", "b", "c", "a", "a", "c", "b"].into_iter().enumerate() {
+        ids.push(
+            env.queue
+                .enqueue(EnqueueRequest::new("t").queue(q).payload(json!(i)))
+                .await
+                .expect("enqueue"),
+        );
+    }
+    let mut seen = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = env
+            .queue
+            .list(JobList {
+                limit: 2,
+                cursor: cursor.take(),
+                ..JobList::default()
+            })
+            .await
+            .expect("page");
+        assert!(page.jobs.len() <= 2);
+        seen.extend(page.jobs.iter().map(|j| j.id.clone()));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ids.iter().rev().cloned().collect::<Vec<_>>());
 }
 
 #[tokio::test]

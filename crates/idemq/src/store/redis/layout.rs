@@ -5,7 +5,7 @@
 //! maintenance functions sweep what the stored times say is over.
 //!
 //! Installation:
-//! - `P layout`: the data layout version ([`super::LAYOUT`]);
+//! - `P layout`: the data layout version ([`super::LAYOUT`], now 2);
 //! - `P version`: the version of the function library the installation was
 //!   migrated for (the library is `idemq_<version>`, its functions
 //!   `idemq_<version>_<operation>`);
@@ -26,16 +26,21 @@
 //!   `cancel_requested` (`1`), `lease_token`, `lease_expires_at`,
 //!   `lease_ms`, `worker`, `started_at`, `seq`, `first_run_at`, `claim_seq`,
 //!   `done_seq`);
-//! - `P jobs` (zset seq → id) and `P qj:<queue>` (the same per queue): the
-//!   listing order, newest first; the cursor is the seq;
+//! - `P qj:<queue>` (zset seq → id): the jobs of a queue in listing order,
+//!   newest first; the cursor is the seq. A listing of every job merges the
+//!   queues' (layout 1 also kept `P jobs`, every job);
 //! - `P st:<state>` (zset seq → id): the jobs of a stored state;
-//! - `P cnt:<queue>` (hash state → count): kept by every transition, in the
-//!   function that makes it;
-//! - `P queues` (set): queue names that ever had a job; `P paused` (hash
-//!   queue → `1` | `0`);
+//! - `P cnt:<queue>` (hash `active` | `completed` | `dead` | `cancelled` →
+//!   count): kept by every transition, in the function that makes it; the
+//!   waiting count is the sum of the queue's lane counts (`wl:`; layout 1
+//!   also kept it here);
+//! - `P queues` (set): queue names that ever had a job (added by the
+//!   enqueue that makes a lane's count 1: a queue not in it has no job);
+//!   `P paused` (hash queue → `1` | `0`);
 //! - `P w:<queue>|<priority>|<type>` (zset run_at → `%016d` seq ‖ id): the
 //!   waiting jobs (scheduled and ready) of one claim lane, due ones first;
-//!   `P wl:<queue>` (hash `<priority>|<type>` → count) lists the lanes;
+//!   `P wl:<queue>` (hash `<priority>|<type>` → count of its waiting jobs)
+//!   lists the lanes, a lane without jobs has no field;
 //! - `P leases` (zset lease expiry → id): active jobs; `P ck:<key>` → the
 //!   id of the active job holding a concurrency key;
 //! - `P purge` (zset purge_after → id): terminal jobs by retention;
@@ -61,4 +66,4 @@
 //! Schedules: `P sch:<name>` (hash of the SQLite columns), `P schedules`
 //! (set of names), `P schdue` (zset next fire → name).
 //!
-//! Wake-ups: `PUBLISH P wake <queue>`.
+//! Wake-ups: `PUBLISH P wake <queue>`, once per queue per function call.

@@ -11,8 +11,11 @@ use crate::error::Error;
 use crate::fingerprint::hex;
 use crate::request::defaults;
 
-/// The data layout this binary reads and writes (`<prefix>layout`).
-pub const LAYOUT: i64 = 1;
+/// The data layout this binary reads and writes (`<prefix>layout`). 2: no
+/// index of every job (`jobs`) and no waiting count in `cnt:<queue>`;
+/// `idemq migrate` drops both from an installation of layout 1 (the
+/// library's `upgrade`), and a store refuses an older layout until then.
+pub const LAYOUT: i64 = 2;
 
 /// The Lua sources, in the order they are joined: each file uses the
 /// locals of the files before it.

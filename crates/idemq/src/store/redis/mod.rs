@@ -276,6 +276,19 @@ pub async fn migrate(url: &str) -> Result<Vec<i64>> {
         .query_async(&mut conn)
         .await
         .map_err(redis_err)?;
+    if layout > 0 && layout < LAYOUT {
+        // The data of an older layout is brought to this one, in one call,
+        // before the layout is recorded: a store never reads it unconverted.
+        let _: Value = ::redis::cmd("FCALL")
+            .arg(LIBRARY.function("upgrade"))
+            .arg(0)
+            .arg(&url.prefix)
+            .arg("0")
+            .arg(layout)
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_err)?;
+    }
     let _: Value = ::redis::pipe()
         .atomic()
         .set(format!("{}layout", url.prefix), LAYOUT)

@@ -57,7 +57,6 @@ end)
 -- Deletes a job with its events, runs and checkpoints.
 local function delete_job(j, keep_keys)
   leave(j)
-  redis.call('ZREM', P .. 'jobs', j.id)
   redis.call('ZREM', P .. 'qj:' .. j.queue, j.id)
   redis.call('DEL', jkey(j.id), P .. 'ev:' .. j.id, P .. 'runs:' .. j.id, P .. 'cp:' .. j.id)
   if not keep_keys then
@@ -296,4 +295,19 @@ reg('key_check_replace', function(args)
     live = redis.call('ZCOUNT', P .. 'idemexp', '(' .. I(NOW), '+inf')
   end
   return { previous or '', previous and 1 or 0, live }
+end)
+
+-- Brings data of an older layout (args: prefix, clock, its layout) to this
+-- one; `idemq migrate` calls it before it records the new layout. Layout 2
+-- keeps no index of every job (a listing merges the queues' own) and no
+-- waiting count per queue (the sum of its lanes'): both are dropped.
+reg('upgrade', function(args)
+  local from = tonumber(args[3])
+  if from >= 1 and from < 2 then
+    redis.call('UNLINK', P .. 'jobs')
+    for _, q in ipairs(redis.call('SMEMBERS', P .. 'queues')) do
+      redis.call('HDEL', P .. 'cnt:' .. q, 'waiting')
+    end
+  end
+  return 1
 end)

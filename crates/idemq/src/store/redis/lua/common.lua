@@ -15,6 +15,10 @@ local NOW = 0
 -- The reads of one call, with the effects of its earlier items laid over
 -- them (enqueue decides a whole batch before it writes).
 local O = nil
+-- The queues this call has work for: each is published once, when the
+-- function returns (a batch of a thousand jobs is one wake-up, not a
+-- thousand).
+local WOKEN = {}
 
 local function I(x)
   return string.format('%d', x)
@@ -51,6 +55,7 @@ local function begin(args)
     NOW = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   O = { idem = {}, jobs = {}, dd = {}, writes = {} }
+  WOKEN = {}
 end
 
 -- A JSON string.
@@ -180,7 +185,10 @@ local function enter(j)
     redis.call('SADD', dkkey(j), j.id)
   end
   redis.call('ZADD', P .. 'st:' .. s, j.seq, j.id)
-  redis.call('HINCRBY', P .. 'cnt:' .. j.queue, s, 1)
+  -- The waiting count of a queue is the sum of its lanes' (wl:).
+  if s ~= 'waiting' then
+    redis.call('HINCRBY', P .. 'cnt:' .. j.queue, s, 1)
+  end
 end
 
 -- Removes a job from the indexes of its state.
@@ -207,7 +215,9 @@ local function leave(j)
     redis.call('SREM', dkkey(j), j.id)
   end
   redis.call('ZREM', P .. 'st:' .. s, j.id)
-  redis.call('HINCRBY', P .. 'cnt:' .. j.queue, s, -1)
+  if s ~= 'waiting' then
+    redis.call('HINCRBY', P .. 'cnt:' .. j.queue, s, -1)
+  end
 end
 
 -- Changes a job's fields and moves it between the indexes.
@@ -230,7 +240,7 @@ local function event(id, kind, data)
 end
 
 local function wake(queue)
-  redis.call('PUBLISH', P .. 'wake', queue)
+  WOKEN[queue] = true
 end
 
 -- Where a job stands for dedupe (crate::dedupe::KeyedJob).
@@ -308,7 +318,11 @@ local function reg(name, fn, readonly)
     function_name = 'idemq_' .. VERSION .. '_' .. name,
     callback = function(keys, args)
       begin(args)
-      return fn(args)
+      local r = fn(args)
+      for queue in pairs(WOKEN) do
+        redis.call('PUBLISH', P .. 'wake', queue)
+      end
+      return r
     end,
     flags = flags,
   }

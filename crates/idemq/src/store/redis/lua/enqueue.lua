@@ -160,43 +160,64 @@ local function job_fields(p, run_at)
   }
 end
 
+-- Writes a new job: its hash in one HSET (no field for a NULL), its
+-- queue's listing index and the indexes of the waiting state (what enter()
+-- does, written out: this is the path every job takes).
+local function write_job(p, id, run_at)
+  local seq = nextseq()
+  local s, now, at = I(seq), I(NOW), I(run_at)
+  local h = {
+    'id', id, 'type', p.type, 'queue', p.queue, 'state', 'waiting', 'payload', p.payload,
+    'priority', p.priority, 'run_at', at, 'attempt', '0', 'attempts_used', '0',
+    'max_attempts', p.max_attempts, 'retry', p.retry, 'timeout_ms', p.timeout_ms,
+    'tags', p.tags, 'fingerprint', p.fp, 'created_at', now, 'updated_at', now, 'seq', s,
+  }
+  local n = #h
+  local function add(k, v)
+    h[n + 1] = k
+    h[n + 2] = v
+    n = n + 2
+  end
+  if run_at ~= NOW then
+    add('first_run_at', at)
+  end
+  if p.deadline then
+    add('deadline', I(p.deadline))
+  end
+  if p.ck then
+    add('concurrency_key', p.ck)
+  end
+  if p.keep then
+    add('keep_ms', I(p.keep))
+  end
+  if p.scope then
+    add('idem_scope', p.scope)
+    add('idem_key_hash', p.hash)
+    add('idem_key_preview', p.preview)
+  end
+  if p.dkey then
+    add('dedupe_key', p.dkey)
+    add('dedupe_mode', p.dmode)
+    redis.call('SADD', P .. 'dk:' .. ddname(p.type, p.dkey), id)
+  end
+  redis.call('HSET', jkey(id), unpack(h))
+  local q = p.queue
+  redis.call('ZADD', P .. 'qj:' .. q, s, id)
+  local lane = p.priority .. '|' .. p.type
+  redis.call('ZADD', P .. 'w:' .. q .. '|' .. lane, at, string.format('%016d', seq) .. id)
+  -- A queue that is not in `queues` has no job, so the first job of any
+  -- of its lanes is the only one that can be its first.
+  if redis.call('HINCRBY', P .. 'wl:' .. q, lane, 1) == 1 then
+    redis.call('SADD', P .. 'queues', q)
+  end
+  redis.call('ZADD', P .. 'st:waiting', s, id)
+  wake(q)
+end
+
 local function insert_job(p, id, run_at)
   O.jobs[id] = { state = 'waiting', attempt = 0, run_at = run_at, fp = p.fp }
   later(function()
-    local seq = nextseq()
-    local j = { id = id }
-    local ch = job_fields(p, run_at)
-    ch.type = p.type
-    ch.queue = p.queue
-    ch.state = 'waiting'
-    ch.attempt = '0'
-    ch.attempts_used = '0'
-    ch.created_at = I(NOW)
-    ch.seq = I(seq)
-    ch.id = id
-    if run_at ~= NOW then
-      ch.first_run_at = I(run_at)
-    end
-    if p.scope then
-      ch.idem_scope = p.scope
-      ch.idem_key_hash = p.hash
-      ch.idem_key_preview = p.preview
-    end
-    if p.dkey then
-      ch.dedupe_key = p.dkey
-      ch.dedupe_mode = p.dmode
-    end
-    for k, v in pairs(ch) do
-      if v == false then
-        ch[k] = nil
-      end
-    end
-    save(j, ch)
-    redis.call('ZADD', P .. 'jobs', I(seq), id)
-    redis.call('ZADD', P .. 'qj:' .. p.queue, I(seq), id)
-    redis.call('SADD', P .. 'queues', p.queue)
-    enter(j)
-    wake(p.queue)
+    write_job(p, id, run_at)
   end)
 end
 

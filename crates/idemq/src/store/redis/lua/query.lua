@@ -54,55 +54,80 @@ end
 
 -- args: prefix, clock, stored state, due ('1', '0' or ''), queue, type,
 -- tag, cursor, limit. Returns {now, next cursor or '', job views…}.
+-- The jobs come newest first from one index (a state's, a queue's) or,
+-- with neither filter, from every queue's index merged by sequence number.
 reg('job_list', function(args)
   local state, due, queue, jtype, tag = args[3], args[4], args[5], args[6], args[7]
   local limit = tonumber(args[9])
-  local index = P .. 'jobs'
+  local keys, page = nil, 256
   if state ~= '' then
-    index = P .. 'st:' .. state
+    keys = { P .. 'st:' .. state }
   elseif queue ~= '' then
-    index = P .. 'qj:' .. queue
+    keys = { P .. 'qj:' .. queue }
+  else
+    keys = {}
+    for _, q in ipairs(redis.call('SMEMBERS', P .. 'queues')) do
+      keys[#keys + 1] = P .. 'qj:' .. q
+    end
+    -- Most pages take their jobs from few queues: a first read of each
+    -- as long as the page.
+    page = math.min(page, limit + 1)
   end
-  local max = '+inf'
+  local top = '+inf'
   if args[8] ~= '' then
-    max = '(' .. args[8]
+    top = '(' .. args[8]
+  end
+  local sources = {}
+  for i, k in ipairs(keys) do
+    sources[i] = { key = k, max = top, page = page, buf = {}, pos = 1, done = false }
+  end
+  -- The next (id, seq) of a source, reading it a page at a time.
+  local function head(src)
+    if src.pos > #src.buf and not src.done then
+      src.buf = redis.call('ZREVRANGEBYSCORE', src.key, src.max, '-inf', 'WITHSCORES', 'LIMIT', 0, src.page)
+      src.pos = 1
+      if #src.buf < src.page * 2 then
+        src.done = true
+      else
+        src.max = '(' .. src.buf[#src.buf]
+      end
+      src.page = 256
+    end
+    if src.pos > #src.buf then
+      return nil
+    end
+    return src.buf[src.pos], tonumber(src.buf[src.pos + 1])
   end
   local jobs, seqs = {}, {}
   local scanned = 0
   local last = nil
   local exhausted = false
   while #jobs <= limit and scanned < SCAN_LIMIT + limit do
-    local page = redis.call('ZREVRANGEBYSCORE', index, max, '-inf', 'LIMIT', 0, 256)
-    if #page == 0 then
+    local best, id, seq = nil, nil, nil
+    for _, src in ipairs(sources) do
+      local i, s = head(src)
+      if i and (best == nil or s > seq) then
+        best, id, seq = src, i, s
+      end
+    end
+    if not best then
       exhausted = true
       break
     end
-    for _, id in ipairs(page) do
-      local j = load(id)
-      scanned = scanned + 1
-      if j then
-        last = j.seq
-        max = '(' .. j.seq
-        local ok = (state == '' or j.state == state)
-          and (due == '' or (due == '1') == (tonumber(j.run_at) <= NOW))
-          and (queue == '' or j.queue == queue)
-          and (jtype == '' or j.type == jtype)
-          and (tag == '' or has_tag(j.tags, tag))
-        if ok then
-          jobs[#jobs + 1] = job_view(j)
-          seqs[#seqs + 1] = j.seq
-          if #jobs > limit then
-            break
-          end
-        end
+    best.pos = best.pos + 2
+    scanned = scanned + 1
+    local j = load(id)
+    if j then
+      last = j.seq
+      local ok = (state == '' or j.state == state)
+        and (due == '' or (due == '1') == (tonumber(j.run_at) <= NOW))
+        and (queue == '' or j.queue == queue)
+        and (jtype == '' or j.type == jtype)
+        and (tag == '' or has_tag(j.tags, tag))
+      if ok then
+        jobs[#jobs + 1] = job_view(j)
+        seqs[#seqs + 1] = j.seq
       end
-      if scanned >= SCAN_LIMIT + limit then
-        break
-      end
-    end
-    if #page < 256 and #jobs <= limit and scanned < SCAN_LIMIT + limit then
-      exhausted = true
-      break
     end
   end
   local out = { I(NOW), '' }
@@ -166,18 +191,22 @@ reg('queue_list', function(args)
   end
   local out = {}
   for q in pairs(names) do
-    local c = redis.call('HMGET', P .. 'cnt:' .. q, 'waiting', 'active', 'completed', 'dead', 'cancelled')
-    local waiting = N(c[1]) or 0
-    local scheduled = 0
-    if waiting > 0 then
-      for _, f in ipairs(redis.call('HKEYS', P .. 'wl:' .. q)) do
-        scheduled = scheduled + redis.call('ZCOUNT', P .. 'w:' .. q .. '|' .. f, '(' .. I(NOW), '+inf')
+    local c = redis.call('HMGET', P .. 'cnt:' .. q, 'active', 'completed', 'dead', 'cancelled')
+    -- The waiting jobs are counted by lane.
+    local lanes = redis.call('HGETALL', P .. 'wl:' .. q)
+    local waiting, scheduled = 0, 0
+    for i = 1, #lanes, 2 do
+      local n = tonumber(lanes[i + 1])
+      if n > 0 then
+        waiting = waiting + n
+        scheduled = scheduled + redis.call('ZCOUNT', P .. 'w:' .. q .. '|' .. lanes[i], '(' .. I(NOW), '+inf')
       end
     end
-    local total = waiting + (N(c[2]) or 0) + (N(c[3]) or 0) + (N(c[4]) or 0) + (N(c[5]) or 0)
+    local active, completed, dead, cancelled = N(c[1]) or 0, N(c[2]) or 0, N(c[3]) or 0, N(c[4]) or 0
+    local total = waiting + active + completed + dead + cancelled
     if total > 0 or is_paused[q] ~= nil then
-      out[#out + 1] = { q, is_paused[q] and 1 or 0, scheduled, waiting - scheduled,
-        N(c[2]) or 0, N(c[3]) or 0, N(c[4]) or 0, N(c[5]) or 0 }
+      out[#out + 1] = { q, is_paused[q] and 1 or 0, scheduled, waiting - scheduled, active,
+        completed, dead, cancelled }
     end
   end
   return out
