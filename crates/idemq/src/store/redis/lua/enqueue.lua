@@ -354,15 +354,14 @@ local function opt(s)
 end
 
 local function item(args, at)
-  local a = function(i)
-    return args[at + i]
-  end
   return {
-    type = a(0), queue = a(1), job_id = opt(a(2)), payload = a(3), priority = a(4),
-    run_at = A(a(5)), delay = A(a(6)), max_attempts = a(7), retry = a(8), timeout_ms = a(9),
-    deadline = A(a(10)), ck = opt(a(11)), tags = a(12), keep = A(a(13)), fp = a(14),
-    scope = opt(a(15)), hash = a(16), preview = a(17), ttl = A(a(18)),
-    dkey = opt(a(19)), dmode = a(20), dttl = A(a(21)), dmw = A(a(22)), new_id = a(23),
+    type = args[at], queue = args[at + 1], job_id = opt(args[at + 2]), payload = args[at + 3],
+    priority = args[at + 4], run_at = A(args[at + 5]), delay = A(args[at + 6]),
+    max_attempts = args[at + 7], retry = args[at + 8], timeout_ms = args[at + 9],
+    deadline = A(args[at + 10]), ck = opt(args[at + 11]), tags = args[at + 12],
+    keep = A(args[at + 13]), fp = args[at + 14], scope = opt(args[at + 15]), hash = args[at + 16],
+    preview = args[at + 17], ttl = A(args[at + 18]), dkey = opt(args[at + 19]),
+    dmode = args[at + 20], dttl = A(args[at + 21]), dmw = A(args[at + 22]), new_id = args[at + 23],
   }
 end
 
