@@ -500,6 +500,45 @@ impl Run {
     }
 }
 
+/// The fencing token of one attempt: minted by its claim, presented by every
+/// later call of that attempt (heartbeat, complete, fail, release,
+/// checkpoint). A type of its own so that a job id cannot be passed where the
+/// token goes, nor the other way round; it serializes as the plain string.
+///
+/// ```compile_fail
+/// # async fn swapped(queue: idemq::Queue, job: idemq::ClaimedJob) {
+/// // The arguments in the wrong order do not compile.
+/// queue.complete(&job.lease_token, &job.id, None).await.unwrap();
+/// # }
+/// ```
+///
+/// ```
+/// # async fn right(queue: idemq::Queue, job: idemq::ClaimedJob) {
+/// queue.complete(&job.id, &job.lease_token, None).await.unwrap();
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LeaseToken(String);
+
+impl LeaseToken {
+    /// A token received from outside the library, such as over the HTTP API.
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+
+    /// The token's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A job handed to a worker by a claim.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -518,7 +557,8 @@ pub struct ClaimedJob {
     /// The attempt budget.
     pub max_attempts: i32,
     /// The fencing token every later call of this attempt presents.
-    pub lease_token: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
+    pub lease_token: LeaseToken,
     /// When the lease ends unless renewed by a heartbeat.
     pub lease_expires_at: DateTime<Utc>,
     /// Execution timeout of the attempt, in milliseconds.

@@ -63,7 +63,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{ConflictSource, Error, IdempotencyConflict, Result};
 pub use job::{
     CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, JobDedupe,
-    JobIdempotency, JobState, NonReplaceableReason, Outcome, QueueInfo, Run, StateCounts,
+    JobIdempotency, JobState, LeaseToken, NonReplaceableReason, Outcome, QueueInfo, Run,
+    StateCounts,
 };
 pub use list::{JobList, JobPage};
 pub use queue::{

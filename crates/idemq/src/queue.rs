@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::fingerprint::{Fingerprint, KeyHasher, canonical_json};
 use crate::job::{
     CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, JobState,
-    QueueInfo, Run,
+    LeaseToken, QueueInfo, Run,
 };
 use crate::request::{
     EnqueueRequest, PreparedEnqueue, bounds, defaults, encode_json, micros, prepare_key,
@@ -173,7 +173,7 @@ pub struct Completion {
     /// The job.
     pub job_id: String,
     /// The lease of the attempt.
-    pub lease_token: String,
+    pub lease_token: LeaseToken,
     /// An optional JSON result (≤ the payload limit).
     pub result: Option<Value>,
 }
@@ -783,8 +783,8 @@ impl Queue {
     }
 
     /// A lease no claim could have minted is a lost one.
-    pub(crate) fn lease_text(job_id: &str, token: &str) -> Result<()> {
-        if nul(job_id) || nul(token) {
+    pub(crate) fn lease_text(job_id: &str, token: &LeaseToken) -> Result<()> {
+        if nul(job_id) || nul(token.as_str()) {
             return Err(Error::LeaseLost {
                 job_id: job_id.replace('\0', "\u{fffd}"),
             });
@@ -792,15 +792,15 @@ impl Queue {
         Ok(())
     }
 
-    pub(crate) fn lease(job_id: &str, token: &str) -> LeaseRef {
+    pub(crate) fn lease(job_id: &str, token: &LeaseToken) -> LeaseRef {
         LeaseRef {
             job_id: job_id.into(),
-            lease_token: token.into(),
+            lease_token: token.as_str().into(),
         }
     }
 
     /// Renews a lease and reports whether the job was cancelled meanwhile.
-    pub async fn heartbeat(&self, job_id: &str, lease_token: &str) -> Result<Heartbeat> {
+    pub async fn heartbeat(&self, job_id: &str, lease_token: &LeaseToken) -> Result<Heartbeat> {
         Self::lease_text(job_id, lease_token)?;
         self.store
             .lease_heartbeat(Self::lease(job_id, lease_token))
@@ -811,7 +811,7 @@ impl Queue {
     pub async fn complete(
         &self,
         job_id: &str,
-        lease_token: &str,
+        lease_token: &LeaseToken,
         result: Option<Value>,
     ) -> Result<()> {
         Self::lease_text(job_id, lease_token)?;
@@ -902,7 +902,7 @@ impl Queue {
     pub async fn fail(
         &self,
         job_id: &str,
-        lease_token: &str,
+        lease_token: &LeaseToken,
         options: FailOptions,
     ) -> Result<FailOutcome> {
         let max = bounds::MAX_DURATION_MS;
@@ -935,7 +935,7 @@ impl Queue {
     }
 
     /// Gives a lease back: the job is ready at once and the attempt is not counted.
-    pub async fn release(&self, job_id: &str, lease_token: &str) -> Result<()> {
+    pub async fn release(&self, job_id: &str, lease_token: &LeaseToken) -> Result<()> {
         Self::lease_text(job_id, lease_token)?;
         self.store
             .job_release(Self::lease(job_id, lease_token))
@@ -946,7 +946,7 @@ impl Queue {
     pub async fn checkpoint_put(
         &self,
         job_id: &str,
-        lease_token: &str,
+        lease_token: &LeaseToken,
         name: &str,
         value: &Value,
     ) -> Result<bool> {

@@ -1371,7 +1371,7 @@ impl Model {
 struct Backend<'h> {
     h: &'h Harness,
     /// token index → (backend job id, lease token)
-    tokens: Vec<(String, String)>,
+    tokens: Vec<(String, idemq::LeaseToken)>,
     b2m: HashMap<String, String>,
     m2b: HashMap<String, String>,
 }

@@ -513,7 +513,11 @@ async fn claim_orders_by_priority_then_run_at_then_acceptance_and_completes() {
     assert_eq!((default.counts.active, default.counts.scheduled), (3, 1));
 
     env.queue
-        .complete(&a, &lease(&env, &a).await, Some(json!({"ok": true})))
+        .complete(
+            &a,
+            &idemq::LeaseToken::new(lease(&env, &a).await),
+            Some(json!({"ok": true})),
+        )
         .await
         .expect_err("stale token");
     env.queue.pause("default").await.expect("pause");

@@ -314,7 +314,9 @@ async fn migrate_brings_a_version_4_database_forward_with_its_data() {
 
     // And the jobs still run: the attempt claimed before the upgrade
     // completes with its old lease; the dead job is redriven and runs.
-    q.complete("job-active", &active_token, None).await.unwrap();
+    q.complete("job-active", &idemq::LeaseToken::new(active_token), None)
+        .await
+        .unwrap();
     let (events, runs) = new_history(&q, "job-active").await;
     let kinds: Vec<&str> = events.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(kinds, ["accepted", "claimed", "completed"]);

@@ -199,9 +199,13 @@ async fn migrate_keeps_every_history_and_derives_the_new_one() {
         json!({ "attempt": 1, "worker": "old-worker" })
     );
     assert_eq!(runs, [(1, None)]);
-    q.complete("running", "token-running", Some(json!("ok")))
-        .await
-        .expect("the old lease completes");
+    q.complete(
+        "running",
+        &idemq::LeaseToken::new("token-running"),
+        Some(json!("ok")),
+    )
+    .await
+    .expect("the old lease completes");
     let (events, runs) = history(&q, "running").await;
     assert_eq!(kinds(&events), ["accepted", "claimed", "completed"]);
     assert_eq!(events[..2], running_before[..]);

@@ -139,7 +139,8 @@ pub(crate) struct CompleteItem {
     /// The job.
     id: String,
     /// The token the claim minted.
-    lease_token: String,
+    #[schema(value_type = String)]
+    lease_token: idemq::LeaseToken,
     /// Any JSON result (≤ the payload limit), stored with the job.
     #[serde(default)]
     #[schema(value_type = Option<JsonValue>)]
@@ -340,7 +341,8 @@ pub(crate) async fn claim(
 #[serde(deny_unknown_fields)]
 pub(crate) struct LeaseBody {
     /// The token the claim minted.
-    lease_token: String,
+    #[schema(value_type = String)]
+    lease_token: idemq::LeaseToken,
 }
 
 /// The body of `complete`.
@@ -348,7 +350,8 @@ pub(crate) struct LeaseBody {
 #[serde(deny_unknown_fields)]
 pub(crate) struct CompleteBody {
     /// The token the claim minted.
-    lease_token: String,
+    #[schema(value_type = String)]
+    lease_token: idemq::LeaseToken,
     /// Any JSON result (≤ the payload limit), stored with the job.
     #[serde(default)]
     #[schema(value_type = Option<JsonValue>)]
@@ -360,7 +363,8 @@ pub(crate) struct CompleteBody {
 #[serde(deny_unknown_fields)]
 pub(crate) struct FailBody {
     /// The token the claim minted.
-    lease_token: String,
+    #[schema(value_type = String)]
+    lease_token: idemq::LeaseToken,
     /// What went wrong (kept truncated to 8 KiB).
     #[serde(default)]
     error: Option<String>,
@@ -382,7 +386,8 @@ pub(crate) struct FailBody {
 #[serde(deny_unknown_fields)]
 pub(crate) struct CheckpointBody {
     /// The token the claim minted.
-    lease_token: String,
+    #[schema(value_type = String)]
+    lease_token: idemq::LeaseToken,
     /// Any JSON value (≤ the payload limit).
     #[schema(value_type = JsonValue)]
     value: Value,

@@ -25,7 +25,7 @@ impl Queue {
     fn completion(
         &self,
         job_id: &str,
-        lease_token: &str,
+        lease_token: &crate::LeaseToken,
         result: Option<Value>,
     ) -> Result<JobComplete> {
         Self::lease_text(job_id, lease_token)?;

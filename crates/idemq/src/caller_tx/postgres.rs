@@ -59,7 +59,7 @@ impl Queue {
         &self,
         conn: &mut sqlx::PgConnection,
         job_id: &str,
-        lease_token: &str,
+        lease_token: &crate::LeaseToken,
         result: Option<Value>,
     ) -> Result<()> {
         self.postgres()?;

@@ -27,7 +27,7 @@ impl Queue {
         &self,
         conn: &rusqlite::Connection,
         job_id: &str,
-        lease_token: &str,
+        lease_token: &crate::LeaseToken,
         result: Option<Value>,
     ) -> Result<()> {
         let p = self.completion(job_id, lease_token, result)?;

@@ -39,14 +39,14 @@ impl Pending {
     pub(super) fn push(
         &self,
         job_id: &str,
-        lease_token: &str,
+        lease_token: &crate::LeaseToken,
         result: Option<Value>,
         lease: Duration,
     ) {
         self.lock().push(Entry {
             completion: Completion {
                 job_id: job_id.to_owned(),
-                lease_token: lease_token.to_owned(),
+                lease_token: lease_token.clone(),
                 result,
             },
             give_up: Instant::now() + lease,

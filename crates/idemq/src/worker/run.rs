@@ -50,7 +50,7 @@ enum Stop {
 }
 
 struct Slot {
-    token: String,
+    token: crate::LeaseToken,
     cancel: watch::Sender<bool>,
     stop: watch::Sender<Stop>,
     /// Set once the handler completed the job in its own transaction.
@@ -569,7 +569,7 @@ async fn heartbeat_loop(
         // A job its handler completed in its own transaction is not
         // renewed: on PostgreSQL that transaction holds the job's row until
         // it ends, and a heartbeat waiting for it would hold up the others.
-        let running: Vec<(String, String)> = lock(&slots)
+        let running: Vec<(String, crate::LeaseToken)> = lock(&slots)
             .iter()
             .filter(|(_, s)| !s.completed_in_tx.load(Ordering::SeqCst))
             .map(|(id, s)| (id.clone(), s.token.clone()))

@@ -160,7 +160,7 @@ fn assert_lost<T: std::fmt::Debug>(r: idemq::Result<T>, id: &str) {
 }
 
 /// Every fenced call with `token` on `id` is refused.
-async fn assert_fenced(h: &Harness, id: &str, token: &str) {
+async fn assert_fenced(h: &Harness, id: &str, token: &idemq::LeaseToken) {
     assert_lost(h.queue.heartbeat(id, token).await, id);
     assert_lost(h.queue.complete(id, token, Some(json!("stale"))).await, id);
     assert_lost(h.queue.fail(id, token, error("stale")).await, id);
@@ -381,7 +381,7 @@ async fn claim_hands_out_the_job_and_a_lease(h: Harness) {
     assert_eq!(c.deadline, Some(deadline));
     assert_eq!(c.tags, vec!["a", "b"]);
     assert_eq!(c.lease_expires_at, at(now, ms(45_000)));
-    assert!(!c.lease_token.is_empty());
+    assert!(!c.lease_token.as_str().is_empty());
 
     let j = h.job(&id).await;
     assert_eq!(j.state, JobState::Active);
@@ -596,7 +596,7 @@ async fn stale_token_is_refused_and_changes_nothing(h: Harness) {
     let totals = h.totals().await;
 
     // A made-up token, and the token of another job.
-    assert_fenced(&h, &id, "not-a-token").await;
+    assert_fenced(&h, &id, &idemq::LeaseToken::new("not-a-token")).await;
     assert_fenced(&h, &id, &c[1].lease_token).await;
     // A token for a job that does not exist.
     assert_fenced(&h, "no-such-job", &c[0].lease_token).await;

@@ -70,7 +70,7 @@ fn item(n: i64) -> EnqueueRequest {
 }
 
 /// Enqueues `req`, which must be the only ready job, and claims it.
-async fn active(h: &Harness, req: EnqueueRequest) -> (String, String) {
+async fn active(h: &Harness, req: EnqueueRequest) -> (String, idemq::LeaseToken) {
     let id = h.put(req).await;
     let c = h.claim_one().await;
     assert_eq!(c.id, id, "the job is the only ready one");

@@ -41,7 +41,7 @@ enum Business {
 /// handler's context.
 #[derive(Clone, Copy)]
 enum By<'a> {
-    Lease(&'a Queue, &'a str, &'a str),
+    Lease(&'a Queue, &'a str, &'a idemq::LeaseToken),
     Ctx(&'a HandlerContext),
 }
 

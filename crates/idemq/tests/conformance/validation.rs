@@ -834,11 +834,15 @@ async fn nul_in_ids_and_names_matches_nothing(h: Harness) {
     ));
     assert!(!q.purge(bad).await.unwrap());
     assert!(!q.cancel_by_key("t", "k\0").await.unwrap());
+    let (token, nul_token) = (
+        idemq::LeaseToken::new("token"),
+        idemq::LeaseToken::new("tok\0en"),
+    );
     for lost in [
-        q.heartbeat(bad, "token").await.map(|_| ()),
-        q.complete(bad, "token", None).await,
-        q.release("id", "tok\0en").await,
-        q.checkpoint_put(bad, "token", "step", &serde_json::json!(1))
+        q.heartbeat(bad, &token).await.map(|_| ()),
+        q.complete(bad, &token, None).await,
+        q.release("id", &nul_token).await,
+        q.checkpoint_put(bad, &token, "step", &serde_json::json!(1))
             .await
             .map(|_| ()),
     ] {

@@ -35,7 +35,7 @@ pub use migrate::{
 
 use super::*;
 use crate::error::Error;
-use crate::job::JobState;
+use crate::job::{JobState, LeaseToken};
 
 /// The channel `LISTEN`ers are told of new work on; the payload is the queue name.
 pub const NOTIFY_CHANNEL: &str = "idemq_jobs";
@@ -562,7 +562,7 @@ impl Store for PgStore {
                         payload: r.try_get("payload")?,
                         attempt: r.try_get("attempt")?,
                         max_attempts: r.try_get("max_attempts")?,
-                        lease_token: r.try_get("lease_token")?,
+                        lease_token: LeaseToken::new(r.try_get::<String, _>("lease_token")?),
                         lease_expires_at: r.try_get("lease_expires_at")?,
                         timeout_ms: r.try_get("timeout_ms")?,
                         deadline: r.try_get("deadline")?,

@@ -186,7 +186,7 @@ pub(super) fn claimed(v: &Value) -> Result<Vec<ClaimedJob>> {
                 payload: job_json(&s(3)?, &id, "payload")?,
                 attempt: int32(at(f, 4)?)?,
                 max_attempts: int32(at(f, 5)?)?,
-                lease_token: s(6)?,
+                lease_token: crate::LeaseToken::new(s(6)?),
                 lease_expires_at: ts(int(at(f, 7)?)?)?,
                 timeout_ms: int(at(f, 8)?)?,
                 deadline: if deadline.is_empty() {

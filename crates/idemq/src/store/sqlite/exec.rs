@@ -10,7 +10,7 @@ use super::decode::{Cols, all, one};
 use super::enqueue::keep_us;
 use super::{Cx, ts};
 use crate::error::{Error, Result};
-use crate::job::{ClaimedJob, FailOutcome, Heartbeat, JobState};
+use crate::job::{ClaimedJob, FailOutcome, Heartbeat, JobState, LeaseToken};
 use crate::request::RetryPolicy;
 use crate::retry::next_delay_ms;
 use crate::store::{CheckpointPut, JobClaim, JobComplete, JobFail, LeaseRef};
@@ -446,7 +446,7 @@ fn claim_one(cx: &Cx, id: &str, p: &JobClaim) -> Result<ClaimedJob> {
                 payload: c.json("payload", "payload")?,
                 attempt: c.get("attempt")?,
                 max_attempts: c.get("max_attempts")?,
-                lease_token: token.clone(),
+                lease_token: LeaseToken::new(token.clone()),
                 lease_expires_at,
                 timeout_ms: c.get("timeout_ms")?,
                 deadline: c.opt_time("deadline")?,
