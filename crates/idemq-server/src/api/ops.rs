@@ -16,10 +16,29 @@ pub(crate) struct Health {
     ok: bool,
     /// `sqlite`, `postgres`, …
     backend: &'static str,
-    /// `full`, or `relaxed` when the store was opened without its
-    /// durability settings checked (Redis `?durability=relaxed`):
-    /// acknowledged jobs may then be lost.
-    durability: &'static str,
+    durability: Durability,
+}
+
+/// `full`, or `relaxed` when the store was opened without its durability
+/// settings checked (Redis `?durability=relaxed`): acknowledged jobs may
+/// then be lost.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Durability {
+    /// Every acknowledged job is on disk.
+    Full,
+    /// The store's durable settings were not checked.
+    Relaxed,
+}
+
+impl From<&idemq::Durability> for Durability {
+    fn from(d: &idemq::Durability) -> Self {
+        if d.is_relaxed() {
+            Self::Relaxed
+        } else {
+            Self::Full
+        }
+    }
 }
 
 /// How long the health probe waits for the backend.
@@ -45,7 +64,7 @@ pub(crate) async fn healthz(State(s): State<ApiState>) -> ApiResult<Response> {
         Ok(Ok(_)) => Ok(axum::Json(Health {
             ok: true,
             backend,
-            durability: s.queue().durability().as_str(),
+            durability: Durability::from(&s.queue().durability()),
         })
         .into_response()),
         Ok(Err(e)) => {
