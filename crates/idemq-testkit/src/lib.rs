@@ -35,6 +35,7 @@
 
 mod backends;
 mod harness;
+pub mod ledger;
 mod postgres;
 mod redis;
 

@@ -2,7 +2,8 @@
 //! three times (each time after another thousand jobs completed); a worker
 //! in this process finishes the rest. Every job ends completed exactly once
 //! in state, and the run ledger records the attempts the kills cut short as
-//! `lease_expired`. On SQLite and on PostgreSQL; real time, 1 s leases.
+//! `lease_expired`. On SQLite, PostgreSQL and Redis (the test kit's
+//! durable redis-server); real time, 1 s leases.
 //!
 //! Run: `cargo test -p idemq --test drain_kill -- --nocapture`.
 
@@ -11,7 +12,8 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use idemq::worker::{HandlerContext, JobError, Worker};
-use idemq::{BatchOptions, EnqueueRequest, JobList, JobState, Queue};
+use idemq::{BatchOptions, EnqueueRequest, JobState, Queue};
+use idemq_testkit::ledger::{Ledger, all_jobs, counts, wait_completed};
 use serde_json::{Value, json};
 
 const CHILD_ENV: &str = "IDEMQ_DRAIN_CHILD_DATABASE";
@@ -69,69 +71,6 @@ fn spawn_child(url: &str, name: &str) -> Child {
         .env(NAME_ENV, name)
         .spawn()
         .expect("start the worker process")
-}
-
-/// (completed, active) jobs.
-async fn counts(queue: &Queue) -> (u64, u64) {
-    queue
-        .queues()
-        .await
-        .expect("queues")
-        .iter()
-        .fold((0, 0), |(c, a), q| {
-            (c + q.counts.completed, a + q.counts.active)
-        })
-}
-
-async fn completed(queue: &Queue) -> u64 {
-    counts(queue).await.0
-}
-
-async fn wait_completed(queue: &Queue, at_least: u64, within: Duration) {
-    let start = Instant::now();
-    loop {
-        let done = completed(queue).await;
-        if done >= at_least {
-            return;
-        }
-        assert!(
-            start.elapsed() < within,
-            "only {done} of {at_least} jobs completed after {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn all_jobs(queue: &Queue) -> Vec<idemq::Job> {
-    let mut jobs = Vec::new();
-    let mut cursor = None;
-    loop {
-        let page = queue
-            .list(JobList {
-                limit: 1000,
-                cursor: cursor.take(),
-                ..JobList::default()
-            })
-            .await
-            .expect("list");
-        jobs.extend(page.jobs);
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => return jobs,
-        }
-    }
-}
-
-/// What one job's ledger says.
-#[derive(Default)]
-struct Ledger {
-    completed_events: usize,
-    lease_expired_events: usize,
-    completed_runs: usize,
-    unfinished_runs: usize,
-    /// Worker names of the `lease_expired` runs.
-    expired_by: Vec<String>,
-    runs: usize,
 }
 
 async fn drain_with_kills(url: &str, backend: &str) {
@@ -204,24 +143,7 @@ async fn drain_with_kills(url: &str, backend: &str) {
         tasks.spawn(async move {
             let mut out = Vec::new();
             for job in part {
-                let mut l = Ledger::default();
-                for e in queue.events(&job.id).await.expect("events") {
-                    match e.kind.as_str() {
-                        "completed" => l.completed_events += 1,
-                        "lease_expired" => l.lease_expired_events += 1,
-                        _ => {}
-                    }
-                }
-                let runs = queue.runs(&job.id).await.expect("runs");
-                l.runs = runs.len();
-                for r in runs {
-                    match r.outcome.as_deref() {
-                        Some("completed") => l.completed_runs += 1,
-                        Some("lease_expired") => l.expired_by.push(r.worker),
-                        Some(_) => {}
-                        None => l.unfinished_runs += 1,
-                    }
-                }
+                let l = Ledger::of(&queue, &job.id).await;
                 out.push((job, l));
             }
             out
@@ -237,26 +159,7 @@ async fn drain_with_kills(url: &str, backend: &str) {
     let mut lease_expired_runs = 0;
     let mut rerun_jobs = 0;
     for (job, l) in &ledgers {
-        if l.completed_events != 1 || l.completed_runs != 1 || l.unfinished_runs != 0 {
-            bad.push(format!(
-                "{}: {} completed events, {} completed runs, {} unfinished runs",
-                job.id, l.completed_events, l.completed_runs, l.unfinished_runs
-            ));
-        }
-        if l.lease_expired_events != l.expired_by.len() {
-            bad.push(format!(
-                "{}: {} lease_expired runs but {} lease_expired events",
-                job.id,
-                l.expired_by.len(),
-                l.lease_expired_events
-            ));
-        }
-        if usize::try_from(job.attempt).ok() != Some(l.runs) {
-            bad.push(format!(
-                "{}: attempt {} but {} runs",
-                job.id, job.attempt, l.runs
-            ));
-        }
+        bad.extend(l.problems(job));
         lease_expired_runs += l.expired_by.len();
         rerun_jobs += usize::from(!l.expired_by.is_empty());
         for w in &l.expired_by {
@@ -308,6 +211,13 @@ async fn postgres_drain_survives_repeated_worker_kills() {
     let (url, db) = idemq_testkit::pg_database();
     let _drop = DropDb(db);
     drain_with_kills(&url, "postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_drain_survives_repeated_worker_kills() {
+    let (url, _prefix) = idemq_testkit::redis_url();
+    idemq::Queue::migrate(&url).await.expect("migrate");
+    drain_with_kills(&url, "redis").await;
 }
 
 /// Drops the test database, also when the test fails.

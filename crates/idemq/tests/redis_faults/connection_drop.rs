@@ -15,7 +15,9 @@ use idemq::worker::{HandlerContext, JobError, Worker};
 use idemq::{EnqueueRequest, Error, JobState, Queue};
 use serde_json::{Value, json};
 
-use crate::server::{Ledger, RedisServer, all_jobs, queue, wait_completed};
+use idemq_testkit::ledger::{Ledger, all_jobs, wait_completed};
+
+use crate::server::{RedisServer, queue};
 
 const PER_PRODUCER: u32 = 400;
 const KEYED: u32 = 4;

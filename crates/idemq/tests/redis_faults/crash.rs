@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use idemq::{EnqueueRequest, Error, JobState, Outcome, Queue};
 use serde_json::json;
 
-use crate::server::{RedisServer, all_jobs, queue};
+use idemq_testkit::ledger::all_jobs;
+
+use crate::server::{RedisServer, queue};
 
 const PRODUCERS: u32 = 8;
 const OPS: u32 = 4_000;

@@ -12,7 +12,9 @@ use idemq::worker::{HandlerContext, JobError, Worker};
 use idemq::{ClaimOptions, DedupeOptions, EnqueueRequest, Error, JobState, Outcome, Queue};
 use serde_json::{Value, json};
 
-use crate::server::{Ledger, RedisServer, all_jobs, counts, queue, retry, wait_completed};
+use idemq_testkit::ledger::{Ledger, all_jobs, counts, retry, wait_completed};
+
+use crate::server::{RedisServer, queue};
 use crate::spawn_child;
 
 /// A worker in this process whose handlers answer at once; stopped by the

@@ -6,11 +6,12 @@
 //!
 //! - `crash`: redis-server SIGKILLed during 8 producers' keyed enqueues
 //!   and restarted on the same files.
-//! - `worker_kill`: a worker process SIGKILLed mid-drain, twice.
 //! - `connection_drop`: every client connection killed (`CLIENT KILL TYPE
 //!   normal`) again and again under producers and a worker.
 //! - `failure_modes`: the failures Redis queues are known for, one case
 //!   each.
+//!
+//! A worker process SIGKILLed mid-drain is `drain_kill`, on every backend.
 //!
 //! A missing `redis-server` fails every test, never skips it.
 //!
@@ -21,7 +22,6 @@ mod connection_drop;
 mod crash;
 mod failure_modes;
 mod server;
-mod worker_kill;
 
 use std::time::Duration;
 
@@ -37,12 +37,6 @@ const CHILD_NAME: &str = "IDEMQ_REDIS_FAULT_CHILD_NAME";
 const CHILD_LEASE: Duration = Duration::from_secs(1);
 /// How many jobs a child worker runs at once.
 const CHILD_CONCURRENCY: usize = 16;
-
-/// A drain job: long enough that jobs are always in flight when a kill lands.
-async fn drain_work(_ctx: HandlerContext, _p: Value) -> Result<(), JobError> {
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    Ok(())
-}
 
 /// A job that outlives any kill.
 async fn stuck_work(_ctx: HandlerContext, _p: Value) -> Result<(), JobError> {
@@ -69,7 +63,6 @@ fn redis_fault_child_worker_process() {
             .poll_interval(Duration::from_millis(100))
             .concurrency(CHILD_CONCURRENCY)
             .maintenance(false)
-            .handle("drain.work", drain_work)
             .handle("stuck.work", stuck_work)
             .run(std::future::pending::<()>())
             .await
