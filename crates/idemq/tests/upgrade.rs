@@ -3,7 +3,8 @@
 //! migrations 1–4 (the schema every earlier release installed) and filled
 //! through its own functions with jobs in every state, live bindings, a
 //! schedule and history; after `migrate` every job, event, run, binding and
-//! schedule reads back as it was, and the jobs still run. Fails, never
+//! schedule reads back as it was, lists in the same order, and the jobs
+//! still run. Fails, never
 //! skips, when PostgreSQL is down.
 
 use idemq::fingerprint::{KeyHasher, hex};
@@ -281,6 +282,37 @@ async fn migrate_brings_a_version_4_database_forward_with_its_data() {
     assert_eq!(state("job-completed").await, JobState::Completed);
     assert_eq!(state("job-dead").await, JobState::Dead);
     assert_eq!(state("job-cancelled").await, JobState::Cancelled);
+    // Listed newest first across every state (two pages at a time, so the
+    // cursor runs through the merge of the states' indexes), and by state.
+    let mut listed = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = q
+            .list(idemq::JobList {
+                limit: 2,
+                cursor,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        listed.extend(page.jobs.into_iter().map(|j| j.id));
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    let newest_first: Vec<&str> = ids.iter().rev().copied().collect();
+    assert_eq!(listed, newest_first);
+    let completed_only = q
+        .list(idemq::JobList {
+            state: Some(JobState::Completed),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let completed_ids: Vec<&str> = completed_only.jobs.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(completed_ids, ["job-completed"]);
     let completed = q.get("job-completed").await.unwrap().unwrap();
     assert_eq!(completed.result, Some(json!({"ok": true})));
     // The live idempotency binding still replays; the dedupe binding still coalesces.

@@ -1141,7 +1141,9 @@ BEGIN
         FROM idemq.jobs j WHERE j.state IN ('completed', 'dead', 'cancelled') GROUP BY 1, 2;
         RETURN;
     END IF;
-    v_bound := ((SELECT max(seq) FROM idemq.jobs) / 16384 - 1) * 16384;
+    -- The sequence's last number, not max(seq): no index holds every job's
+    -- seq (the completed jobs' and the others' are in two).
+    v_bound := ((SELECT last_value FROM idemq.history) / 16384 - 1) * 16384;
     v_pct := least(100.0, 100.0 * p_sample_pages / v_pages);
     RETURN QUERY SELECT NULL::text, NULL::text, 0::bigint, true;
     -- Planned with the boundary and the fraction written in: a plan made
@@ -1150,7 +1152,12 @@ BEGIN
         SELECT r.queue, r.state, sum(r.n)::bigint, true
         FROM (SELECT j.queue, j.state, count(*) AS n
               FROM idemq.jobs j
-              WHERE j.seq > %1$s AND j.state IN ('completed', 'dead', 'cancelled')
+              WHERE j.seq > %1$s AND j.state = 'completed'
+              GROUP BY 1, 2
+              UNION ALL
+              SELECT j.queue, j.state, count(*) AS n
+              FROM idemq.jobs j
+              WHERE j.seq > %1$s AND j.state IN ('dead', 'cancelled')
               GROUP BY 1, 2
               UNION ALL
               SELECT j.queue, j.state, round(count(*) * 100.0 / %2$s)::bigint

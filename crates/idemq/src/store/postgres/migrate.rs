@@ -55,6 +55,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "big_tables",
         include_str!("../../../migrations/postgres/0008_big_tables.sql"),
     ),
+    (
+        9,
+        "id_key",
+        include_str!("../../../migrations/postgres/0009_id_key.sql"),
+    ),
 ];
 
 /// Every function of the schema, as this binary defines them.

@@ -141,6 +141,12 @@ pub(super) async fn job_get(pool: Db<'_>, id: &str) -> Result<Option<Job>> {
     row.as_ref().map(job_from).transpose()
 }
 
+/// The stored states, each a branch of a list of every state: no index
+/// holds every job's `seq` (0009_id_key.sql), but each state's jobs come in
+/// `seq` order from one (completed: jobs_done_seq; the others:
+/// jobs_state_seq), so the branches merge under the limit.
+const STORED_STATES: [&str; 5] = ["completed", "waiting", "active", "dead", "cancelled"];
+
 pub(super) async fn job_list(pool: Db<'_>, p: &JobListing) -> Result<JobPage> {
     let (stored, due) = (p.stored_state, p.due);
     let (cursor, limit) = (p.before_seq, p.limit);
@@ -151,16 +157,41 @@ pub(super) async fn job_list(pool: Db<'_>, p: &JobListing) -> Result<JobPage> {
     // or tag.
     // The tag is matched with `@>` (what the tags index answers) on a
     // non-empty array (its predicate).
-    let sql = format!(
-        "{JOB_SELECT}
-         WHERE ($1::text IS NULL OR j.state = $1)
-           AND ($2::boolean IS NULL OR $2 = (j.run_at <= n.now))
-           AND ($3::text IS NULL OR j.queue = $3)
+    let filters = "($3::text IS NULL OR j.queue = $3)
            AND ($4::text IS NULL OR j.type = $4)
-           AND ($5::text IS NULL OR (j.tags @> ARRAY[$5] AND j.tags <> '{{}}'))
-           AND ($6::bigint IS NULL OR j.seq < $6)
-         ORDER BY j.seq DESC LIMIT $7"
-    );
+           AND ($5::text IS NULL OR (j.tags @> ARRAY[$5] AND j.tags <> '{}'))
+           AND ($6::bigint IS NULL OR j.seq < $6)";
+    let sql = if stored.is_some() {
+        format!(
+            "{JOB_SELECT}
+             WHERE j.state = $1
+               AND ($2::boolean IS NULL OR $2 = (j.run_at <= n.now))
+               AND {filters}
+             ORDER BY j.seq DESC LIMIT $7"
+        )
+    } else {
+        // Every state: the newest of each, merged ($1 and $2 are NULL).
+        let branches: Vec<String> = STORED_STATES
+            .iter()
+            .map(|state| {
+                format!(
+                    "(SELECT j.id, j.seq FROM idemq.jobs j
+                      WHERE j.state = '{state}' AND {filters}
+                      ORDER BY j.seq DESC LIMIT $7)"
+                )
+            })
+            .collect();
+        format!(
+            "WITH page AS MATERIALIZED (
+                 SELECT b.id FROM ({}) b
+                 WHERE $1::text IS NULL AND $2::boolean IS NULL
+                 ORDER BY b.seq DESC LIMIT $7)
+             {JOB_SELECT}
+             WHERE j.id IN (SELECT page.id FROM page)
+             ORDER BY j.seq DESC",
+            branches.join(" UNION ALL ")
+        )
+    };
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
         .persistent(false)
         .bind(stored)
