@@ -527,7 +527,35 @@ pub(super) fn heartbeat(cx: &Cx, lease: &LeaseRef) -> Result<Result<Heartbeat>> 
     }))
 }
 
+/// A completion of the current lease in one statement: the row moves as
+/// [`end_attempt`] moves it on `End::Completed` (the attempt consumed, its
+/// worker, start and claim number kept, the completion numbered
+/// `done_seq`), without reading the attempt first. A row whose
+/// `attempts_used` or `keep_ms` is not an integer (a broken row) is left
+/// to the full path, which decodes it strictly.
+const COMPLETE_LEASED: &str = "UPDATE idemq_jobs SET state = 'completed', result = ?3,
+       finished_at = ?4, purge_after = ?4 + coalesce(keep_ms, ?5) * 1000,
+       lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL, updated_at = ?4,
+       attempts_used = attempts_used + 1, done_seq = ?6
+     WHERE id = ?1 AND state = 'active' AND lease_token = ?2
+       AND typeof(attempts_used) = 'integer' AND typeof(keep_ms) IN ('integer', 'null')";
+
 pub(super) fn complete(cx: &Cx, p: &JobComplete) -> Result<Result<()>> {
+    let done = cx.next_seq_if(|seq| {
+        let changed = cx.db.prepare_cached(COMPLETE_LEASED)?.execute(params![
+            p.lease.job_id,
+            p.lease.lease_token,
+            p.result,
+            cx.now,
+            crate::request::defaults::KEEP_COMPLETED_MS,
+            seq
+        ])?;
+        Ok(changed == 1)
+    })?;
+    if done {
+        return Ok(Ok(()));
+    }
+    // Not the current lease (or a broken row): the full path answers.
     let Some(a) = load_active(cx, &p.lease)? else {
         return Ok(Err(lease_lost(&p.lease)));
     };

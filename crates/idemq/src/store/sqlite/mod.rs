@@ -709,6 +709,17 @@ impl<'a> Cx<'a> {
         Ok(seq)
     }
 
+    /// Draws the next number for `write`, which answers whether it used
+    /// it: a number not used is given back (the next draw takes it).
+    fn next_seq_if(&self, write: impl FnOnce(i64) -> Result<bool>) -> Result<bool> {
+        let before = self.drawn.get();
+        let used = write(self.next_seq()?)?;
+        if !used {
+            self.drawn.set(before);
+        }
+        Ok(used)
+    }
+
     /// Writes the counter past the numbers drawn. Plain statements: SQLite
     /// runs an `UPDATE … RETURNING` through an ephemeral table of its own,
     /// which cost more than the update.
