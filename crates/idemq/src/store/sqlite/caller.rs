@@ -54,7 +54,7 @@ impl SqliteStore {
         self.check_connection(conn)?;
         conn.execute_batch(&format!("SAVEPOINT {SAVEPOINT}"))?;
         let now = self.inner.clock.now().timestamp_micros();
-        let out = f(&Cx { db: conn, now });
+        let out = Cx::run(conn, now, f);
         let end = match out {
             Ok(_) => format!("RELEASE {SAVEPOINT}"),
             Err(_) => format!("ROLLBACK TO {SAVEPOINT}; RELEASE {SAVEPOINT}"),

@@ -47,7 +47,18 @@ impl<'a, 'r> Cols<'a, 'r> {
     /// The value of `col`: a NULL, another type or an integer out of range
     /// where `T` must be is an error. `T = Option<_>` reads a nullable column.
     pub(super) fn get<T: FromSql>(&self, col: &str) -> Result<T> {
-        self.r.get::<_, T>(col).map_err(|e| match e {
+        self.checked(self.r.get::<_, T>(col), col)
+    }
+
+    /// The value of the query's column `idx`, named `col`, read as
+    /// [`get`](Self::get) reads it but by position (no lookup of the name
+    /// on every row).
+    pub(super) fn at<T: FromSql>(&self, idx: usize, col: &str) -> Result<T> {
+        self.checked(self.r.get::<_, T>(idx), col)
+    }
+
+    fn checked<T>(&self, got: rusqlite::Result<T>, col: &str) -> Result<T> {
+        got.map_err(|e| match e {
             rusqlite::Error::InvalidColumnType(_, _, Type::Null) => {
                 self.bad(col, Undecodable::null("value"))
             }
@@ -79,6 +90,31 @@ impl<'a, 'r> Cols<'a, 'r> {
     pub(super) fn instant(&self, col: &str, us: i64) -> Result<DateTime<Utc>> {
         instant(us)
             .ok_or_else(|| self.bad(col, Undecodable::invalid("an instant out of range", us)))
+    }
+
+    /// A nullable instant of the query's column `idx`, named `col`.
+    pub(super) fn opt_time_at(&self, idx: usize, col: &str) -> Result<Option<DateTime<Utc>>> {
+        self.at::<Option<i64>>(idx, col)?
+            .map(|us| self.instant(col, us))
+            .transpose()
+    }
+
+    /// JSON text of the query's column `idx`, named `col`, holding `what`,
+    /// parsed where SQLite holds it (a value that is not UTF-8 text is read
+    /// as [`json`](Self::json) reads it, for the same error).
+    pub(super) fn json_at<T: DeserializeOwned>(
+        &self,
+        idx: usize,
+        col: &str,
+        what: &str,
+    ) -> Result<T> {
+        if let Ok(rusqlite::types::ValueRef::Text(bytes)) = self.r.get_ref(idx)
+            && let Ok(text) = std::str::from_utf8(bytes)
+        {
+            return self.parse(col, what, text);
+        }
+        let text: String = self.at(idx, col)?;
+        self.parse(col, what, &text)
     }
 
     /// JSON text holding `what` (`payload`, `retry policy`, …).

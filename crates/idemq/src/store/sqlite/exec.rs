@@ -36,8 +36,13 @@ pub(super) struct Active {
     claim_seq: Option<i64>,
 }
 
-const ACTIVE_COLS: &str = "id, attempt, attempts_used, max_attempts, retry, deadline,
-    cancel_requested, keep_ms, started_at, timeout_ms, lease_ms, worker, claim_seq";
+/// The columns [`active_row`] decodes.
+macro_rules! active_cols {
+    () => {
+        "id, attempt, attempts_used, max_attempts, retry, deadline,
+         cancel_requested, keep_ms, started_at, timeout_ms, lease_ms, worker, claim_seq"
+    };
+}
 
 /// An active job's row. A claim sets its start, lease length and worker,
 /// so any of them missing is a broken row, not a reason to guess.
@@ -69,12 +74,13 @@ fn active_row(r: &rusqlite::Row) -> Result<Active> {
 }
 
 fn load_active(cx: &Cx, lease: &LeaseRef) -> Result<Option<Active>> {
-    let sql = format!(
-        "SELECT {ACTIVE_COLS} FROM idemq_jobs
-         WHERE id = ?1 AND state = 'active' AND lease_token = ?2"
+    let sql = concat!(
+        "SELECT ",
+        active_cols!(),
+        " FROM idemq_jobs WHERE id = ?1 AND state = 'active' AND lease_token = ?2"
     );
     one(
-        cx.db.prepare_cached(&sql)?,
+        cx.db.prepare_cached(sql)?,
         [&lease.job_id, &lease.lease_token],
         active_row,
     )
@@ -332,12 +338,14 @@ pub(super) fn finish(
 
 /// Records every expired lease (at most `limit`).
 pub(super) fn reap(cx: &Cx, limit: u32) -> Result<u64> {
-    let sql = format!(
-        "SELECT {ACTIVE_COLS} FROM idemq_jobs
+    let sql = concat!(
+        "SELECT ",
+        active_cols!(),
+        " FROM idemq_jobs
          WHERE state = 'active' AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2"
     );
     let expired: Vec<Active> = all(
-        cx.db.prepare_cached(&sql)?,
+        cx.db.prepare_cached(sql)?,
         params![cx.now, limit],
         active_row,
     )?;
@@ -350,56 +358,81 @@ pub(super) fn reap(cx: &Cx, limit: u32) -> Result<u64> {
 /// Jobs taken per candidate query; the loop goes on while pages are full.
 const CLAIM_PAGE: u32 = 256;
 
+/// The due jobs in claim order, with what a claim answers of each (read
+/// here, so a claimed job is not read again; `attempt + 1` is the number
+/// the claim's update gives the attempt).
+const CANDIDATES: &str = "SELECT seq, id, concurrency_key, deadline, type, queue, payload,
+       attempt + 1, max_attempts, timeout_ms, tags
+     FROM idemq_jobs j
+     WHERE state = 'waiting' AND run_at <= ?1
+       AND (?2 IS NULL OR queue IN (SELECT value FROM json_each(?2)))
+       AND (?3 IS NULL OR type IN (SELECT value FROM json_each(?3)))
+       AND queue NOT IN (SELECT name FROM idemq_queues WHERE paused = 1)
+       AND (concurrency_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM idemq_jobs a
+             WHERE a.state = 'active' AND a.concurrency_key = j.concurrency_key))
+     ORDER BY priority DESC, run_at, seq LIMIT ?4";
+
+/// A candidate the claim acts on, in the order the query found them.
+enum Found {
+    /// Past its deadline: it dies, never started.
+    Expired(String),
+    /// Claimed: its `seq`, and the job as the claim answers it.
+    Due(i64, ClaimedJob),
+}
+
 pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<Vec<ClaimedJob>> {
     reap(cx, 1000)?;
     // JSON arrays of strings for `json_each`; a list of strings always serializes.
     let queues = (!p.queues.is_empty()).then(|| json!(p.queues).to_string());
     let types = p.types.as_ref().map(|t| json!(t).to_string());
+    let expires = cx.now + p.lease_ms * 1000;
     let mut claimed = Vec::new();
     let mut taken_keys = std::collections::HashSet::new();
     while (claimed.len() as u32) < p.limit {
-        let page: Vec<(String, Option<String>, Option<i64>)> = cx
-            .db
-            .prepare_cached(
-                "SELECT id, concurrency_key, deadline FROM idemq_jobs j
-                 WHERE state = 'waiting' AND run_at <= ?1
-                   AND (?2 IS NULL OR queue IN (SELECT value FROM json_each(?2)))
-                   AND (?3 IS NULL OR type IN (SELECT value FROM json_each(?3)))
-                   AND queue NOT IN (SELECT name FROM idemq_queues WHERE paused = 1)
-                   AND (concurrency_key IS NULL OR NOT EXISTS (
-                         SELECT 1 FROM idemq_jobs a
-                         WHERE a.state = 'active' AND a.concurrency_key = j.concurrency_key))
-                 ORDER BY priority DESC, run_at, seq LIMIT ?4",
-            )?
-            .query_map(params![cx.now, queues, types, CLAIM_PAGE], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })?
-            .collect::<rusqlite::Result<_>>()?;
-        let full = page.len() as u32 == CLAIM_PAGE;
-        let mut progressed = false;
-        for (id, key, deadline) in page {
-            if claimed.len() as u32 >= p.limit {
-                break;
+        // The page is read only as far as the claim takes from it.
+        let mut found = Vec::new();
+        let mut read = 0u32;
+        let mut taking = claimed.len() as u32;
+        {
+            let mut stmt = cx.db.prepare_cached(CANDIDATES)?;
+            let mut rows = stmt.query(params![cx.now, queues, types, CLAIM_PAGE])?;
+            while taking < p.limit {
+                let Some(r) = rows.next()? else { break };
+                read += 1;
+                let seq: i64 = r.get(0)?;
+                let id: String = r.get(1)?;
+                let key: Option<String> = r.get(2)?;
+                let deadline: Option<i64> = r.get(3)?;
+                if deadline.is_some_and(|d| d <= cx.now) {
+                    found.push(Found::Expired(id));
+                    continue;
+                }
+                if let Some(k) = key
+                    && !taken_keys.insert(k)
+                {
+                    continue;
+                }
+                found.push(Found::Due(seq, candidate(r, id, expires)?));
+                taking += 1;
             }
-            if deadline.is_some_and(|d| d <= cx.now) {
-                // Past its deadline: never started.
-                let (used, keep): (i32, Option<i64>) = cx.db.query_row(
-                    "SELECT attempts_used, keep_ms FROM idemq_jobs WHERE id = ?1",
-                    [&id],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )?;
-                finish(cx, &id, "dead", used, Some("deadline"), keep)?;
-                cx.event(&id, "dead", json!({ "reason": "deadline" }))?;
-                progressed = true;
-                continue;
+        }
+        let full = read == CLAIM_PAGE;
+        let progressed = !found.is_empty();
+        for f in found {
+            match f {
+                Found::Expired(id) => {
+                    // Past its deadline: never started.
+                    let (used, keep): (i32, Option<i64>) = cx.db.query_row(
+                        "SELECT attempts_used, keep_ms FROM idemq_jobs WHERE id = ?1",
+                        [&id],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )?;
+                    finish(cx, &id, "dead", used, Some("deadline"), keep)?;
+                    cx.event(&id, "dead", json!({ "reason": "deadline" }))?;
+                }
+                Found::Due(seq, job) => claimed.push(claim_one(cx, seq, job, expires, p)?),
             }
-            if let Some(k) = &key
-                && !taken_keys.insert(k.clone())
-            {
-                continue;
-            }
-            claimed.push(claim_one(cx, &id, p)?);
-            progressed = true;
         }
         if !full || !progressed {
             break;
@@ -408,53 +441,63 @@ pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<Vec<ClaimedJob>> {
     Ok(claimed)
 }
 
-fn claim_one(cx: &Cx, id: &str, p: &JobClaim) -> Result<ClaimedJob> {
-    let token = uuid::Uuid::new_v4().simple().to_string();
-    let expires = cx.now + p.lease_ms * 1000;
-    // The update, then a read of the row: SQLite runs `UPDATE … RETURNING`
-    // through an ephemeral table per statement, which cost a claim more
-    // than its update (perf of a drain).
-    cx.db
+/// A candidate row as its claim answers it, under a new lease ending at
+/// `expires`.
+fn candidate(r: &rusqlite::Row, id: String, expires: i64) -> Result<ClaimedJob> {
+    let c = Cols::new(r, "idemq_jobs", format!("job {id}"));
+    Ok(ClaimedJob {
+        job_type: c.at(4, "type")?,
+        queue: c.at(5, "queue")?,
+        payload: c.json_at(6, "payload", "payload")?,
+        attempt: c.at(7, "attempt")?,
+        max_attempts: c.at(8, "max_attempts")?,
+        lease_token: LeaseToken::new(lease_token()),
+        lease_expires_at: ts(expires)?,
+        timeout_ms: c.at(9, "timeout_ms")?,
+        deadline: c.opt_time_at(3, "deadline")?,
+        tags: c.json_at(10, "tags", "tag list")?,
+        id,
+    })
+}
+
+/// A new lease token: 128 bits of the thread's CSPRNG (`rand`'s
+/// `ThreadRng`: ChaCha12, seeded and reseeded from the operating system),
+/// written as the 32 hex digits of a version-4 UUID as `Uuid::new_v4`
+/// writes them, without a system call per token.
+fn lease_token() -> String {
+    let mut hex = [0u8; uuid::fmt::Simple::LENGTH];
+    uuid::Builder::from_random_bytes(rand::random())
+        .into_uuid()
+        .simple()
+        .encode_lower(&mut hex)
+        .to_owned()
+}
+
+/// Leases the candidate `job` (row `seq`) by its claim.
+fn claim_one(cx: &Cx, seq: i64, job: ClaimedJob, expires: i64, p: &JobClaim) -> Result<ClaimedJob> {
+    // The update only: the candidate query read what the claim answers.
+    // SQLite runs `UPDATE … RETURNING` through an ephemeral table per
+    // statement, which cost a claim more than its update (perf of a drain).
+    let changed = cx
+        .db
         .prepare_cached(
             "UPDATE idemq_jobs SET state = 'active', attempt = attempt + 1, lease_token = ?2,
                lease_expires_at = ?3, lease_ms = ?4, worker = ?5, started_at = ?6, updated_at = ?6,
                claim_seq = ?7
-             WHERE id = ?1",
+             WHERE seq = ?1",
         )?
         .execute(params![
-            id,
-            token,
+            seq,
+            job.lease_token.as_str(),
             expires,
             p.lease_ms,
             p.worker,
             cx.now,
             cx.next_seq()?
         ])?;
-    let lease_expires_at = ts(expires)?;
-    let job = one(
-        cx.db.prepare_cached(
-            "SELECT id, type, queue, payload, attempt, max_attempts, timeout_ms, deadline, tags
-             FROM idemq_jobs WHERE id = ?1",
-        )?,
-        [id],
-        |r| {
-            let c = Cols::new(r, "idemq_jobs", format!("job {id}"));
-            Ok(ClaimedJob {
-                id: c.get("id")?,
-                job_type: c.get("type")?,
-                queue: c.get("queue")?,
-                payload: c.json("payload", "payload")?,
-                attempt: c.get("attempt")?,
-                max_attempts: c.get("max_attempts")?,
-                lease_token: LeaseToken::new(token.clone()),
-                lease_expires_at,
-                timeout_ms: c.get("timeout_ms")?,
-                deadline: c.opt_time("deadline")?,
-                tags: c.json("tags", "tag list")?,
-            })
-        },
-    )?
-    .ok_or_else(|| Error::job_not_found(id))?;
+    if changed != 1 {
+        return Err(Error::job_not_found(&job.id));
+    }
     // The attempt's run and `claimed` event are derived from the row until
     // the attempt ends other than completed (end_attempt).
     Ok(job)
@@ -484,7 +527,35 @@ pub(super) fn heartbeat(cx: &Cx, lease: &LeaseRef) -> Result<Result<Heartbeat>> 
     }))
 }
 
+/// A completion of the current lease in one statement: the row moves as
+/// [`end_attempt`] moves it on `End::Completed` (the attempt consumed, its
+/// worker, start and claim number kept, the completion numbered
+/// `done_seq`), without reading the attempt first. A row whose
+/// `attempts_used` or `keep_ms` is not an integer (a broken row) is left
+/// to the full path, which decodes it strictly.
+const COMPLETE_LEASED: &str = "UPDATE idemq_jobs SET state = 'completed', result = ?3,
+       finished_at = ?4, purge_after = ?4 + coalesce(keep_ms, ?5) * 1000,
+       lease_token = NULL, lease_expires_at = NULL, lease_ms = NULL, updated_at = ?4,
+       attempts_used = attempts_used + 1, done_seq = ?6
+     WHERE id = ?1 AND state = 'active' AND lease_token = ?2
+       AND typeof(attempts_used) = 'integer' AND typeof(keep_ms) IN ('integer', 'null')";
+
 pub(super) fn complete(cx: &Cx, p: &JobComplete) -> Result<Result<()>> {
+    let done = cx.next_seq_if(|seq| {
+        let changed = cx.db.prepare_cached(COMPLETE_LEASED)?.execute(params![
+            p.lease.job_id,
+            p.lease.lease_token,
+            p.result,
+            cx.now,
+            crate::request::defaults::KEEP_COMPLETED_MS,
+            seq
+        ])?;
+        Ok(changed == 1)
+    })?;
+    if done {
+        return Ok(Ok(()));
+    }
+    // Not the current lease (or a broken row): the full path answers.
     let Some(a) = load_active(cx, &p.lease)? else {
         return Ok(Err(lease_lost(&p.lease)));
     };

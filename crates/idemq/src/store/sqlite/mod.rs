@@ -33,6 +33,7 @@ mod installation;
 mod query;
 mod schedule;
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
@@ -155,6 +156,10 @@ impl From<rusqlite::Error> for Error {
 pub(crate) struct Cx<'a> {
     db: &'a Connection,
     now: i64,
+    /// The history's next number once this operation drew some: the
+    /// counter row is written once, when the operation ends ([`Cx::run`]),
+    /// not at every number drawn.
+    drawn: Cell<Option<i64>>,
 }
 
 struct Inner {
@@ -558,7 +563,7 @@ impl SqliteStore {
                     (false, Box::new(|_| {}))
                 }
                 Ok((db, now)) => {
-                    let out = f(&Cx { db, now });
+                    let out = Cx::run(db, now, f);
                     let stands = out.is_ok();
                     let finish: Finish = Box::new(move |failed| {
                         let _ = reply.send(match failed {
@@ -594,7 +599,7 @@ impl SqliteStore {
                 };
                 let tx = conn.transaction_with_behavior(behavior)?;
                 let now = inner.clock.now().timestamp_micros();
-                let out = f(&Cx { db: &tx, now })?;
+                let out = Cx::run(&tx, now, f)?;
                 match mode {
                     Mode::DryRun => tx.rollback()?,
                     Mode::Read | Mode::Write => tx.commit()?,
@@ -649,7 +654,24 @@ pub(crate) fn ts(us: i64) -> Result<DateTime<Utc>> {
     })
 }
 
-impl Cx<'_> {
+impl<'a> Cx<'a> {
+    /// Runs the operation `f` at `now` in the transaction of `db`, then
+    /// writes the history counter past the numbers it drew.
+    pub(super) fn run<T>(
+        db: &'a Connection,
+        now: i64,
+        f: impl FnOnce(&Self) -> Result<T>,
+    ) -> Result<T> {
+        let cx = Self {
+            db,
+            now,
+            drawn: Cell::new(None),
+        };
+        let out = f(&cx)?;
+        cx.settle()?;
+        Ok(out)
+    }
+
     /// The next number of the history, which numbers jobs and events alike
     /// (stored and derived), so a job's history has one order: above the
     /// counter and above every job's own number. An enqueue takes it
@@ -657,6 +679,14 @@ impl Cx<'_> {
     /// counter's page stays out of the commit); events, claims and
     /// completions move the counter past it ([`Self::next_seq`]).
     fn peek_seq(&self) -> Result<i64> {
+        // The counter first catches up with the numbers drawn so far.
+        self.settle()?;
+        self.stored_next()
+    }
+
+    /// The next number as the database holds it (the counter may lag
+    /// behind the numbers this operation drew: [`Self::drawn`]).
+    fn stored_next(&self) -> Result<i64> {
         Ok(self
             .db
             .prepare_cached(
@@ -666,15 +696,40 @@ impl Cx<'_> {
             .query_row([], |r| r.get(0))?)
     }
 
-    /// Draws the next number of the history (see [`Self::peek_seq`]). Plain
-    /// statements: SQLite runs an `UPDATE … RETURNING` through an ephemeral
-    /// table of its own, which cost more than the update.
+    /// Draws the next number of the history (see [`Self::peek_seq`]). The
+    /// counter row is written once per operation ([`Self::settle`]): each
+    /// number drawn is the one a write of the counter at every draw would
+    /// have given, and the committed counter is the same.
     fn next_seq(&self) -> Result<i64> {
-        let seq = self.peek_seq()?;
-        self.db
-            .prepare_cached("UPDATE idemq_history SET next = ?1 WHERE one = 1")?
-            .execute([seq + 1])?;
+        let seq = match self.drawn.get() {
+            Some(next) => next,
+            None => self.stored_next()?,
+        };
+        self.drawn.set(Some(seq + 1));
         Ok(seq)
+    }
+
+    /// Draws the next number for `write`, which answers whether it used
+    /// it: a number not used is given back (the next draw takes it).
+    fn next_seq_if(&self, write: impl FnOnce(i64) -> Result<bool>) -> Result<bool> {
+        let before = self.drawn.get();
+        let used = write(self.next_seq()?)?;
+        if !used {
+            self.drawn.set(before);
+        }
+        Ok(used)
+    }
+
+    /// Writes the counter past the numbers drawn. Plain statements: SQLite
+    /// runs an `UPDATE … RETURNING` through an ephemeral table of its own,
+    /// which cost more than the update.
+    fn settle(&self) -> Result<()> {
+        if let Some(next) = self.drawn.take() {
+            self.db
+                .prepare_cached("UPDATE idemq_history SET next = ?1 WHERE one = 1")?
+                .execute([next])?;
+        }
+        Ok(())
     }
 
     /// Appends an event to a job's log.
