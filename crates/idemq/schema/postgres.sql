@@ -1397,6 +1397,8 @@ CREATE INDEX jobs_done_seq ON idemq.jobs USING btree (seq) WHERE (state = 'compl
 
 CREATE INDEX jobs_lease ON idemq.jobs USING btree (lease_expires_at) WHERE (state = 'active'::text);
 
+CREATE INDEX jobs_odd_state ON idemq.jobs USING btree (seq) WHERE (state <> ALL (ARRAY['waiting'::text, 'active'::text, 'completed'::text, 'dead'::text, 'cancelled'::text]));
+
 CREATE INDEX jobs_purge ON idemq.jobs USING btree (purge_after) WHERE (purge_after IS NOT NULL);
 
 CREATE INDEX jobs_state_seq ON idemq.jobs USING btree (state, seq) INCLUDE (queue, run_at) WHERE (state <> 'completed'::text);

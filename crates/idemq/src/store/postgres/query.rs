@@ -141,11 +141,19 @@ pub(super) async fn job_get(pool: Db<'_>, id: &str) -> Result<Option<Job>> {
     row.as_ref().map(job_from).transpose()
 }
 
-/// The stored states, each a branch of a list of every state: no index
-/// holds every job's `seq` (0009_id_key.sql), but each state's jobs come in
-/// `seq` order from one (completed: jobs_done_seq; the others:
-/// jobs_state_seq), so the branches merge under the limit.
-const STORED_STATES: [&str; 5] = ["completed", "waiting", "active", "dead", "cancelled"];
+/// The branches of a list of every state: no index holds every job's `seq`
+/// (0009_id_key.sql), but each stored state's jobs come in `seq` order from
+/// one (completed: jobs_done_seq; the others: jobs_state_seq), so the
+/// branches merge under the limit. The last finds a row of no known state
+/// (changed behind idemq's back), whose reading then fails, naming it.
+const STATE_BRANCHES: [&str; 6] = [
+    "j.state = 'completed'",
+    "j.state = 'waiting'",
+    "j.state = 'active'",
+    "j.state = 'dead'",
+    "j.state = 'cancelled'",
+    "j.state NOT IN ('waiting', 'active', 'completed', 'dead', 'cancelled')",
+];
 
 pub(super) async fn job_list(pool: Db<'_>, p: &JobListing) -> Result<JobPage> {
     let (stored, due) = (p.stored_state, p.due);
@@ -171,12 +179,12 @@ pub(super) async fn job_list(pool: Db<'_>, p: &JobListing) -> Result<JobPage> {
         )
     } else {
         // Every state: the newest of each, merged ($1 and $2 are NULL).
-        let branches: Vec<String> = STORED_STATES
+        let branches: Vec<String> = STATE_BRANCHES
             .iter()
             .map(|state| {
                 format!(
                     "(SELECT j.id, j.seq FROM idemq.jobs j
-                      WHERE j.state = '{state}' AND {filters}
+                      WHERE {state} AND {filters}
                       ORDER BY j.seq DESC LIMIT $7)"
                 )
             })
