@@ -909,8 +909,16 @@ async fn raw_key_never_leaks_redis() {
 // 4. Every SQL statement binds its values.
 
 /// Interpolations allowed in SQL built with `format!`: constant column lists
-/// and one constant `SET` fragment, each checked to be a string literal.
-const CONSTANT_FRAGMENTS: &[&str] = &["JOB_SELECT", "JOB_COLS", "ACTIVE_COLS", "COLUMNS", "clear"];
+/// (and a list's filters) and one constant `SET` fragment, each checked to be
+/// a string literal.
+const CONSTANT_FRAGMENTS: &[&str] = &[
+    "JOB_SELECT",
+    "JOB_COLS",
+    "ACTIVE_COLS",
+    "COLUMNS",
+    "LIST_FILTERS",
+    "clear",
+];
 
 /// The string literal starting at `s` (`"…"` or `r#"…"#`): its content and
 /// the rest of the source after it.

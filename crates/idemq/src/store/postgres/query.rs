@@ -141,19 +141,13 @@ pub(super) async fn job_get(pool: Db<'_>, id: &str) -> Result<Option<Job>> {
     row.as_ref().map(job_from).transpose()
 }
 
-/// The branches of a list of every state: no index holds every job's `seq`
-/// (0009_id_key.sql), but each stored state's jobs come in `seq` order from
-/// one (completed: jobs_done_seq; the others: jobs_state_seq), so the
-/// branches merge under the limit. The last finds a row of no known state
-/// (changed behind idemq's back), whose reading then fails, naming it.
-const STATE_BRANCHES: [&str; 6] = [
-    "j.state = 'completed'",
-    "j.state = 'waiting'",
-    "j.state = 'active'",
-    "j.state = 'dead'",
-    "j.state = 'cancelled'",
-    "j.state NOT IN ('waiting', 'active', 'completed', 'dead', 'cancelled')",
-];
+/// The filters of a list besides its state ($3 queue, $4 type, $5 tag, $6
+/// the cursor). The tag is matched with `@>` (what the tags index answers)
+/// on a non-empty array (its predicate).
+const LIST_FILTERS: &str = "($3::text IS NULL OR j.queue = $3)
+           AND ($4::text IS NULL OR j.type = $4)
+           AND ($5::text IS NULL OR (j.tags @> ARRAY[$5] AND j.tags <> '{}'))
+           AND ($6::bigint IS NULL OR j.seq < $6)";
 
 pub(super) async fn job_list(pool: Db<'_>, p: &JobListing) -> Result<JobPage> {
     let (stored, due) = (p.stored_state, p.due);
@@ -163,41 +157,54 @@ pub(super) async fn job_list(pool: Db<'_>, p: &JobListing) -> Result<JobPage> {
     // the page in order (0008_big_tables.sql). A prepared statement's one
     // plan for every combination walked the whole table for a rare state
     // or tag.
-    // The tag is matched with `@>` (what the tags index answers) on a
-    // non-empty array (its predicate).
-    let filters = "($3::text IS NULL OR j.queue = $3)
-           AND ($4::text IS NULL OR j.type = $4)
-           AND ($5::text IS NULL OR (j.tags @> ARRAY[$5] AND j.tags <> '{}'))
-           AND ($6::bigint IS NULL OR j.seq < $6)";
     let sql = if stored.is_some() {
         format!(
             "{JOB_SELECT}
              WHERE j.state = $1
                AND ($2::boolean IS NULL OR $2 = (j.run_at <= n.now))
-               AND {filters}
+               AND {LIST_FILTERS}
              ORDER BY j.seq DESC LIMIT $7"
         )
     } else {
-        // Every state: the newest of each, merged ($1 and $2 are NULL).
-        let branches: Vec<String> = STATE_BRANCHES
-            .iter()
-            .map(|state| {
-                format!(
-                    "(SELECT j.id, j.seq FROM idemq.jobs j
-                      WHERE {state} AND {filters}
-                      ORDER BY j.seq DESC LIMIT $7)"
-                )
-            })
-            .collect();
+        // Every state ($1 and $2 are NULL). No index holds every job's
+        // `seq` (0009_id_key.sql), but each stored state's jobs come in
+        // `seq` order from one (completed: jobs_done_seq; the others:
+        // jobs_state_seq), so the newest of each state merge under the
+        // limit. The last branch finds a row of no known state (changed
+        // behind idemq's back, from the always-empty jobs_odd_state), whose
+        // reading then fails, naming it.
         format!(
             "WITH page AS MATERIALIZED (
-                 SELECT b.id FROM ({}) b
+                 SELECT b.id FROM (
+                     (SELECT j.id, j.seq FROM idemq.jobs j
+                      WHERE j.state = 'completed' AND {LIST_FILTERS}
+                      ORDER BY j.seq DESC LIMIT $7)
+                     UNION ALL
+                     (SELECT j.id, j.seq FROM idemq.jobs j
+                      WHERE j.state = 'waiting' AND {LIST_FILTERS}
+                      ORDER BY j.seq DESC LIMIT $7)
+                     UNION ALL
+                     (SELECT j.id, j.seq FROM idemq.jobs j
+                      WHERE j.state = 'active' AND {LIST_FILTERS}
+                      ORDER BY j.seq DESC LIMIT $7)
+                     UNION ALL
+                     (SELECT j.id, j.seq FROM idemq.jobs j
+                      WHERE j.state = 'dead' AND {LIST_FILTERS}
+                      ORDER BY j.seq DESC LIMIT $7)
+                     UNION ALL
+                     (SELECT j.id, j.seq FROM idemq.jobs j
+                      WHERE j.state = 'cancelled' AND {LIST_FILTERS}
+                      ORDER BY j.seq DESC LIMIT $7)
+                     UNION ALL
+                     (SELECT j.id, j.seq FROM idemq.jobs j
+                      WHERE j.state NOT IN ('waiting', 'active', 'completed', 'dead', 'cancelled')
+                        AND {LIST_FILTERS}
+                      ORDER BY j.seq DESC LIMIT $7)) b
                  WHERE $1::text IS NULL AND $2::boolean IS NULL
                  ORDER BY b.seq DESC LIMIT $7)
              {JOB_SELECT}
              WHERE j.id IN (SELECT page.id FROM page)
-             ORDER BY j.seq DESC",
-            branches.join(" UNION ALL ")
+             ORDER BY j.seq DESC"
         )
     };
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
