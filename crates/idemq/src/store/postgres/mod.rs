@@ -141,9 +141,24 @@ impl PgStore {
             db::mark_unprepared();
             net.wakeup = wakeup_url()?;
         }
+        // sqlx checks an idle connection with a round trip (a `Sync`) at
+        // every acquire by default: one more round trip per call, and a
+        // wake-up of the server, on every hot path. A connection idle for
+        // less than IDLE_CHECK is handed out as it is (one that broke
+        // meanwhile fails its call `Unavailable`, like a call in flight);
+        // one idle for longer is checked first, and replaced if broken.
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_CHECK {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(connect)
             .await
             .map_err(|e| Error::Unavailable {
@@ -739,6 +754,10 @@ impl PgStore {
         Ok(results)
     }
 }
+
+/// How long a pooled connection may sit idle before it is checked with a
+/// round trip when next acquired.
+const IDLE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// `IDEMQ_WAKEUP_DATABASE_URL`: the direct connection of wake-ups behind PgBouncer.
 fn wakeup_url() -> Result<Option<String>> {
