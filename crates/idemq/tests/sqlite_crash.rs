@@ -2,7 +2,8 @@
 //! several rounds on the same file. Every enqueue the process acknowledged
 //! (printed after `enqueue` returned) must be in the file afterwards, and the
 //! file must pass `PRAGMA integrity_check`. Also reads back the durability
-//! pragmas the store runs with (WAL, `synchronous=FULL`).
+//! pragmas the store runs with (WAL, `synchronous=FULL`), and how a write
+//! waits for the file lock another connection holds.
 //!
 //! Run: `cargo test -p idemq --test sqlite_crash -- --nocapture`.
 
@@ -192,23 +193,7 @@ async fn sqlite_writer_killed_repeatedly_loses_no_acknowledged_enqueue() {
             ));
         }
     }
-    let mut stored = 0usize;
-    let mut cursor = None;
-    loop {
-        let page = queue
-            .list(JobList {
-                limit: 1000,
-                cursor: cursor.take(),
-                ..JobList::default()
-            })
-            .await
-            .expect("list");
-        stored += page.jobs.len();
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
-    }
+    let stored = stored_jobs(&queue).await;
 
     // The durability the store runs with, read back from SQLite.
     let store = SqliteStore::open(Some(&db), Arc::new(SystemClock)).expect("open the store");
@@ -234,4 +219,82 @@ async fn sqlite_writer_killed_repeatedly_loses_no_acknowledged_enqueue() {
     );
     assert_eq!(synchronous, 2, "synchronous=FULL");
     assert_eq!(journal_mode.to_ascii_lowercase(), "wal");
+}
+
+/// Every job in the queue's file, however many.
+async fn stored_jobs(queue: &Queue) -> usize {
+    let mut stored = 0usize;
+    let mut cursor = None;
+    loop {
+        let page = queue
+            .list(JobList {
+                limit: 1000,
+                cursor: cursor.take(),
+                ..JobList::default()
+            })
+            .await
+            .expect("list");
+        stored += page.jobs.len();
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => return stored,
+        }
+    }
+}
+
+/// Another connection (another process, in effect) holds the file's write
+/// lock: a write waits for it up to the busy timeout (5 s), then fails
+/// `Unavailable` and writes nothing; a lock released within the timeout lets
+/// the waiting write through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waits_for_the_file_lock_up_to_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("locked.db");
+    let queue = Queue::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .expect("open");
+
+    let holder = queue.sqlite_connection().expect("connection");
+    holder
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("take the lock");
+    let t0 = Instant::now();
+    let err = queue
+        .enqueue(EnqueueRequest::new("held"))
+        .await
+        .expect_err("the lock is held past the timeout");
+    let waited = t0.elapsed();
+    println!("sqlite lock held: refused after {waited:?}: {err}");
+    assert!(
+        matches!(err, idemq::Error::Unavailable { .. }),
+        "a busy file is Unavailable (retryable): {err:?}"
+    );
+    assert!(
+        (Duration::from_secs(5)..Duration::from_secs(15)).contains(&waited),
+        "waited {waited:?}, the busy timeout is 5 s"
+    );
+    holder.execute_batch("COMMIT").expect("release");
+    assert_eq!(
+        stored_jobs(&queue).await,
+        0,
+        "the refused write wrote nothing"
+    );
+
+    // Held for 300 ms only: the write waits, then goes through.
+    holder
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("take the lock");
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        holder.execute_batch("COMMIT").expect("release");
+    });
+    let t0 = Instant::now();
+    queue
+        .enqueue(EnqueueRequest::new("held"))
+        .await
+        .expect("the lock was released within the timeout");
+    let waited = t0.elapsed();
+    release.join().expect("holder");
+    assert!(waited >= Duration::from_millis(250), "waited {waited:?}");
+    assert_eq!(stored_jobs(&queue).await, 1);
 }

@@ -51,6 +51,41 @@ use crate::error::Error;
 
 /// How long a write waits for the file lock held by another process.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a waiting connection tries the lock again ([`wait_for_lock`]).
+const BUSY_STEP: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// When the current wait for the file lock began ([`wait_for_lock`]).
+    static WAITING_SINCE: Cell<Option<std::time::Instant>> = const { Cell::new(None) };
+}
+
+/// SQLite's busy handler: whether to try the lock again after `tries`
+/// failed tries of the same locking event. It sleeps [`BUSY_STEP`] between
+/// tries, up to [`BUSY_TIMEOUT`] in all.
+///
+/// SQLite's own busy timeout sleeps longer the longer a connection has
+/// waited (up to 100 ms a step), so under steady contention the connection
+/// that waited longest tries least often: while the other writers take the
+/// lock in turn, it could be refused past its timeout (a race of eight
+/// writers on a disk syncing in 20 ms did that). Steps of one length give
+/// every waiter the same chance at each release.
+fn wait_for_lock(tries: i32) -> bool {
+    let now = std::time::Instant::now();
+    let since = WAITING_SINCE.with(|w| {
+        // The handler runs on the thread of the statement that waits; a
+        // first try starts a new wait.
+        if tries == 0 || w.get().is_none() {
+            w.set(Some(now));
+        }
+        w.get().unwrap_or(now)
+    });
+    if now.duration_since(since) >= BUSY_TIMEOUT {
+        WAITING_SINCE.with(|w| w.set(None));
+        return false;
+    }
+    std::thread::sleep(BUSY_STEP);
+    true
+}
 /// Read connections of a file database.
 const READERS: usize = 4;
 /// Most writes committed together.
@@ -403,7 +438,7 @@ fn open_conn(path: Option<&Path>) -> Result<Connection> {
         })?,
         None => Connection::open_in_memory()?,
     };
-    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.busy_handler(Some(wait_for_lock))?;
     if path.is_some() {
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
