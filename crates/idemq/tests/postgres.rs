@@ -542,3 +542,72 @@ async fn sweeps_delete_whole_batches_and_leave_the_live() {
     }
     assert!(h.queue.get(&kept).await.unwrap().is_some());
 }
+
+/// The store keeps the connection of a call that ended cleanly for its next
+/// call (docs/storage.md), without giving it back to the pool (which would
+/// check it with a round trip), and gives it back once the store has been
+/// quiet for a moment: a store whose pool has a single connection leaves
+/// it to the pool's other users.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_connection_serves_the_next_call_and_goes_back_when_quiet() {
+    use idemq::store::postgres::{PgOptions, PgStore};
+    let (url, db) = idemq_testkit::pg_database();
+    let options = PgOptions {
+        max_connections: 1,
+        acquire_timeout: Duration::from_secs(3),
+        ..PgOptions::default()
+    };
+    let store = PgStore::connect(&url, options).await.expect("connect");
+    let pool = store.pool().clone();
+    let queue = Queue::from_store(std::sync::Arc::new(store), Default::default());
+    let first = queue.enqueue(EnqueueRequest::new("kept")).await.unwrap();
+    // Kept: the pool's only connection is out of it, and not idle there.
+    assert_eq!((pool.size(), pool.num_idle()), (1, 0));
+    // The next calls take it from the store, not from the pool.
+    let second = queue.enqueue(EnqueueRequest::new("kept")).await.unwrap();
+    assert!(queue.get(&first).await.unwrap().is_some());
+    assert!(queue.get(&second).await.unwrap().is_some());
+    assert_eq!((pool.size(), pool.num_idle()), (1, 0));
+    // Quiet: back in the pool within two sweeps (250 ms each).
+    let quiet = std::time::Instant::now();
+    while pool.num_idle() == 0 {
+        assert!(
+            quiet.elapsed() < Duration::from_secs(2),
+            "the kept connection never went back to the pool"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "kept connection back in the pool after {:?}",
+        quiet.elapsed()
+    );
+    // Another user of the pool gets it at once, and the store waits for it.
+    let mut other = pool.acquire().await.expect("the pool's connection");
+    let waiting = tokio::spawn({
+        let queue = queue.clone();
+        async move { queue.enqueue(EnqueueRequest::new("kept")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "the store waits for the pool");
+    sqlx::query("SELECT 1").execute(&mut *other).await.unwrap();
+    drop(other);
+    waiting
+        .await
+        .unwrap()
+        .expect("the enqueue once the pool has it back");
+    assert_eq!(
+        queue
+            .list(idemq::JobList {
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .jobs
+            .len(),
+        3
+    );
+    drop(queue);
+    pool.close().await;
+    idemq_testkit::drop_pg_database(&db);
+}

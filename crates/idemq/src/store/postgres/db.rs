@@ -17,13 +17,17 @@
 //! the unprepared statement, `COMMIT`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 use futures_core::future::BoxFuture;
 use futures_core::stream::BoxStream;
 use futures_util::{StreamExt, TryStreamExt, stream};
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{PgArguments, PgPool, PgQueryResult, PgRow, PgStatement, PgTypeInfo};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{
+    PgArguments, PgConnection, PgPool, PgQueryResult, PgRow, PgStatement, PgTypeInfo,
+};
 use sqlx::{Either, Execute, Executor, Postgres, SqlStr};
 
 /// The connect options of [`super::PgStore`] that shape each call, read
@@ -106,12 +110,179 @@ pub(crate) fn mark_unprepared() {
     UNPREPARED.store(true, Ordering::Relaxed);
 }
 
+/// How long a connection the store keeps ([`Kept`]) waits for its next
+/// call before it goes back to the pool.
+const KEEP_FOR: Duration = Duration::from_millis(250);
+
+/// Connections the store keeps out of the pool between its calls, each
+/// for [`KEEP_FOR`] at most.
+///
+/// sqlx's pool checks every connection given back to it with a round trip
+/// (a `Sync` and its `ReadyForQuery`), in a task of its own, whatever the
+/// call did: one round trip more per call, which on a busy machine costs
+/// as much CPU as a small statement. A call that ended cleanly (its
+/// statement answered, or the server refused it with an error of its own)
+/// leaves its connection in step with the server, so the store keeps it
+/// for the next call instead. A call that failed otherwise (a lost
+/// connection, a protocol error) or was cancelled (its deadline, a caller
+/// that went away) gives its connection back to the pool, which checks it.
+/// A connection kept longer than [`KEEP_FOR`] goes back to the pool too, so
+/// a quiet store holds no connection another user of the pool may need;
+/// one idle for a second or more is checked before its next use, as the
+/// pool checks it (`IDLE_CHECK`).
+#[derive(Default)]
+pub(crate) struct Kept {
+    idle: Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
+    /// Whether a task gives expired connections back ([`Kept::sweep`]).
+    sweeping: AtomicBool,
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept")
+            .field("idle", &self.idle().len())
+            .finish()
+    }
+}
+
+impl Kept {
+    fn idle(&self) -> MutexGuard<'_, Vec<(PoolConnection<Postgres>, Instant)>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The connection kept last, if it was kept less than [`KEEP_FOR`] ago.
+    fn take(&self) -> Option<PoolConnection<Postgres>> {
+        let mut idle = self.idle();
+        let (conn, since) = idle.pop()?;
+        if since.elapsed() < KEEP_FOR {
+            return Some(conn);
+        }
+        // The newest has expired, so have the others: all go back.
+        let expired: Vec<_> = idle.drain(..).collect();
+        drop(idle);
+        drop(conn);
+        drop(expired);
+        None
+    }
+
+    /// Keeps `conn` for the next call, and starts the task that gives it
+    /// back to the pool once expired, unless one runs.
+    fn put(self: &Arc<Self>, conn: PoolConnection<Postgres>) {
+        self.idle().push((conn, Instant::now()));
+        if !self.sweeping.swap(true, Ordering::AcqRel) {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(Self::sweep(Arc::downgrade(self)));
+            } else {
+                self.sweeping.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    /// Gives expired connections back to the pool, every [`KEEP_FOR`],
+    /// until none is kept or the store is gone.
+    async fn sweep(kept: Weak<Self>) {
+        loop {
+            tokio::time::sleep(KEEP_FOR).await;
+            let Some(kept) = kept.upgrade() else { return };
+            let expired: Vec<_> = {
+                let mut idle = kept.idle();
+                let (fresh, old) = idle
+                    .drain(..)
+                    .partition(|(_, since)| since.elapsed() < KEEP_FOR);
+                *idle = fresh;
+                old
+            };
+            drop(expired);
+            if kept.idle().is_empty() {
+                kept.sweeping.store(false, Ordering::Release);
+                // A connection kept meanwhile needs a sweeper again.
+                if kept.idle().is_empty() || kept.sweeping.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let idle: Vec<_> = self.idle().drain(..).collect();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Each goes back to the pool, checked, in a task of sqlx's.
+            drop(idle);
+        } else {
+            // Outside a runtime, sqlx could not spawn that task: the
+            // connections are closed (the pool opens others as needed).
+            for (conn, _) in idle {
+                drop(conn.detach());
+            }
+        }
+    }
+}
+
+/// A connection for one call of the store: kept from the previous call or
+/// acquired from the pool. [`Lent::keep`] keeps it for the next call;
+/// dropped otherwise, it goes back to the pool.
+pub(crate) struct Lent<'a> {
+    conn: Option<PoolConnection<Postgres>>,
+    kept: &'a Arc<Kept>,
+}
+
+impl<'a> Lent<'a> {
+    /// A connection of `db` for one call.
+    pub(crate) async fn of(db: Db<'a>) -> Result<Self, sqlx::Error> {
+        let conn = match db.kept.take() {
+            Some(conn) => conn,
+            None => db.pool.acquire().await?,
+        };
+        Ok(Self {
+            conn: Some(conn),
+            kept: db.kept,
+        })
+    }
+
+    /// Keeps the connection for the next call when `outcome` leaves it in
+    /// step with the server: a result, or an error the server answered.
+    pub(crate) fn keep<T>(self, outcome: &Result<T, sqlx::Error>) {
+        self.keep_if(match outcome {
+            Ok(_) => true,
+            Err(e) => matches!(e, sqlx::Error::Database(_) | sqlx::Error::RowNotFound),
+        });
+    }
+
+    /// Keeps the connection for the next call if `clean`.
+    pub(crate) fn keep_if(mut self, clean: bool) {
+        if clean && let Some(conn) = self.conn.take() {
+            self.kept.put(conn);
+        }
+    }
+}
+
+impl std::ops::Deref for Lent<'_> {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        self.conn
+            .as_deref()
+            .expect("a lent connection until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Lent<'_> {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.conn
+            .as_deref_mut()
+            .expect("a lent connection until dropped")
+    }
+}
+
 /// The store's executor: the pool, under the call deadline (and, behind
 /// PgBouncer, one transaction per call).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Db<'a> {
     pub(crate) pool: &'a PgPool,
     pub(crate) net: &'a Net,
+    /// Connections kept between calls ([`Kept`]).
+    pub(crate) kept: &'a Arc<Kept>,
 }
 
 impl Db<'_> {
@@ -237,7 +408,11 @@ impl<'a> Executor<'a> for Db<'a> {
                 tx.commit().await?;
                 Ok(items)
             } else {
-                self.pool.fetch_many(query).try_collect().await
+                let mut conn = Lent::of(self).await?;
+                let items: Result<Vec<Item>, _> =
+                    (&mut *conn).fetch_many(query).try_collect().await;
+                conn.keep(&items);
+                items
             }
         });
         stream::once(all)
@@ -261,7 +436,10 @@ impl<'a> Executor<'a> for Db<'a> {
                 tx.commit().await?;
                 Ok(row)
             } else {
-                self.pool.fetch_optional(query).await
+                let mut conn = Lent::of(self).await?;
+                let row = (&mut *conn).fetch_optional(query).await;
+                conn.keep(&row);
+                row
             }
         }))
     }

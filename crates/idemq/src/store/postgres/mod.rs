@@ -90,6 +90,8 @@ pub struct PgStore {
     #[cfg(feature = "test-clock")]
     test_clock: Option<String>,
     net: std::sync::Arc<db::Net>,
+    /// Connections kept between calls (docs/storage.md).
+    kept: std::sync::Arc<db::Kept>,
 }
 
 /// Connection settings of [`PgStore::connect`].
@@ -168,6 +170,7 @@ impl PgStore {
         let store = Self {
             pool,
             net: std::sync::Arc::new(net),
+            kept: std::sync::Arc::default(),
             #[cfg(feature = "test-clock")]
             test_clock: options.test_clock,
         };
@@ -184,6 +187,7 @@ impl PgStore {
             #[cfg(feature = "test-clock")]
             test_clock: None,
             net: std::sync::Arc::default(),
+            kept: std::sync::Arc::default(),
         }
     }
 
@@ -192,6 +196,7 @@ impl PgStore {
         db::Db {
             pool: &self.pool,
             net: &self.net,
+            kept: &self.kept,
         }
     }
 
@@ -367,9 +372,11 @@ impl Store for PgStore {
     async fn job_explain(&self, p: JobExplain) -> Result<Explain> {
         self.db()
             .bounded(async {
-                let mut tx = self.pool.begin().await.map_err(db_err)?;
+                let mut conn = db::Lent::of(self.db()).await.map_err(db_err)?;
+                let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
                 let out = enqueue::explain(&mut tx, &p.item).await;
                 tx.rollback().await.map_err(db_err)?;
+                conn.keep_if(true);
                 out
             })
             .await
@@ -721,13 +728,18 @@ impl PgStore {
         // Behind PgBouncer a plain batch runs in a transaction too, to keep
         // its server connection.
         if !p.atomic && !p.dry_run && !self.net.bouncer {
-            let mut conn = self.pool.acquire().await.map_err(db_err)?;
-            return enqueue::enqueue(&mut conn, &p.items).await;
+            let mut conn = db::Lent::of(self.db()).await.map_err(db_err)?;
+            let out = enqueue::enqueue(&mut conn, &p.items).await;
+            // A refused item is an answer in `Ok`; an error here is the
+            // call's own, so the connection goes back to the pool, checked.
+            conn.keep_if(out.is_ok());
+            return out;
         }
         // All-or-nothing and dry runs: the function never raises for an
         // item, so the batch runs in a transaction that is rolled back on the
         // first error (or always, for a dry run).
-        let mut tx = self.pool.begin().await.map_err(db_err)?;
+        let mut conn = db::Lent::of(self.db()).await.map_err(db_err)?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
         let mut results = enqueue::enqueue(&mut tx, &p.items).await?;
         let failed = if p.atomic {
             results.iter().position(Result::is_err)
@@ -739,6 +751,7 @@ impl PgStore {
         } else {
             tx.commit().await.map_err(db_err)?;
         }
+        conn.keep_if(true);
         if let Some(index) = failed {
             let error = match results.swap_remove(index) {
                 Err(e) => e,

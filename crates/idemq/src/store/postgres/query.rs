@@ -7,7 +7,7 @@ use serde_json::Value;
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
-use super::db::Db;
+use super::db::{Db, Lent};
 use super::db_err;
 use super::enqueue::dedupe_holder;
 use crate::error::Result;
@@ -324,8 +324,10 @@ pub(super) async fn dedupe_lookup(db: Db<'_>, p: &DedupeRef) -> Result<Option<Ex
             tx.commit().await.map_err(db_err)?;
             out
         } else {
-            let mut conn = db.pool.acquire().await.map_err(db_err)?;
-            dedupe_holder(&mut conn, &p.job_type, &p.key).await
+            let mut conn = Lent::of(db).await.map_err(db_err)?;
+            let out = dedupe_holder(&mut conn, &p.job_type, &p.key).await;
+            conn.keep_if(out.is_ok());
+            out
         }
     })
     .await
