@@ -1,5 +1,8 @@
 //! The raw limits of PostgreSQL, measured through sqlx (as idemq talks to
-//! it) in scratch tables of the bench database.
+//! it) in scratch tables of the bench database. Each producer holds a
+//! connection of its own for the whole measurement: a call through sqlx's
+//! pool costs a round trip more (the pool checks every connection given
+//! back to it), which is the client's cost, not the database's.
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -7,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use indicatif::ProgressBar;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::{Executor, Postgres};
 
 use super::{Limit, drive};
 
@@ -48,8 +53,9 @@ impl Raw {
             Limit::MultiRow => 1,
             Limit::ClaimComplete => CLAIMERS,
         };
+        // One more than the producers hold, for setup and teardown.
         let pool = PgPoolOptions::new()
-            .max_connections(connections as u32)
+            .max_connections(connections as u32 + 1)
             .min_connections(connections as u32)
             .connect(url)
             .await?;
@@ -68,20 +74,37 @@ impl Raw {
         Ok((!l.is_empty()).then(|| median(&mut l)))
     }
 
+    /// A connection of its own for each of `n` producers (not timed).
+    async fn held(
+        &self,
+        n: usize,
+    ) -> Result<Arc<Vec<tokio::sync::Mutex<PoolConnection<Postgres>>>>> {
+        let mut conns = Vec::with_capacity(n);
+        for _ in 0..n {
+            conns.push(tokio::sync::Mutex::new(self.pool.acquire().await?));
+        }
+        Ok(Arc::new(conns))
+    }
+
     pub(crate) async fn run(&self, range: Range<usize>, bar: &ProgressBar) -> Result<Duration> {
         let pool = &self.pool;
         match self.limit {
             Limit::InsertCommit { producers } => {
-                let (p, l) = (pool.clone(), self.latencies.clone());
+                let (c, l) = (self.held(producers).await?, self.latencies.clone());
                 drive(producers, range, bar, move |i| {
-                    let (pool, lat) = (p.clone(), l.clone());
+                    let (conns, lat) = (c.clone(), l.clone());
                     async move {
+                        // Producer `i % producers` makes call `i` (`drive`).
+                        let mut conn = conns[i % producers].lock().await;
                         let t = Instant::now();
-                        sqlx::query("INSERT INTO bench_raw (k, payload) VALUES ($1, $2::jsonb)")
+                        conn.execute(
+                            sqlx::query(
+                                "INSERT INTO bench_raw (k, payload) VALUES ($1, $2::jsonb)",
+                            )
                             .bind(format!("k{i}"))
-                            .bind(format!("{{\"i\":{i}}}"))
-                            .execute(&pool)
-                            .await?;
+                            .bind(format!("{{\"i\":{i}}}")),
+                        )
+                        .await?;
                         if producers == 1 {
                             lock(&lat).push(t.elapsed().as_secs_f64() * 1e3);
                         }
@@ -122,10 +145,14 @@ impl Raw {
                 .execute(pool)
                 .await?;
                 sqlx::raw_sql("ANALYZE bench_queue").execute(pool).await?;
-                let start = Instant::now();
                 let mut tasks = tokio::task::JoinSet::new();
+                let mut conns = Vec::with_capacity(CLAIMERS);
                 for _ in 0..CLAIMERS {
-                    let (pool, bar) = (pool.clone(), bar.clone());
+                    conns.push(pool.acquire().await?);
+                }
+                let start = Instant::now();
+                for mut conn in conns {
+                    let bar = bar.clone();
                     tasks.spawn(async move {
                         loop {
                             // Claim (a transaction), then complete (another):
@@ -139,7 +166,7 @@ impl Raw {
                                      FOR UPDATE SKIP LOCKED)
                                  RETURNING id",
                             )
-                            .fetch_all(&pool)
+                            .fetch_all(&mut *conn)
                             .await?;
                             if ids.is_empty() {
                                 return Ok::<_, anyhow::Error>(());
@@ -149,7 +176,7 @@ impl Raw {
                                  WHERE id = ANY($1)",
                             )
                             .bind(&ids)
-                            .execute(&pool)
+                            .execute(&mut *conn)
                             .await?;
                             bar.inc(ids.len() as u64);
                         }
@@ -180,15 +207,17 @@ impl Raw {
                 } else {
                     "INSERT INTO bench_keys (k, job) VALUES ($1, $2) ON CONFLICT DO NOTHING"
                 };
-                let p = pool.clone();
+                let c = self.held(producers).await?;
                 drive(producers, range, bar, move |i| {
-                    let pool = p.clone();
+                    let conns = c.clone();
                     async move {
-                        sqlx::query(sql)
-                            .bind(format!("key-{}", i % keys))
-                            .bind(format!("job-{i}"))
-                            .execute(&pool)
-                            .await?;
+                        let mut conn = conns[i % producers].lock().await;
+                        conn.execute(
+                            sqlx::query(sql)
+                                .bind(format!("key-{}", i % keys))
+                                .bind(format!("job-{i}")),
+                        )
+                        .await?;
                         Ok(())
                     }
                 })
