@@ -942,16 +942,12 @@ CREATE FUNCTION idemq.ms(p bigint) RETURNS interval
     AS $$ SELECT p * interval '1 millisecond' $$;
 
 CREATE FUNCTION idemq.now() RETURNS timestamp with time zone
-    LANGUAGE plpgsql
+    LANGUAGE sql
     AS $$
-DECLARE
-    c text := current_setting('idemq.test_clock', true);
-BEGIN
-    IF c IS NULL OR c = '' THEN
-        RETURN clock_timestamp();
-    END IF;
-    RETURN coalesce((SELECT at FROM idemq.test_clocks WHERE id = c), clock_timestamp());
-END
+    SELECT CASE WHEN coalesce(current_setting('idemq.test_clock', true), '') = ''
+                THEN clock_timestamp()
+                ELSE coalesce(idemq.test_now(current_setting('idemq.test_clock', true)),
+                              clock_timestamp()) END
 $$;
 
 CREATE FUNCTION idemq.promote(p_id text) RETURNS boolean
@@ -1223,6 +1219,12 @@ CREATE FUNCTION idemq.schedule_put(p_name text, p_cron text, p_every_ms bigint, 
                 THEN idemq.schedule_every_next(s.created_at, excluded.every_ms, p_at)
             ELSE p_cron_next END
     RETURNING xmax = 0
+$$;
+
+CREATE FUNCTION idemq.test_now(p_clock text) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT at FROM idemq.test_clocks WHERE id = p_clock
 $$;
 
 CREATE FUNCTION idemq.us(p bigint) RETURNS timestamp with time zone
