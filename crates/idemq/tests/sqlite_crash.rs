@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idemq::store::sqlite::SqliteStore;
-use idemq::{EnqueueRequest, JobList, Queue, SystemClock};
+use idemq::{EnqueueRequest, Queue, SystemClock};
+use idemq_testkit::ledger::all_jobs;
 use serde_json::json;
 
 const CHILD_ENV: &str = "IDEMQ_SQLITE_CRASH_CHILD_DB";
@@ -193,7 +194,7 @@ async fn sqlite_writer_killed_repeatedly_loses_no_acknowledged_enqueue() {
             ));
         }
     }
-    let stored = stored_jobs(&queue).await;
+    let stored = all_jobs(&queue).await.len();
 
     // The durability the store runs with, read back from SQLite.
     let store = SqliteStore::open(Some(&db), Arc::new(SystemClock)).expect("open the store");
@@ -219,27 +220,6 @@ async fn sqlite_writer_killed_repeatedly_loses_no_acknowledged_enqueue() {
     );
     assert_eq!(synchronous, 2, "synchronous=FULL");
     assert_eq!(journal_mode.to_ascii_lowercase(), "wal");
-}
-
-/// Every job in the queue's file, however many.
-async fn stored_jobs(queue: &Queue) -> usize {
-    let mut stored = 0usize;
-    let mut cursor = None;
-    loop {
-        let page = queue
-            .list(JobList {
-                limit: 1000,
-                cursor: cursor.take(),
-                ..JobList::default()
-            })
-            .await
-            .expect("list");
-        stored += page.jobs.len();
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => return stored,
-        }
-    }
 }
 
 /// Another connection (another process, in effect) holds the file's write
@@ -275,7 +255,7 @@ async fn a_write_waits_for_the_file_lock_up_to_its_timeout() {
     );
     holder.execute_batch("COMMIT").expect("release");
     assert_eq!(
-        stored_jobs(&queue).await,
+        all_jobs(&queue).await.len(),
         0,
         "the refused write wrote nothing"
     );
@@ -296,5 +276,5 @@ async fn a_write_waits_for_the_file_lock_up_to_its_timeout() {
     let waited = t0.elapsed();
     release.join().expect("holder");
     assert!(waited >= Duration::from_millis(250), "waited {waited:?}");
-    assert_eq!(stored_jobs(&queue).await, 1);
+    assert_eq!(all_jobs(&queue).await.len(), 1);
 }

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use idemq::{
     BatchOptions, CancelOutcome, ClaimOptions, ClaimedJob, ConflictSource, DedupeOptions,
-    EnqueueRequest, EnqueueResult, Error, FailOptions, JobList, JobState, NonReplaceableReason,
-    Outcome, Queue, RedriveOptions, RetryPolicy,
+    EnqueueRequest, EnqueueResult, Error, FailOptions, JobState, NonReplaceableReason, Outcome,
+    Queue, RedriveOptions, RetryPolicy,
 };
 use idemq_testkit::Harness;
 use serde_json::{Value, json};
@@ -168,24 +168,7 @@ fn count(kinds: &[String], kind: &str) -> usize {
 
 /// Every job in the database, however many.
 async fn all_jobs(h: &Harness) -> Vec<idemq::Job> {
-    let mut out = Vec::new();
-    let mut cursor = None;
-    loop {
-        let page = h
-            .queue
-            .list(JobList {
-                limit: 1000,
-                cursor,
-                ..JobList::default()
-            })
-            .await
-            .expect("list");
-        out.extend(page.jobs);
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => return out,
-        }
-    }
+    idemq_testkit::ledger::all_jobs(&h.queue).await
 }
 
 // ---------------------------------------------------------------------------
