@@ -168,8 +168,11 @@ impl Kept {
     /// Keeps `conn` for the next call, and starts the task that gives it
     /// back to the pool once expired, unless one runs.
     fn put(self: &Arc<Self>, conn: PoolConnection<Postgres>) {
-        self.idle().push((conn, Instant::now()));
-        if !self.sweeping.swap(true, Ordering::AcqRel) {
+        let mut idle = self.idle();
+        idle.push((conn, Instant::now()));
+        let sweeping = self.sweeping.swap(true, Ordering::AcqRel);
+        drop(idle);
+        if !sweeping {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 rt.spawn(Self::sweep(Arc::downgrade(self)));
             } else {
@@ -181,6 +184,12 @@ impl Kept {
     /// Gives expired connections back to the pool, every [`KEEP_FOR`],
     /// until none is kept or the store is gone.
     async fn sweep(kept: Weak<Self>) {
+        // A runtime shut down under the task drops it: the next connection
+        // kept then starts another.
+        let mut stopped = Stopped {
+            kept: kept.clone(),
+            armed: true,
+        };
         loop {
             tokio::time::sleep(KEEP_FOR).await;
             let Some(kept) = kept.upgrade() else { return };
@@ -193,13 +202,31 @@ impl Kept {
                 old
             };
             drop(expired);
-            if kept.idle().is_empty() {
+            let idle = kept.idle();
+            if idle.is_empty() {
+                // Cleared under the lock, so a connection kept after it
+                // starts a new task (`put` pushes under the same lock).
                 kept.sweeping.store(false, Ordering::Release);
-                // A connection kept meanwhile needs a sweeper again.
-                if kept.idle().is_empty() || kept.sweeping.swap(true, Ordering::AcqRel) {
-                    return;
-                }
+                stopped.armed = false;
+                return;
             }
+        }
+    }
+}
+
+/// Clears [`Kept::sweeping`] when its sweeping task is dropped before it
+/// ended (its runtime shut down).
+struct Stopped {
+    kept: Weak<Kept>,
+    armed: bool,
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if self.armed
+            && let Some(kept) = self.kept.upgrade()
+        {
+            kept.sweeping.store(false, Ordering::Release);
         }
     }
 }
