@@ -130,46 +130,76 @@ const KEEP_FOR: Duration = Duration::from_millis(250);
 /// a quiet store holds no connection another user of the pool may need;
 /// one idle for a second or more is checked before its next use, as the
 /// pool checks it (`IDLE_CHECK`).
+///
+/// A connection is never kept while someone may be waiting for one: while
+/// a call of the store waits in the pool, or while the pool has every
+/// connection it may open out and none idle (its other users may be
+/// waiting), a finished call gives its connection back to the pool, which
+/// hands it on. Kept otherwise, those waiters would wait for the sweep.
 #[derive(Default)]
 pub(crate) struct Kept {
-    idle: Mutex<Vec<(PoolConnection<Postgres>, Instant)>>,
+    idle: Mutex<Idle>,
     /// Whether a task gives expired connections back ([`Kept::sweep`]).
     sweeping: AtomicBool,
 }
 
+/// What [`Kept`] guards with one lock.
+#[derive(Default)]
+struct Idle {
+    conns: Vec<(PoolConnection<Postgres>, Instant)>,
+    /// The store's calls waiting in the pool for a connection.
+    waiting: usize,
+}
+
 impl std::fmt::Debug for Kept {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let idle = self.idle();
         f.debug_struct("Kept")
-            .field("idle", &self.idle().len())
+            .field("idle", &idle.conns.len())
+            .field("waiting", &idle.waiting)
             .finish()
     }
 }
 
 impl Kept {
-    fn idle(&self) -> MutexGuard<'_, Vec<(PoolConnection<Postgres>, Instant)>> {
+    fn idle(&self) -> MutexGuard<'_, Idle> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The connection kept last, if it was kept less than [`KEEP_FOR`] ago.
-    fn take(&self) -> Option<PoolConnection<Postgres>> {
+    /// The connection kept last, if it was kept less than [`KEEP_FOR`] ago;
+    /// otherwise the caller is counted as waiting in the pool until the
+    /// [`Waiting`] it gets is dropped.
+    fn take(self: &Arc<Self>) -> Result<PoolConnection<Postgres>, Waiting> {
         let mut idle = self.idle();
-        let (conn, since) = idle.pop()?;
-        if since.elapsed() < KEEP_FOR {
-            return Some(conn);
-        }
-        // The newest has expired, so have the others: all go back.
-        let expired: Vec<_> = idle.drain(..).collect();
+        let expired = match idle.conns.pop() {
+            Some((conn, since)) if since.elapsed() < KEEP_FOR => return Ok(conn),
+            // The newest has expired, so have the others: all go back.
+            Some(newest) => {
+                let mut all: Vec<_> = idle.conns.drain(..).collect();
+                all.push(newest);
+                all
+            }
+            None => Vec::new(),
+        };
+        idle.waiting += 1;
         drop(idle);
-        drop(conn);
         drop(expired);
-        None
+        Err(Waiting(self.clone()))
     }
 
     /// Keeps `conn` for the next call, and starts the task that gives it
-    /// back to the pool once expired, unless one runs.
-    fn put(self: &Arc<Self>, conn: PoolConnection<Postgres>) {
+    /// back to the pool once expired, unless one runs; gives it back at
+    /// once if a call of the store waits in `pool`, or `pool` has none
+    /// idle and may open no more.
+    fn put(self: &Arc<Self>, conn: PoolConnection<Postgres>, pool: &PgPool) {
         let mut idle = self.idle();
-        idle.push((conn, Instant::now()));
+        let exhausted = pool.num_idle() == 0 && pool.size() >= pool.options().get_max_connections();
+        if idle.waiting > 0 || exhausted {
+            drop(idle);
+            drop(conn);
+            return;
+        }
+        idle.conns.push((conn, Instant::now()));
         let sweeping = self.sweeping.swap(true, Ordering::AcqRel);
         drop(idle);
         if !sweeping {
@@ -196,14 +226,15 @@ impl Kept {
             let expired: Vec<_> = {
                 let mut idle = kept.idle();
                 let (fresh, old) = idle
+                    .conns
                     .drain(..)
                     .partition(|(_, since)| since.elapsed() < KEEP_FOR);
-                *idle = fresh;
+                idle.conns = fresh;
                 old
             };
             drop(expired);
             let idle = kept.idle();
-            if idle.is_empty() {
+            if idle.conns.is_empty() {
                 // Cleared under the lock, so a connection kept after it
                 // starts a new task (`put` pushes under the same lock).
                 kept.sweeping.store(false, Ordering::Release);
@@ -211,6 +242,16 @@ impl Kept {
                 return;
             }
         }
+    }
+}
+
+/// A call of the store waiting in the pool for a connection, counted in
+/// [`Kept`] until dropped (acquired, failed or cancelled).
+pub(crate) struct Waiting(Arc<Kept>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.idle().waiting -= 1;
     }
 }
 
@@ -233,7 +274,7 @@ impl Drop for Stopped {
 
 impl Drop for Kept {
     fn drop(&mut self) {
-        let idle: Vec<_> = self.idle().drain(..).collect();
+        let idle: Vec<_> = self.idle().conns.drain(..).collect();
         if tokio::runtime::Handle::try_current().is_ok() {
             // Each goes back to the pool, checked, in a task of sqlx's.
             drop(idle);
@@ -253,18 +294,24 @@ impl Drop for Kept {
 pub(crate) struct Lent<'a> {
     conn: Option<PoolConnection<Postgres>>,
     kept: &'a Arc<Kept>,
+    pool: &'a PgPool,
 }
 
 impl<'a> Lent<'a> {
     /// A connection of `db` for one call.
     pub(crate) async fn of(db: Db<'a>) -> Result<Self, sqlx::Error> {
         let conn = match db.kept.take() {
-            Some(conn) => conn,
-            None => db.pool.acquire().await?,
+            Ok(conn) => conn,
+            Err(waiting) => {
+                let conn = db.pool.acquire().await?;
+                drop(waiting);
+                conn
+            }
         };
         Ok(Self {
             conn: Some(conn),
             kept: db.kept,
+            pool: db.pool,
         })
     }
 
@@ -280,7 +327,7 @@ impl<'a> Lent<'a> {
     /// Keeps the connection for the next call if `clean`.
     pub(crate) fn keep_if(mut self, clean: bool) {
         if clean && let Some(conn) = self.conn.take() {
-            self.kept.put(conn);
+            self.kept.put(conn, self.pool);
         }
     }
 }
