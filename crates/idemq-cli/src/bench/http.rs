@@ -82,16 +82,18 @@ impl Conn {
         })
     }
 
-    /// Posts `body` to `path`; the status and the body of the answer.
+    /// Posts `body` to `path`; the status and the body of the answer. The
+    /// request goes out in one write (one segment for a small body), as a
+    /// client that buffers its request sends it.
     async fn post(&mut self, path: &str, body: &[u8]) -> Result<(u16, Vec<u8>)> {
-        let request = format!(
+        let mut request = format!(
             "POST {path} HTTP/1.1\r\n{}Content-Length: {}\r\n\r\n",
             self.head,
             body.len()
-        );
-        let s = self.stream.get_mut();
-        s.write_all(request.as_bytes()).await?;
-        s.write_all(body).await?;
+        )
+        .into_bytes();
+        request.extend_from_slice(body);
+        self.stream.get_mut().write_all(&request).await?;
         let mut line = String::new();
         self.stream.read_line(&mut line).await?;
         let status: u16 = line
