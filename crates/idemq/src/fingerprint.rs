@@ -88,12 +88,58 @@ fn write_string(s: &str, out: &mut String) {
 }
 
 /// One digest per fingerprinted field, so a conflict can name the fields.
-/// Field names are the API's dotted paths.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
+/// Field names are the API's dotted paths. Stored and sent as a JSON object
+/// of field name → the first 16 bytes of the field's digest in hex
+/// ([`Fingerprint::to_json`]); a request's is held as the thirteen digests
+/// themselves, so taking one allocates nothing per field.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Fingerprint {
-    /// Field name → the first 16 bytes of its digest, in hex.
-    pub fields: BTreeMap<String, String>,
+    repr: Repr,
+}
+
+/// The two shapes of a fingerprint. A map whose names are all among
+/// [`FIELDS`] with lowercase 32-digit hex values is always held as
+/// `Digests`, so equal contents are equal values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Repr {
+    /// The digest of each of [`FIELDS`] by its place, `None` where absent.
+    Digests([Option<[u8; 16]>; FIELDS.len()]),
+    /// Any other map: a redrive's canonical overrides, or a stored value of
+    /// another shape.
+    Map(BTreeMap<String, String>),
+}
+
+impl Default for Fingerprint {
+    fn default() -> Self {
+        Self {
+            repr: Repr::Digests([None; FIELDS.len()]),
+        }
+    }
+}
+
+impl Serialize for Fingerprint {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match &self.repr {
+            Repr::Map(m) => m.serialize(s),
+            Repr::Digests(d) => {
+                let present = d.iter().filter(|x| x.is_some()).count();
+                let mut map = s.serialize_map(Some(present))?;
+                for (name, digest) in FIELDS.iter().zip(d) {
+                    if let Some(digest) = digest {
+                        map.serialize_entry(name, &hex(digest))?;
+                    }
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Fingerprint {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        BTreeMap::<String, String>::deserialize(d).map(Self::from_fields)
+    }
 }
 
 /// The field that only an idempotency binding carries (not a job record).
@@ -116,31 +162,48 @@ pub const FIELDS: [&str; 13] = [
     "type",
 ];
 
-fn field_digest(name: &str, canonical: &str) -> String {
+fn field_digest(name: &str, canonical: &str) -> [u8; 16] {
     let mut h = Sha256::new();
     h.update(b"idemq.fp.v1\0");
     h.update(name.as_bytes());
     h.update([0u8]);
     h.update(canonical.as_bytes());
-    hex(&h.finalize()[..16])
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&h.finalize()[..16]);
+    out
 }
+
+/// The place of each field in [`FIELDS`].
+const CONCURRENCY_KEY: usize = 0;
+const DEADLINE: usize = 1;
+const DELAY_MS: usize = 2;
+const KEY_TTL: usize = 3;
+const JOB_ID: usize = 4;
+const MAX_ATTEMPTS: usize = 5;
+const PAYLOAD: usize = 6;
+const QUEUE: usize = 7;
+const RETRY: usize = 8;
+const RUN_AT: usize = 9;
+const TAGS: usize = 10;
+const TIMEOUT_MS: usize = 11;
+const TYPE: usize = 12;
 
 /// Digests every request of a process would otherwise compute again: each
 /// field's `null` (most requests leave most fields out), no tags, and the
 /// default retry policy.
 struct Common {
-    nulls: [String; FIELDS.len()],
-    no_tags: String,
-    default_retry: String,
+    nulls: [[u8; 16]; FIELDS.len()],
+    no_tags: [u8; 16],
+    default_retry: [u8; 16],
 }
 
 static COMMON: LazyLock<Common> = LazyLock::new(|| Common {
     nulls: FIELDS.map(|name| field_digest(name, "null")),
-    no_tags: field_digest("tags", "[]"),
+    no_tags: field_digest(FIELDS[TAGS], "[]"),
     default_retry: {
         let mut canonical = String::new();
         write_retry(&RetryPolicy::default(), &mut canonical);
-        field_digest("retry", &canonical)
+        field_digest(FIELDS[RETRY], &canonical)
     },
 });
 
@@ -150,46 +213,42 @@ fn write_retry(retry: &RetryPolicy, out: &mut String) {
 }
 
 /// Writes the canonical form of each field into one reused buffer and keeps
-/// its digest.
+/// its digest, by the field's place in [`FIELDS`].
 struct Digests {
     buf: String,
-    fields: BTreeMap<String, String>,
+    digests: [Option<[u8; 16]>; FIELDS.len()],
 }
 
 impl Digests {
-    fn field(&mut self, name: &str, write: impl FnOnce(&mut String)) {
+    fn field(&mut self, at: usize, write: impl FnOnce(&mut String)) {
         self.buf.clear();
         write(&mut self.buf);
-        self.fields
-            .insert(name.to_owned(), field_digest(name, &self.buf));
+        self.digests[at] = Some(field_digest(FIELDS[at], &self.buf));
     }
 
     /// Keeps a digest computed once (see [`Common`]).
-    fn known(&mut self, name: &str, digest: &str) {
-        self.fields.insert(name.to_owned(), digest.to_owned());
+    fn known(&mut self, at: usize, digest: [u8; 16]) {
+        self.digests[at] = Some(digest);
     }
 
-    fn null(&mut self, name: &str) {
-        match FIELDS.iter().position(|f| *f == name) {
-            Some(i) => self.known(name, &COMMON.nulls[i]),
-            None => self.field(name, |out| out.push_str("null")),
-        }
+    fn null(&mut self, at: usize) {
+        self.known(at, COMMON.nulls[at]);
     }
 
-    fn int(&mut self, name: &str, v: Option<i64>) {
+    fn int(&mut self, at: usize, v: Option<i64>) {
         match v {
-            Some(n) => self.field(name, |out| {
+            Some(n) => self.field(at, |out| {
                 use std::fmt::Write;
                 let _ = write!(out, "{n}");
             }),
-            None => self.null(name),
+            None => self.null(at),
         }
     }
 
-    fn str(&mut self, name: &str, v: Option<&str>) {
+    fn str(&mut self, at: usize, v: Option<&str>) {
         match v {
-            Some(s) => self.field(name, |out| write_string(s, out)),
-            None => self.null(name),
+            Some(s) => self.field(at, |out| write_string(s, out)),
+            None => self.null(at),
         }
     }
 }
@@ -200,27 +259,27 @@ impl Fingerprint {
     pub fn of(p: &PreparedEnqueue, payload: &Value) -> Self {
         let mut d = Digests {
             buf: String::with_capacity(64),
-            fields: BTreeMap::new(),
+            digests: [None; FIELDS.len()],
         };
-        d.str("concurrency_key", p.concurrency_key.as_deref());
-        d.int("deadline", p.deadline);
-        d.int("delay_ms", p.delay_ms);
-        d.int(KEY_TTL_FIELD, p.idempotency.as_ref().map(|k| k.ttl_ms));
-        d.str("job_id", p.job_id.as_deref());
-        d.int("max_attempts", Some(i64::from(p.max_attempts)));
-        d.field("payload", |out| write_canonical(payload, out));
-        d.str("queue", Some(&p.queue));
+        d.str(CONCURRENCY_KEY, p.concurrency_key.as_deref());
+        d.int(DEADLINE, p.deadline);
+        d.int(DELAY_MS, p.delay_ms);
+        d.int(KEY_TTL, p.idempotency.as_ref().map(|k| k.ttl_ms));
+        d.str(JOB_ID, p.job_id.as_deref());
+        d.int(MAX_ATTEMPTS, Some(i64::from(p.max_attempts)));
+        d.field(PAYLOAD, |out| write_canonical(payload, out));
+        d.str(QUEUE, Some(&p.queue));
         if p.retry == RetryPolicy::default() {
-            d.known("retry", &COMMON.default_retry);
+            d.known(RETRY, COMMON.default_retry);
         } else {
-            d.field("retry", |out| write_retry(&p.retry, out));
+            d.field(RETRY, |out| write_retry(&p.retry, out));
         }
-        d.int("run_at", p.run_at);
+        d.int(RUN_AT, p.run_at);
         // Tags are sorted and distinct: their canonical array is their list.
         if p.tags.is_empty() {
-            d.known("tags", &COMMON.no_tags);
+            d.known(TAGS, COMMON.no_tags);
         } else {
-            d.field("tags", |out| {
+            d.field(TAGS, |out| {
                 out.push('[');
                 for (i, t) in p.tags.iter().enumerate() {
                     if i > 0 {
@@ -231,9 +290,48 @@ impl Fingerprint {
                 out.push(']');
             });
         }
-        d.int("timeout_ms", Some(p.timeout_ms));
-        d.str("type", Some(&p.job_type));
-        Self { fields: d.fields }
+        d.int(TIMEOUT_MS, Some(p.timeout_ms));
+        d.str(TYPE, Some(&p.job_type));
+        Self {
+            repr: Repr::Digests(d.digests),
+        }
+    }
+
+    /// A fingerprint of any fields (a redrive's overrides, a stored value):
+    /// field name → its value as stored.
+    pub fn from_fields(fields: BTreeMap<String, String>) -> Self {
+        let mut digests = [None; FIELDS.len()];
+        for (name, value) in &fields {
+            let at = FIELDS.iter().position(|f| f == name);
+            let digest = value
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+                .then(|| unhex16(value))
+                .flatten();
+            match (at, digest) {
+                (Some(at), Some(digest)) => digests[at] = Some(digest),
+                _ => {
+                    return Self {
+                        repr: Repr::Map(fields),
+                    };
+                }
+            }
+        }
+        Self {
+            repr: Repr::Digests(digests),
+        }
+    }
+
+    /// Field name → value (a digest in hex), in the order of the names.
+    pub fn fields(&self) -> BTreeMap<String, String> {
+        match &self.repr {
+            Repr::Map(m) => m.clone(),
+            Repr::Digests(d) => FIELDS
+                .iter()
+                .zip(d)
+                .filter_map(|(name, digest)| digest.map(|h| ((*name).to_owned(), hex(&h))))
+                .collect(),
+        }
     }
 
     /// The sorted names of the fields whose digests differ. With
@@ -241,13 +339,22 @@ impl Fingerprint {
     /// is not compared (a job record has none), nor the `job_id` field: the id
     /// matched, whether or not the job was accepted under an explicit one.
     pub fn diff(&self, other: &Fingerprint, against_job: bool) -> Vec<String> {
-        let mut names: Vec<&String> = self.fields.keys().chain(other.fields.keys()).collect();
+        let skipped = |n: &str| against_job && (n == KEY_TTL_FIELD || n == "job_id");
+        if let (Repr::Digests(a), Repr::Digests(b)) = (&self.repr, &other.repr) {
+            return FIELDS
+                .iter()
+                .zip(a.iter().zip(b))
+                .filter(|(name, (x, y))| x != y && !skipped(name))
+                .map(|(name, _)| (*name).to_owned())
+                .collect();
+        }
+        let (a, b) = (self.fields(), other.fields());
+        let mut names: Vec<&String> = a.keys().chain(b.keys()).collect();
         names.sort();
         names.dedup();
         names
             .into_iter()
-            .filter(|n| !(against_job && (n.as_str() == KEY_TTL_FIELD || n.as_str() == "job_id")))
-            .filter(|n| self.fields.get(*n) != other.fields.get(*n))
+            .filter(|n| !skipped(n) && a.get(*n) != b.get(*n))
             .cloned()
             .collect()
     }
@@ -257,17 +364,18 @@ impl Fingerprint {
     /// that is missing (which no digest equals).
     pub fn packed(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(FIELDS.len() * 16);
-        // The common case, every field and no other: the map holds them in
-        // the order of their names, which is the packed order.
-        if self.fields.len() == FIELDS.len() && self.fields.keys().eq(FIELDS.iter()) {
-            for h in self.fields.values() {
-                out.extend_from_slice(&unhex16(h).unwrap_or_default());
+        match &self.repr {
+            Repr::Digests(d) => {
+                for digest in d {
+                    out.extend_from_slice(&digest.unwrap_or_default());
+                }
             }
-            return out;
-        }
-        for name in FIELDS {
-            let digest = self.fields.get(name).and_then(|h| unhex16(h));
-            out.extend_from_slice(&digest.unwrap_or_default());
+            Repr::Map(m) => {
+                for name in FIELDS {
+                    let digest = m.get(name).and_then(|h| unhex16(h));
+                    out.extend_from_slice(&digest.unwrap_or_default());
+                }
+            }
         }
         out
     }
@@ -514,9 +622,8 @@ mod tests {
             ("timeout_ms", "977a4f506b2f576d503668f0f1a81942"),
             ("type", "ccdb65ec22500ff238f9841d1c1b912a"),
         ];
-        let got: Vec<(&str, &str)> = p
-            .fingerprint
-            .fields
+        let fields = p.fingerprint.fields();
+        let got: Vec<(&str, &str)> = fields
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
             .collect();
@@ -538,11 +645,12 @@ mod tests {
             .retry(RetryPolicy::Fixed { delay_ms: 2500 })
             .prepare(&KeyHasher::plain(), 1 << 20)
             .unwrap();
-        let f = &p.fingerprint.fields;
-        assert_eq!(f["tags"], field_digest("tags", "[]"));
+        let f = p.fingerprint.fields();
+        let digest = |name: &str, canonical: &str| hex(&field_digest(name, canonical));
+        assert_eq!(f["tags"], digest("tags", "[]"));
         assert_eq!(
             f["retry"],
-            field_digest("retry", r#"{"delay_ms":2500,"kind":"fixed"}"#)
+            digest("retry", r#"{"delay_ms":2500,"kind":"fixed"}"#)
         );
         for name in [
             "concurrency_key",
@@ -551,18 +659,61 @@ mod tests {
             "job_id",
             "run_at",
         ] {
-            assert_eq!(f[name], field_digest(name, "null"), "{name}");
+            assert_eq!(f[name], digest(name, "null"), "{name}");
         }
         let with_default = EnqueueRequest::new("t")
             .prepare(&KeyHasher::plain(), 1 << 20)
             .unwrap();
         assert_eq!(
-            with_default.fingerprint.fields["retry"],
-            field_digest(
+            with_default.fingerprint.fields()["retry"],
+            digest(
                 "retry",
                 r#"{"factor":2,"initial_ms":1000,"jitter":true,"kind":"exponential","max_ms":3600000}"#
             )
         );
+    }
+
+    /// A request's fingerprint, its JSON read back, and the same fields
+    /// given as a map are one value; a map of other fields (a redrive's)
+    /// stays a map and compares field by field with a request's.
+    #[test]
+    fn every_shape_of_the_same_fields_is_one_value() {
+        let p = EnqueueRequest::new("t")
+            .idempotency_key("k")
+            .prepare(&KeyHasher::plain(), 1 << 20)
+            .unwrap();
+        let fp = p.fingerprint;
+        let json = fp.to_json();
+        assert_eq!(Fingerprint::from_json(&json), fp);
+        assert_eq!(Fingerprint::from_fields(fp.fields()), fp);
+        let as_map: BTreeMap<String, String> = serde_json::from_str(&json).unwrap();
+        assert_eq!(as_map, fp.fields());
+        assert_eq!(as_map.len(), FIELDS.len());
+        // Fewer fields: absent ones pack as zeros and differ.
+        let mut fewer = fp.fields();
+        fewer.remove("payload");
+        let fewer = Fingerprint::from_fields(fewer);
+        assert_eq!(fewer.diff(&fp, false), ["payload"]);
+        assert_eq!(
+            &fewer.packed()[16 * PAYLOAD..16 * (PAYLOAD + 1)],
+            &[0u8; 16]
+        );
+        // Another shape: kept as given, serialized as given.
+        let mut other = fp.fields();
+        other.insert("reset_checkpoints".into(), "true".into());
+        other.insert("queue".into(), "\"q\"".into());
+        let other = Fingerprint::from_fields(other.clone());
+        assert_eq!(other.fields().len(), FIELDS.len() + 1);
+        assert_eq!(other.diff(&fp, false), ["queue", "reset_checkpoints"]);
+        assert_eq!(Fingerprint::from_json(&other.to_json()), other);
+        assert_ne!(other, fp);
+        // Uppercase hex is another value, as it always compared.
+        let mut upper = fp.fields();
+        let t = upper["type"].to_ascii_uppercase();
+        upper.insert("type".into(), t);
+        assert_eq!(Fingerprint::from_fields(upper).diff(&fp, false), ["type"]);
+        assert_eq!(Fingerprint::from_json("not json"), Fingerprint::default());
+        assert_eq!(Fingerprint::default().fields().len(), 0);
     }
 
     #[test]

@@ -660,14 +660,14 @@ impl Queue {
             "run_at": options.run_at.map(micros),
             "reset_checkpoints": options.reset_checkpoints,
         });
-        let fingerprint = Fingerprint {
-            fields: overrides
+        let fingerprint = Fingerprint::from_fields(
+            overrides
                 .as_object()
                 .into_iter()
                 .flatten()
                 .map(|(k, v)| (k.clone(), canonical_json(v)))
                 .collect(),
-        };
+        );
         let key = match &options.idempotency_key {
             Some(k) => Some(prepare_key(
                 "idempotency",

@@ -197,7 +197,7 @@ fn parse_and_prepare(text: &str, limit: usize) -> Result<(), TestCaseError> {
     };
     match req.prepare(&KeyHasher::plain(), limit) {
         Ok(p) => {
-            prop_assert_eq!(p.fingerprint.fields.len(), 13);
+            prop_assert_eq!(p.fingerprint.fields().len(), 13);
             prop_assert!(p.payload.len() <= limit);
         }
         Err(Error::Validation { field, reason }) => {
@@ -507,15 +507,14 @@ fn changed(a: &EnqueueRequest, b: &EnqueueRequest) -> Result<Vec<String>, TestCa
     let pb = b.prepare(&h, LIMIT);
     prop_assert!(pa.is_ok(), "{:?}", pa);
     prop_assert!(pb.is_ok(), "{:?}", pb);
-    let (fa, fb) = (pa.unwrap().fingerprint, pb.unwrap().fingerprint);
-    prop_assert_eq!(
-        fa.fields.keys().collect::<Vec<_>>(),
-        fb.fields.keys().collect::<Vec<_>>()
+    let (fa, fb) = (
+        pa.unwrap().fingerprint.fields(),
+        pb.unwrap().fingerprint.fields(),
     );
+    prop_assert_eq!(fa.keys().collect::<Vec<_>>(), fb.keys().collect::<Vec<_>>());
     Ok(fa
-        .fields
         .iter()
-        .filter(|(k, v)| fb.fields.get(*k) != Some(v))
+        .filter(|(k, v)| fb.get(*k) != Some(v))
         .map(|(k, _)| k.clone())
         .collect())
 }

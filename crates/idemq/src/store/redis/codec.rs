@@ -353,7 +353,7 @@ pub(super) fn fingerprint(stored: &str, row: &str, column: &str) -> Result<Finge
             fields.insert((*name).to_owned(), h.to_ascii_lowercase());
         }
     }
-    Ok(Fingerprint { fields })
+    Ok(Fingerprint::from_fields(fields))
 }
 
 /// The stored events of job `id` (`seq at kind data`, list `ev`), with
