@@ -229,7 +229,10 @@ pub(super) async fn enqueue(
 /// entering PL/pgSQL: the request's document travels as text and becomes
 /// `jsonb` only in the branch that calls `idemq.enqueue`, which a found
 /// binding filters out before it runs (a one-time filter), so a replay
-/// neither parses it nor enters the function. Anything else (a new key, a
+/// does not enter the function, and once the session runs the statement's
+/// generic plan (from its sixth execution on a connection) does not parse
+/// the document either: the custom plans before it fold the cast into a
+/// constant, which parses it. Anything else (a new key, a
 /// conflict, a binding of a transaction still running) is decided by
 /// `idemq.enqueue`, with the key's lock, in the same statement.
 async fn keyed_one(
