@@ -127,7 +127,8 @@ impl Serialize for Fingerprint {
                 let mut map = s.serialize_map(Some(present))?;
                 for (name, digest) in FIELDS.iter().zip(d) {
                     if let Some(digest) = digest {
-                        map.serialize_entry(name, &hex(digest))?;
+                        let mut text = [0u8; 32];
+                        map.serialize_entry(name, hex16(digest, &mut text))?;
                     }
                 }
                 map.end()
@@ -488,6 +489,17 @@ pub fn hex(bytes: &[u8]) -> String {
         s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
     }
     s
+}
+
+/// A 16-byte digest in lower-case hex, written into `out`.
+fn hex16<'a>(digest: &[u8; 16], out: &'a mut [u8; 32]) -> &'a str {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in digest.iter().enumerate() {
+        out[2 * i] = DIGITS[usize::from(b >> 4)];
+        out[2 * i + 1] = DIGITS[usize::from(b & 0x0f)];
+    }
+    // Every byte written is an ASCII digit or letter.
+    std::str::from_utf8(out).unwrap_or_default()
 }
 
 /// The value of one lowercase or uppercase hex digit.
