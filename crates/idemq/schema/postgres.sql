@@ -815,6 +815,29 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION idemq.heartbeat_many(p_ids text[], p_tokens text[]) RETURNS TABLE(idx integer, ok boolean, busy boolean, lease_expires_at timestamp with time zone, cancel_requested boolean)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+    h record;
+BEGIN
+    FOR r IN SELECT (t.i - 1)::integer AS i, t.id, t.token
+             FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS t(id, token, i)
+             ORDER BY t.id, t.i
+    LOOP
+        PERFORM 1 FROM idemq.jobs j WHERE j.id = r.id FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND AND EXISTS (SELECT 1 FROM idemq.jobs j WHERE j.id = r.id) THEN
+            RETURN QUERY SELECT r.i, false, true, NULL::timestamptz, false;
+            CONTINUE;
+        END IF;
+        SELECT * INTO h FROM idemq.heartbeat(r.id, r.token);
+        RETURN QUERY SELECT r.i, h.ok, false, h.lease_expires_at, h.cancel_requested;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION idemq.job_events(p_id text) RETURNS TABLE(seq bigint, kind text, at timestamp with time zone, data jsonb)
     LANGUAGE sql STABLE
     AS $$

@@ -807,6 +807,53 @@ impl Queue {
             .await
     }
 
+    /// Renews many leases in one call (on PostgreSQL one round trip and one
+    /// transaction; elsewhere one call each, side by side): one result per
+    /// item, in order, each what [`heartbeat`](Self::heartbeat) would answer
+    /// for it. A lost lease is that item's `LeaseLost`; the others stand. At
+    /// most 1,000 items per call.
+    pub async fn heartbeat_many<'a>(
+        &self,
+        leases: impl IntoIterator<Item = (&'a str, &'a LeaseToken)>,
+    ) -> Result<Vec<Result<Heartbeat>>> {
+        let leases: Vec<(&str, &LeaseToken)> = leases.into_iter().collect();
+        if leases.len() > MAX_BATCH_ITEMS {
+            return Err(Error::validation(
+                "items",
+                format!("at most {MAX_BATCH_ITEMS} items per call"),
+            ));
+        }
+        // A lease no claim could have minted fails alone, unsent.
+        let mut slots: Vec<Option<Error>> = Vec::with_capacity(leases.len());
+        let mut sent = Vec::with_capacity(leases.len());
+        for (job_id, token) in leases {
+            match Self::lease_text(job_id, token) {
+                Ok(()) => {
+                    sent.push(Self::lease(job_id, token));
+                    slots.push(None);
+                }
+                Err(e) => slots.push(Some(e)),
+            }
+        }
+        let mut stored = if sent.is_empty() {
+            Vec::new()
+        } else {
+            self.store
+                .lease_heartbeat_many(LeaseHeartbeatMany { items: sent })
+                .await?
+        }
+        .into_iter();
+        slots
+            .into_iter()
+            .map(|early| match early {
+                Some(e) => Ok(Err(e)),
+                None => stored.next().ok_or_else(|| Error::Backend {
+                    message: "the store answered fewer heartbeats than it was sent".into(),
+                }),
+            })
+            .collect()
+    }
+
     /// Completes an attempt, with an optional JSON result (≤ the payload limit).
     pub async fn complete(
         &self,

@@ -664,3 +664,65 @@ async fn a_kept_connection_serves_the_next_call_and_goes_back_when_quiet() {
     pool.close().await;
     idemq_testkit::drop_pg_database(&db);
 }
+
+/// A batch of heartbeats renews every lease it can at once: a job whose row
+/// another transaction holds (a handler completing it in its own
+/// transaction) is renewed on its own, after that transaction, and does not
+/// hold up the renewal of the others, which commit while it waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_row_does_not_hold_up_the_other_heartbeats_of_a_batch() {
+    let h = Harness::postgres().await;
+    let held = h.put(EnqueueRequest::new("t")).await;
+    let free = h.put(EnqueueRequest::new("t")).await;
+    let claimed = h.claim(2).await;
+    assert_eq!(claimed.len(), 2);
+    let token = |id: &str| {
+        claimed
+            .iter()
+            .find(|c| c.id == id)
+            .map(|c| c.lease_token.clone())
+            .unwrap()
+    };
+    let (t_held, t_free) = (token(&held), token(&free));
+    let before = h.job(&free).await.lease_expires_at.unwrap();
+    let pool = h.caller_pool().await;
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM idemq.jobs WHERE id = $1 FOR UPDATE")
+        .bind(&held)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    h.advance_ms(1000);
+    let queue = h.queue.clone();
+    let (hid, fid) = (held.clone(), free.clone());
+    let batch = tokio::spawn(async move {
+        queue
+            .heartbeat_many([(hid.as_str(), &t_held), (fid.as_str(), &t_free)])
+            .await
+    });
+    // The free job's lease is renewed and committed while the held one waits.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if h.job(&free).await.lease_expires_at.unwrap() > before {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the free job's lease was not renewed while the other row was held"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !batch.is_finished(),
+        "the held job's renewal waits for the holder"
+    );
+    tx.rollback().await.unwrap();
+    let results = batch.await.unwrap().unwrap();
+    assert_eq!(results.len(), 2);
+    let (a, b) = (results[0].as_ref().unwrap(), results[1].as_ref().unwrap());
+    assert_eq!(a.lease_expires_at, b.lease_expires_at);
+    assert_eq!(
+        h.job(&held).await.lease_expires_at,
+        Some(a.lease_expires_at)
+    );
+}

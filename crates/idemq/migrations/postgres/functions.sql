@@ -28,7 +28,7 @@ BEGIN
         'cancel_by_key', 'cancel_locked', 'check_clock', 'checkpoint_put', 'claim',
         'complete_and_claim', 'complete_many', 'debounce_window', 'delete_job', 'end_attempt',
         'enqueue', 'enqueue_one', 'event', 'finish_attempt', 'fp_diff', 'fp_pack', 'fp_unpack',
-        'heartbeat', 'job_events', 'job_runs', 'keep_until', 'key_decision', 'lease_job',
+        'heartbeat', 'heartbeat_many', 'job_events', 'job_runs', 'keep_until', 'key_decision', 'lease_job',
         'lease_reap', 'ms', 'now', 'promote', 'purge', 'queue_counts', 'reap', 'redrive',
         'resolve_run_at',
         'retention_sweep', 'schedule_every_next', 'schedule_mark_fired', 'schedule_put',
@@ -780,6 +780,37 @@ END
 $$;
 
 -- complete / fail / snooze / release: p_kind as in end_attempt.
+-- Renews many leases in one transaction: one row per item (its 0-based
+-- place), each decided as idemq.heartbeat decides it. The jobs are taken
+-- in id order, as a completion batch takes them, so two batches cannot
+-- deadlock. A job another transaction holds (a handler completing it in
+-- its own transaction) is not waited for: its row says busy, and the
+-- caller renews that one on its own, so one held row never holds up the
+-- other renewals.
+CREATE FUNCTION idemq.heartbeat_many(p_ids text[], p_tokens text[])
+RETURNS TABLE (idx integer, ok boolean, busy boolean, lease_expires_at timestamptz,
+               cancel_requested boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+    h record;
+BEGIN
+    FOR r IN SELECT (t.i - 1)::integer AS i, t.id, t.token
+             FROM unnest(p_ids, p_tokens) WITH ORDINALITY AS t(id, token, i)
+             ORDER BY t.id, t.i
+    LOOP
+        PERFORM 1 FROM idemq.jobs j WHERE j.id = r.id FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND AND EXISTS (SELECT 1 FROM idemq.jobs j WHERE j.id = r.id) THEN
+            RETURN QUERY SELECT r.i, false, true, NULL::timestamptz, false;
+            CONTINUE;
+        END IF;
+        SELECT * INTO h FROM idemq.heartbeat(r.id, r.token);
+        RETURN QUERY SELECT r.i, h.ok, false, h.lease_expires_at, h.cancel_requested;
+    END LOOP;
+END
+$$;
+
 CREATE FUNCTION idemq.finish_attempt(p_id text, p_token text, p_kind text, p_error text,
                                      p_retryable boolean, p_retry_after_ms bigint,
                                      p_snooze_ms bigint, p_result jsonb)

@@ -212,6 +212,13 @@ pub struct JobCompleteMany {
     pub items: Vec<JobComplete>,
 }
 
+/// `lease_heartbeat_many`: several leases renewed in one call.
+#[derive(Clone, Debug)]
+pub struct LeaseHeartbeatMany {
+    /// The leases; each is renewed (or refused) on its own.
+    pub items: Vec<LeaseRef>,
+}
+
 /// `job_fail`.
 #[derive(Clone, Debug)]
 pub struct JobFail {
@@ -425,6 +432,18 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>>;
     /// Renew a lease.
     async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat>;
+    /// Renew many leases: one result per item, in order, each what
+    /// [`lease_heartbeat`](Self::lease_heartbeat) would answer for it (a
+    /// lost lease is that item's `LeaseLost`; the others stand). An `Err` of
+    /// the whole call renewed nothing it can vouch for: the caller tries
+    /// again at its next beat. The default renews them side by side, one
+    /// call each.
+    async fn lease_heartbeat_many(&self, p: LeaseHeartbeatMany) -> Result<Vec<Result<Heartbeat>>> {
+        Ok(
+            futures_util::future::join_all(p.items.into_iter().map(|l| self.lease_heartbeat(l)))
+                .await,
+        )
+    }
     /// Finish an attempt successfully.
     async fn job_complete(&self, p: JobComplete) -> Result<()>;
     /// Finish many attempts successfully in one transaction (one round

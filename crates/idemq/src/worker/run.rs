@@ -574,35 +574,54 @@ async fn heartbeat_loop(
             .filter(|(_, s)| !s.completed_in_tx.load(Ordering::SeqCst))
             .map(|(id, s)| (id.clone(), s.token.clone()))
             .collect();
-        // All at once: one slow call (a stalled connection, bounded by the
-        // store's call timeout) must not hold up the other leases' renewals.
+        // One call per batch of leases (one round trip and one commit on
+        // PostgreSQL, however many jobs run), the batches side by side: one
+        // slow call (a stalled connection, bounded by the store's call
+        // timeout) must not hold up the other batches' renewals.
         let mut beats = JoinSet::new();
-        for (id, token) in running {
+        for batch in running.chunks(crate::queue::MAX_BATCH_ITEMS) {
             let queue = queue.clone();
+            let batch = batch.to_vec();
             beats.spawn(async move {
-                let outcome = queue.heartbeat(&id, &token).await;
-                (id, outcome)
+                let outcome = queue
+                    .heartbeat_many(batch.iter().map(|(id, token)| (id.as_str(), token)))
+                    .await;
+                (batch, outcome)
             });
         }
         let mut failed = 0usize;
         let mut first_error = None;
         while let Some(done) = beats.join_next().await {
-            let Ok((id, outcome)) = done else { continue };
-            let slots = lock(&slots);
-            let Some(slot) = slots.get(&id) else { continue };
-            match outcome {
-                Ok(hb) if hb.cancel_requested => {
-                    let _ = slot.cancel.send(true);
-                }
-                Ok(_) => {}
-                Err(Error::LeaseLost { .. }) => {
-                    let _ = slot.stop.send(Stop::LeaseLost);
-                }
-                // The backend is down: try again at the next beat; the lease
-                // outlives a few missed beats.
+            let Ok((batch, outcome)) = done else { continue };
+            let outcomes: Vec<Result<crate::job::Heartbeat>> = match outcome {
+                Ok(each) => each,
+                // The whole call failed (the backend is down): every lease
+                // of the batch is tried again at the next beat.
                 Err(e) => {
-                    failed += 1;
-                    first_error.get_or_insert((id, e));
+                    failed += batch.len();
+                    if let Some((id, _)) = batch.first() {
+                        first_error.get_or_insert((id.clone(), e));
+                    }
+                    continue;
+                }
+            };
+            let slots = lock(&slots);
+            for ((id, _), outcome) in batch.into_iter().zip(outcomes) {
+                let Some(slot) = slots.get(&id) else { continue };
+                match outcome {
+                    Ok(hb) if hb.cancel_requested => {
+                        let _ = slot.cancel.send(true);
+                    }
+                    Ok(_) => {}
+                    Err(Error::LeaseLost { .. }) => {
+                        let _ = slot.stop.send(Stop::LeaseLost);
+                    }
+                    // The backend is down: try again at the next beat; the
+                    // lease outlives a few missed beats.
+                    Err(e) => {
+                        failed += 1;
+                        first_error.get_or_insert((id, e));
+                    }
                 }
             }
         }

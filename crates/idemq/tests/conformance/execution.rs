@@ -42,6 +42,7 @@ idemq_testkit::instantiate!(
     heartbeat_after_expiry_before_it_is_recorded_renews,
     heartbeat_after_recorded_expiry_is_lease_lost,
     heartbeat_reports_cancel_requested,
+    heartbeat_many_renews_each_and_refuses_stale_items,
     heartbeat_past_timeout_fails_the_attempt,
     heartbeat_past_deadline_kills_the_job,
     complete_stores_the_result,
@@ -916,6 +917,68 @@ async fn heartbeat_after_recorded_expiry_is_lease_lost(h: Harness) {
     assert_fenced(&h, &id, &c.lease_token).await;
     assert_eq!(h.job(&id).await, before);
     assert_eq!(outcomes(&h, &id).await, vec![some("lease_expired")]);
+}
+
+/// `heartbeat_many` answers each lease as `heartbeat` would, in order, in
+/// one call: renewed, cancel requested, or lost (a dead token, one no claim
+/// could have minted) without touching the job.
+async fn heartbeat_many_renews_each_and_refuses_stale_items(h: Harness) {
+    let (a, b, c) = (
+        h.put(job("t")).await,
+        h.put(job("t")).await,
+        h.put(job("t")).await,
+    );
+    let claimed = claim_as(&h, "w", 10_000, 3).await;
+    let token = |id: &str| {
+        claimed
+            .iter()
+            .find(|x| x.id == id)
+            .map(|x| x.lease_token.clone())
+            .expect("claimed")
+    };
+    let (ta, tb, tc) = (token(&a), token(&b), token(&c));
+    complete(&h, claimed.iter().find(|x| x.id == a).unwrap()).await;
+    let a_before = h.job(&a).await;
+    let a_events = h.queue.events(&a).await.unwrap();
+    h.queue.cancel(&c).await.unwrap();
+    h.advance_ms(8000);
+    let now = h.now().await;
+    let forged = idemq::LeaseToken::new("x\0y");
+    let mut results = h
+        .queue
+        .heartbeat_many([
+            (b.as_str(), &tb),
+            (a.as_str(), &ta),
+            (c.as_str(), &tc),
+            (b.as_str(), &forged),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results.len(), 4);
+    assert_lost(results.pop().unwrap(), &b);
+    let hb_c = results.pop().unwrap().unwrap();
+    assert!(hb_c.cancel_requested);
+    assert_eq!(hb_c.lease_expires_at, at(now, ms(10_000)));
+    assert_lost(results.pop().unwrap(), &a);
+    let hb_b = results.pop().unwrap().unwrap();
+    assert!(!hb_b.cancel_requested);
+    assert_eq!(hb_b.lease_expires_at, at(now, ms(10_000)));
+    assert_eq!(
+        h.job(&b).await.lease_expires_at,
+        Some(hb_b.lease_expires_at)
+    );
+    assert_eq!(h.job(&a).await, a_before);
+    assert_eq!(h.queue.events(&a).await.unwrap(), a_events);
+    // Past the first expiry, within the renewed leases: nothing to reclaim.
+    h.advance_ms(9_999);
+    assert!(h.claim(10).await.is_empty());
+    assert_eq!(state(&h, &b).await, JobState::Active);
+    assert!(h.queue.heartbeat_many([]).await.unwrap().is_empty());
+    let many: Vec<(&str, &idemq::LeaseToken)> = (0..1001).map(|_| (b.as_str(), &tb)).collect();
+    match h.queue.heartbeat_many(many).await {
+        Err(Error::Validation { field, .. }) => assert_eq!(field, "items"),
+        other => panic!("expected a validation error, got {other:?}"),
+    }
 }
 
 async fn heartbeat_reports_cancel_requested(h: Harness) {

@@ -498,6 +498,65 @@ impl Store for PgStore {
         })
     }
 
+    async fn lease_heartbeat_many(&self, p: LeaseHeartbeatMany) -> Result<Vec<Result<Heartbeat>>> {
+        if p.items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<&str> = p.items.iter().map(|l| l.job_id.as_str()).collect();
+        let tokens: Vec<&str> = p.items.iter().map(|l| l.lease_token.as_str()).collect();
+        let rows = sqlx::query(
+            "SELECT idx, ok, busy, lease_expires_at, cancel_requested
+             FROM idemq.heartbeat_many($1, $2)",
+        )
+        .bind(&ids)
+        .bind(&tokens)
+        .fetch_all(self.db())
+        .await
+        .map_err(db_err)?;
+        let mut out: Vec<Option<Result<Heartbeat>>> = (0..p.items.len()).map(|_| None).collect();
+        let mut busy = Vec::new();
+        for row in &rows {
+            let idx: i32 = row.try_get("idx").map_err(db_err)?;
+            let Some(i) = usize::try_from(idx).ok().filter(|&i| i < out.len()) else {
+                return Err(Error::Backend {
+                    message: format!("idemq.heartbeat_many answered for an unknown item {idx}"),
+                });
+            };
+            if row.try_get::<bool, _>("busy").map_err(db_err)? {
+                busy.push(i);
+                continue;
+            }
+            out[i] = Some(if row.try_get::<bool, _>("ok").map_err(db_err)? {
+                Ok(Heartbeat {
+                    lease_expires_at: row.try_get("lease_expires_at").map_err(db_err)?,
+                    cancel_requested: row.try_get("cancel_requested").map_err(db_err)?,
+                })
+            } else {
+                Err(Error::LeaseLost {
+                    job_id: p.items[i].job_id.clone(),
+                })
+            });
+        }
+        // A job another transaction holds: renewed on its own, waiting for
+        // that transaction as a single heartbeat does, beside the others.
+        let waited = futures_util::future::join_all(
+            busy.iter()
+                .map(|&i| self.lease_heartbeat(p.items[i].clone())),
+        )
+        .await;
+        for (i, outcome) in busy.into_iter().zip(waited) {
+            out[i] = Some(outcome);
+        }
+        out.into_iter()
+            .enumerate()
+            .map(|(i, o)| {
+                o.ok_or_else(|| Error::Backend {
+                    message: format!("idemq.heartbeat_many gave no answer for item {i}"),
+                })
+            })
+            .collect()
+    }
+
     async fn job_complete(&self, p: JobComplete) -> Result<()> {
         self.finish(
             &p.lease,
