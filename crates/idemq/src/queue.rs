@@ -817,12 +817,7 @@ impl Queue {
         leases: impl IntoIterator<Item = (&'a str, &'a LeaseToken)>,
     ) -> Result<Vec<Result<Heartbeat>>> {
         let leases: Vec<(&str, &LeaseToken)> = leases.into_iter().collect();
-        if leases.len() > MAX_BATCH_ITEMS {
-            return Err(Error::validation(
-                "items",
-                format!("at most {MAX_BATCH_ITEMS} items per call"),
-            ));
-        }
+        at_most_a_batch(leases.len())?;
         // A lease no claim could have minted fails alone, unsent.
         let mut slots: Vec<Option<Error>> = Vec::with_capacity(leases.len());
         let mut sent = Vec::with_capacity(leases.len());
@@ -897,12 +892,7 @@ impl Queue {
         &self,
         items: Vec<Completion>,
     ) -> Result<(Vec<Option<Error>>, Vec<JobComplete>)> {
-        if items.len() > MAX_BATCH_ITEMS {
-            return Err(Error::validation(
-                "items",
-                format!("at most {MAX_BATCH_ITEMS} items per call"),
-            ));
-        }
+        at_most_a_batch(items.len())?;
         let mut slots: Vec<Option<Error>> = Vec::with_capacity(items.len());
         let mut sent = Vec::with_capacity(items.len());
         for c in items {
@@ -1211,4 +1201,15 @@ impl Queue {
     pub fn payload_limit(&self) -> usize {
         self.payload_limit
     }
+}
+
+/// Refuses a call of more leases or completions than one call takes.
+fn at_most_a_batch(items: usize) -> Result<()> {
+    if items > MAX_BATCH_ITEMS {
+        return Err(Error::validation(
+            "items",
+            format!("at most {MAX_BATCH_ITEMS} items per call"),
+        ));
+    }
+    Ok(())
 }

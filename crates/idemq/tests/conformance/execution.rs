@@ -120,6 +120,24 @@ async fn claim_as(h: &Harness, worker: &str, lease_ms: u64, limit: u32) -> Vec<C
     .await
 }
 
+/// Three jobs claimed at once by worker `w`, each with its lease token.
+async fn three_claimed(h: &Harness, lease_ms: u64) -> [(String, idemq::LeaseToken); 3] {
+    let ids = [
+        h.put(job("t")).await,
+        h.put(job("t")).await,
+        h.put(job("t")).await,
+    ];
+    let claimed = claim_as(h, "w", lease_ms, 3).await;
+    ids.map(|id| {
+        let token = claimed
+            .iter()
+            .find(|x| x.id == id)
+            .map(|x| x.lease_token.clone())
+            .expect("claimed");
+        (id, token)
+    })
+}
+
 /// Claims exactly one job, which must be `id`.
 async fn claim_id(h: &Harness, id: &str) -> ClaimedJob {
     let c = h.claim_one().await;
@@ -639,17 +657,13 @@ async fn token_is_dead_after_the_attempt_ends(h: Harness) {
 /// `complete_many` records each item as `complete` would, in one call; an
 /// item with a dead token fails alone and changes nothing.
 async fn complete_many_records_each_and_refuses_stale_items(h: Harness) {
-    let (a, b, c) = (
-        h.put(job("t")).await,
-        h.put(job("t")).await,
-        h.put(job("t")).await,
-    );
-    let claimed = claim_as(&h, "w", 30_000, 3).await;
+    let claimed = three_claimed(&h, 30_000).await;
+    let [(a, _), (b, _), (c, _)] = claimed.clone();
     let token = |id: &str| {
         claimed
             .iter()
-            .find(|x| x.id == id)
-            .map(|x| x.lease_token.clone())
+            .find(|(x, _)| x == id)
+            .map(|(_, t)| t.clone())
             .expect("claimed")
     };
     // `a` ends first, so its token is dead when the batch arrives.
@@ -923,21 +937,8 @@ async fn heartbeat_after_recorded_expiry_is_lease_lost(h: Harness) {
 /// one call: renewed, cancel requested, or lost (a dead token, one no claim
 /// could have minted) without touching the job.
 async fn heartbeat_many_renews_each_and_refuses_stale_items(h: Harness) {
-    let (a, b, c) = (
-        h.put(job("t")).await,
-        h.put(job("t")).await,
-        h.put(job("t")).await,
-    );
-    let claimed = claim_as(&h, "w", 10_000, 3).await;
-    let token = |id: &str| {
-        claimed
-            .iter()
-            .find(|x| x.id == id)
-            .map(|x| x.lease_token.clone())
-            .expect("claimed")
-    };
-    let (ta, tb, tc) = (token(&a), token(&b), token(&c));
-    complete(&h, claimed.iter().find(|x| x.id == a).unwrap()).await;
+    let [(a, ta), (b, tb), (c, tc)] = three_claimed(&h, 10_000).await;
+    h.queue.complete(&a, &ta, None).await.unwrap();
     let a_before = h.job(&a).await;
     let a_events = h.queue.events(&a).await.unwrap();
     h.queue.cancel(&c).await.unwrap();
