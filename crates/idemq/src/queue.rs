@@ -830,23 +830,14 @@ impl Queue {
                 Err(e) => slots.push(Some(e)),
             }
         }
-        let mut stored = if sent.is_empty() {
+        let stored = if sent.is_empty() {
             Vec::new()
         } else {
             self.store
                 .lease_heartbeat_many(LeaseHeartbeatMany { items: sent })
                 .await?
-        }
-        .into_iter();
-        slots
-            .into_iter()
-            .map(|early| match early {
-                Some(e) => Ok(Err(e)),
-                None => stored.next().ok_or_else(|| Error::Backend {
-                    message: "the store answered fewer heartbeats than it was sent".into(),
-                }),
-            })
-            .collect()
+        };
+        Ok(answers(slots, stored, "heartbeats"))
     }
 
     /// Completes an attempt, with an optional JSON result (≤ the payload limit).
@@ -918,18 +909,7 @@ impl Queue {
         slots: Vec<Option<Error>>,
         stored: Vec<Result<()>>,
     ) -> Vec<Result<()>> {
-        let mut stored = stored.into_iter();
-        let results: Vec<Result<()>> = slots
-            .into_iter()
-            .map(|slot| match slot {
-                Some(e) => Err(e),
-                None => stored.next().unwrap_or_else(|| {
-                    Err(Error::Backend {
-                        message: "the store answered fewer completions than it was sent".into(),
-                    })
-                }),
-            })
-            .collect();
+        let results = answers(slots, stored, "completions");
         let done = results.iter().filter(|r| r.is_ok()).count();
         self.counters.add(Counter::Completions, done as u64);
         results
@@ -1212,4 +1192,21 @@ fn at_most_a_batch(items: usize) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// One result per item of a batch call, in order: the error of an item
+/// refused before it was sent, or the store's answer for the next one sent.
+fn answers<T>(slots: Vec<Option<Error>>, stored: Vec<Result<T>>, what: &str) -> Vec<Result<T>> {
+    let mut stored = stored.into_iter();
+    slots
+        .into_iter()
+        .map(|slot| match slot {
+            Some(e) => Err(e),
+            None => stored.next().unwrap_or_else(|| {
+                Err(Error::Backend {
+                    message: format!("the store answered fewer {what} than it was sent"),
+                })
+            }),
+        })
+        .collect()
 }

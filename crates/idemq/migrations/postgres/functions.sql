@@ -28,8 +28,8 @@ BEGIN
         'cancel_by_key', 'cancel_locked', 'check_clock', 'checkpoint_put', 'claim',
         'complete_and_claim', 'complete_many', 'debounce_window', 'delete_job', 'end_attempt',
         'enqueue', 'enqueue_one', 'event', 'finish_attempt', 'fp_diff', 'fp_pack', 'fp_unpack',
-        'heartbeat', 'heartbeat_many', 'job_events', 'job_runs', 'keep_until', 'key_decision', 'lease_job',
-        'lease_reap', 'ms', 'now', 'promote', 'purge', 'queue_counts', 'reap', 'redrive',
+        'heartbeat', 'heartbeat_many', 'job_events', 'job_runs', 'keep_until', 'key_decision',
+        'lease_job', 'lease_reap', 'ms', 'now', 'promote', 'purge', 'queue_counts', 'reap', 'redrive',
         'resolve_run_at',
         'retention_sweep', 'schedule_every_next', 'schedule_mark_fired', 'schedule_put',
         'test_now', 'us', 'wake'])
@@ -779,7 +779,6 @@ BEGIN
 END
 $$;
 
--- complete / fail / snooze / release: p_kind as in end_attempt.
 -- Renews many leases in one transaction: one row per item (its 0-based
 -- place), each decided as idemq.heartbeat decides it. The jobs are taken
 -- in id order, as a completion batch takes them, so two batches cannot
@@ -811,6 +810,7 @@ BEGIN
 END
 $$;
 
+-- complete / fail / snooze / release: p_kind as in end_attempt.
 CREATE FUNCTION idemq.finish_attempt(p_id text, p_token text, p_kind text, p_error text,
                                      p_retryable boolean, p_retry_after_ms bigint,
                                      p_snooze_ms bigint, p_result jsonb)
