@@ -1057,6 +1057,26 @@ mod tests {
         assert_eq!(cache_size(&store.inner.writer), -2000);
     }
 
+    /// The build settings of `.cargo/config.toml`: without them every
+    /// allocation and every page fetch of every connection takes a
+    /// process-wide lock (docs/storage.md, "Build settings").
+    #[test]
+    fn sqlite_is_built_without_global_mutexes() {
+        let conn = Connection::open_in_memory().expect("open");
+        let options: Vec<String> = conn
+            .prepare("PRAGMA compile_options")
+            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+            .expect("compile_options");
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "{options:?}"
+        );
+        assert!(
+            !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
+            "{options:?}"
+        );
+    }
+
     #[tokio::test]
     async fn each_read_thread_uses_its_own_connection() {
         let dir = tempfile::tempdir().expect("tempdir");
