@@ -341,6 +341,13 @@ CREATE FUNCTION idemq.debounce_window(p_ttl_ms bigint, p_max_wait_ms bigint, p_a
                 ELSE least(p_now + idemq.ms(p_ttl_ms), p_accepted + idemq.ms(p_max_wait_ms)) END
 $$;
 
+CREATE FUNCTION idemq.default_retry() RETURNS jsonb
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT '{"kind": "exponential", "initial_ms": 1000, "factor": 2.0, "max_ms": 3600000,
+             "jitter": true}'::jsonb
+$$;
+
 CREATE FUNCTION idemq.delete_job(p_id text) RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -367,8 +374,10 @@ DECLARE
     v_dead    text;
     v_delay   bigint;
     v_base    double precision;
+    v_retry   jsonb;
 BEGIN
     SELECT * INTO j FROM idemq.jobs WHERE id = p_id;
+    v_retry := coalesce(j.retry, idemq.default_retry());
     v_used := j.attempts_used + CASE WHEN p_kind IN ('released', 'snoozed') THEN 0 ELSE 1 END;
     v_outcome := CASE p_kind WHEN 'timed_out' THEN 'failed' WHEN 'deadline' THEN 'failed'
                              ELSE p_kind END;
@@ -423,17 +432,17 @@ BEGIN
         IF j.deadline IS NOT NULL AND p_now >= j.deadline THEN
             v_next := 'dead'; v_dead := 'deadline';
         END IF;
-    ELSIF j.retry ->> 'kind' = 'none' THEN
+    ELSIF v_retry ->> 'kind' = 'none' THEN
         v_next := 'dead'; v_dead := 'no_retry';
     ELSE
-        IF j.retry ->> 'kind' = 'fixed' THEN
-            v_delay := (j.retry ->> 'delay_ms')::bigint;
+        IF v_retry ->> 'kind' = 'fixed' THEN
+            v_delay := (v_retry ->> 'delay_ms')::bigint;
         ELSE
-            v_base := least((j.retry ->> 'initial_ms')::double precision
-                            * power((j.retry ->> 'factor')::double precision,
+            v_base := least((v_retry ->> 'initial_ms')::double precision
+                            * power((v_retry ->> 'factor')::double precision,
                                     least(greatest(v_used, 1) - 1, 1024)),
-                            (j.retry ->> 'max_ms')::double precision);
-            IF (j.retry ->> 'jitter')::boolean THEN
+                            (v_retry ->> 'max_ms')::double precision);
+            IF (v_retry ->> 'jitter')::boolean THEN
                 v_base := v_base * random();
             END IF;
             v_delay := round(v_base)::bigint;
@@ -609,7 +618,8 @@ BEGIN
                         UPDATE idemq.jobs j SET
                             payload = it -> 'payload', priority = (it ->> 'priority')::smallint,
                             run_at = v_run_at, max_attempts = (it ->> 'max_attempts')::int,
-                            retry = it -> 'retry', timeout_ms = (it ->> 'timeout_ms')::bigint,
+                            retry = nullif(it -> 'retry', idemq.default_retry()),
+                            timeout_ms = (it ->> 'timeout_ms')::bigint,
                             deadline = idemq.us((it ->> 'deadline')::bigint),
                             concurrency_key = it ->> 'concurrency_key',
                             tags = ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')),
@@ -678,7 +688,8 @@ BEGIN
         idem_key_hash, idem_key_preview, dedupe_key, dedupe_mode, created_at, updated_at,
         first_run_at)
     VALUES (v_id, v_type, it ->> 'queue', 'waiting', it -> 'payload',
-        (it ->> 'priority')::smallint, v_run_at, (it ->> 'max_attempts')::int, it -> 'retry',
+        (it ->> 'priority')::smallint, v_run_at, (it ->> 'max_attempts')::int,
+        nullif(it -> 'retry', idemq.default_retry()),
         (it ->> 'timeout_ms')::bigint, idemq.us((it ->> 'deadline')::bigint),
         it ->> 'concurrency_key',
         CASE WHEN jsonb_array_length(it -> 'tags') = 0 THEN '{}'::text[]
@@ -737,6 +748,26 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION idemq.fp_common() RETURNS TABLE(at integer, name text, null_digest text, usual text)
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    VALUES (0, 'concurrency_key', '6ad993538865560589613cd63a6ea90f', NULL),
+           (1, 'deadline', '5d557b1ca5415e649f0a129bf5230ce2', NULL),
+           (2, 'delay_ms', 'bd27747bc9f8be4e92f1c3a594e4e633', NULL),
+           (3, 'idempotency.ttl_ms', '7de27f1b7511a1287abf5b6fc927ed9d', NULL),
+           (4, 'job_id', '07b82cd0889f4887df0eb046f91eaa8a', NULL),
+           (5, 'max_attempts', '285a1f8171a1521087c00abaaa5d42d5',
+               'c925066ab28cafb7f70c9ecba97db174'),
+           (6, 'payload', 'ed136c365b3976f0f085827c9dca0e8f', NULL),
+           (7, 'queue', 'b54cc77bd665e2d0b32046c81b31c4a2', 'f36faa32ba1a3039fd120cd16dc991e4'),
+           (8, 'retry', '76e1e5a2c6af622684a9c910cd2456f9', '4d4220e2dc66a9341de032364db4fb04'),
+           (9, 'run_at', '19b3a6c8b44d66c4eda01912f7c0e980', NULL),
+           (10, 'tags', 'a7797e02e309a3fc1ab0ba8e0ecbccb2', '3ec74168856423b9e8a828cfc32f0105'),
+           (11, 'timeout_ms', '060d9d6de7a58a84fa6798265582035c',
+                '977a4f506b2f576d503668f0f1a81942'),
+           (12, 'type', '830078c9fefbdf29924734a5a06b7e7a', NULL)
+$$;
+
 CREATE FUNCTION idemq.fp_diff(a jsonb, b jsonb, p_against_job boolean) RETURNS text[]
     LANGUAGE sql IMMUTABLE
     AS $$
@@ -750,39 +781,35 @@ $$;
 CREATE FUNCTION idemq.fp_pack(p_fp jsonb) RETURNS bytea
     LANGUAGE sql IMMUTABLE
     AS $$
-    SELECT decode(
-        coalesce(p_fp ->> 'concurrency_key', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'deadline', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'delay_ms', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'idempotency.ttl_ms', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'job_id', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'max_attempts', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'payload', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'queue', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'retry', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'run_at', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'tags', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'timeout_ms', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'type', '00000000000000000000000000000000'), 'hex')
+    SELECT '\x01'::bytea || int4send(sum(f.code << (2 * f.at))::integer)
+           || decode(coalesce(string_agg(f.digest, '' ORDER BY f.at) FILTER (WHERE f.code = 3),
+                              ''), 'hex')
+    FROM (SELECT c.at, p_fp ->> c.name AS digest,
+                 CASE WHEN p_fp ->> c.name IS NULL THEN 0
+                      WHEN p_fp ->> c.name = c.null_digest THEN 1
+                      WHEN p_fp ->> c.name = c.usual THEN 2
+                      ELSE 3 END AS code
+          FROM idemq.fp_common() c) f
 $$;
 
 CREATE FUNCTION idemq.fp_unpack(p bytea) RETURNS jsonb
     LANGUAGE sql IMMUTABLE
     AS $$
-    SELECT jsonb_build_object(
-        'concurrency_key', encode(substring(p FROM 1 FOR 16), 'hex'),
-        'deadline', encode(substring(p FROM 17 FOR 16), 'hex'),
-        'delay_ms', encode(substring(p FROM 33 FOR 16), 'hex'),
-        'idempotency.ttl_ms', encode(substring(p FROM 49 FOR 16), 'hex'),
-        'job_id', encode(substring(p FROM 65 FOR 16), 'hex'),
-        'max_attempts', encode(substring(p FROM 81 FOR 16), 'hex'),
-        'payload', encode(substring(p FROM 97 FOR 16), 'hex'),
-        'queue', encode(substring(p FROM 113 FOR 16), 'hex'),
-        'retry', encode(substring(p FROM 129 FOR 16), 'hex'),
-        'run_at', encode(substring(p FROM 145 FOR 16), 'hex'),
-        'tags', encode(substring(p FROM 161 FOR 16), 'hex'),
-        'timeout_ms', encode(substring(p FROM 177 FOR 16), 'hex'),
-        'type', encode(substring(p FROM 193 FOR 16), 'hex'))
+    SELECT jsonb_object_agg(f.name, CASE
+        WHEN NOT f.compact THEN encode(substring(p FROM 16 * f.at + 1 FOR 16), 'hex')
+        WHEN f.code = 0 THEN '00000000000000000000000000000000'
+        WHEN f.code = 1 THEN f.null_digest
+        WHEN f.code = 2 THEN f.usual
+        ELSE encode(substring(p FROM 6 + 16 * (f.following - 1) FOR 16), 'hex') END)
+    FROM (SELECT c.*, w.compact, (w.bits >> (2 * c.at)) & 3 AS code,
+                 count(*) FILTER (WHERE (w.bits >> (2 * c.at)) & 3 = 3)
+                     OVER (ORDER BY c.at)::integer AS following
+          FROM idemq.fp_common() c
+          CROSS JOIN (SELECT length(p) % 16 = 5 AND get_byte(p, 0) = 1 AS compact,
+                             CASE WHEN length(p) % 16 = 5
+                                  THEN (get_byte(p, 1)::bigint << 24) | (get_byte(p, 2) << 16)
+                                       | (get_byte(p, 3) << 8) | get_byte(p, 4)
+                                  ELSE 0 END AS bits) w) f
 $$;
 
 CREATE FUNCTION idemq.heartbeat(p_id text, p_token text) RETURNS TABLE(ok boolean, lease_expires_at timestamp with time zone, cancel_requested boolean)
@@ -914,7 +941,7 @@ CREATE TABLE idemq.jobs (
     attempt integer DEFAULT 0 NOT NULL,
     attempts_used integer DEFAULT 0 NOT NULL,
     max_attempts integer NOT NULL,
-    retry jsonb NOT NULL,
+    retry jsonb,
     timeout_ms bigint NOT NULL,
     deadline timestamp with time zone,
     concurrency_key text,

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::request::{PreparedEnqueue, RetryPolicy};
+use crate::request::{PreparedEnqueue, RetryPolicy, defaults};
 
 /// Writes `v` in the canonical form of RFC 8785 (JCS): object members sorted
 /// by their UTF-16 code units, no whitespace, strings escaped minimally and
@@ -196,17 +196,40 @@ struct Common {
     nulls: [[u8; 16]; FIELDS.len()],
     no_tags: [u8; 16],
     default_retry: [u8; 16],
+    /// The digest of each field's usual value where it has one (the
+    /// defaults of [`crate::request::defaults`], no tags), by its place.
+    usual: [Option<[u8; 16]>; FIELDS.len()],
 }
 
-static COMMON: LazyLock<Common> = LazyLock::new(|| Common {
-    nulls: FIELDS.map(|name| field_digest(name, "null")),
-    no_tags: field_digest(FIELDS[TAGS], "[]"),
-    default_retry: {
-        let mut canonical = String::new();
-        write_retry(&RetryPolicy::default(), &mut canonical);
-        field_digest(FIELDS[RETRY], &canonical)
-    },
+static COMMON: LazyLock<Common> = LazyLock::new(|| {
+    let mut canonical = String::new();
+    write_retry(&RetryPolicy::default(), &mut canonical);
+    let default_retry = field_digest(FIELDS[RETRY], &canonical);
+    let no_tags = field_digest(FIELDS[TAGS], "[]");
+    let mut usual = [None; FIELDS.len()];
+    usual[MAX_ATTEMPTS] = Some(field_digest(
+        FIELDS[MAX_ATTEMPTS],
+        &defaults::MAX_ATTEMPTS.to_string(),
+    ));
+    let mut queue = String::new();
+    write_string(defaults::QUEUE, &mut queue);
+    usual[QUEUE] = Some(field_digest(FIELDS[QUEUE], &queue));
+    usual[RETRY] = Some(default_retry);
+    usual[TAGS] = Some(no_tags);
+    usual[TIMEOUT_MS] = Some(field_digest(
+        FIELDS[TIMEOUT_MS],
+        &defaults::TIMEOUT_MS.to_string(),
+    ));
+    Common {
+        nulls: FIELDS.map(|name| field_digest(name, "null")),
+        no_tags,
+        default_retry,
+        usual,
+    }
 });
+
+/// The first byte of the compact form ([`Fingerprint::compact`]).
+const COMPACT_TAG: u8 = 1;
 
 fn write_retry(retry: &RetryPolicy, out: &mut String) {
     let value = serde_json::to_value(retry).unwrap_or(Value::Null);
@@ -360,9 +383,10 @@ impl Fingerprint {
             .collect()
     }
 
-    /// The packed form a PostgreSQL job row stores: the 16-byte digests of
-    /// the thirteen fields in the order of their names, zeros for a field
-    /// that is missing (which no digest equals).
+    /// The fixed packed form: the 16-byte digests of the thirteen fields in
+    /// the order of their names, zeros for a field that is missing (which no
+    /// digest equals). The Redis backend stores it; so did PostgreSQL job
+    /// rows before schema version 10 ([`Fingerprint::compact`]).
     pub fn packed(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(FIELDS.len() * 16);
         match &self.repr {
@@ -378,6 +402,41 @@ impl Fingerprint {
                 }
             }
         }
+        out
+    }
+
+    /// The compact form a PostgreSQL job row stores (schema version 10):
+    /// the byte 1, then two bits per field of [`FIELDS`] in a big-endian
+    /// `u32` (field `i` in bits `2i` and `2i + 1`): 0 absent, 1 the digest
+    /// of `null`, 2 the digest of the field's usual value (the default
+    /// queue, attempt budget, retry policy and timeout, no tags), 3 a digest
+    /// that follows; then the digests that follow, in the order of the
+    /// fields. A request that sets only its queue, type and payload takes 53
+    /// bytes instead of the 208 of [`Fingerprint::packed`]. The length of
+    /// the compact form is 5 plus a multiple of 16, never a multiple of 16,
+    /// so a reader tells the two forms apart (`idemq.fp_unpack`).
+    pub fn compact(&self) -> Vec<u8> {
+        let digests: [Option<[u8; 16]>; FIELDS.len()] = match &self.repr {
+            Repr::Digests(d) => *d,
+            Repr::Map(m) => FIELDS.map(|name| m.get(name).and_then(|h| unhex16(h))),
+        };
+        let mut bits: u32 = 0;
+        let mut out = Vec::with_capacity(5 + 3 * 16);
+        out.push(COMPACT_TAG);
+        out.extend_from_slice(&[0; 4]);
+        for (at, digest) in digests.iter().enumerate() {
+            let code = match digest {
+                None => 0,
+                Some(d) if *d == COMMON.nulls[at] => 1,
+                Some(d) if COMMON.usual[at] == Some(*d) => 2,
+                Some(d) => {
+                    out.extend_from_slice(d);
+                    3
+                }
+            };
+            bits |= code << (2 * at);
+        }
+        out[1..5].copy_from_slice(&bits.to_be_bytes());
         out
     }
 
@@ -742,5 +801,63 @@ mod tests {
             ["idempotency.ttl_ms", "job_id", "payload"]
         );
         assert_eq!(pa.fingerprint.diff(&pb.fingerprint, true), ["payload"]);
+    }
+
+    #[test]
+    fn compact_form_keeps_only_the_unusual_digests() {
+        let h = KeyHasher::plain();
+        // Queue, attempts, retry, timeout and tags at their defaults, the
+        // rest left out: only the type and the payload follow the bits.
+        let usual = EnqueueRequest::new("t")
+            .payload(json!({"a": 1}))
+            .prepare(&h, 1 << 20)
+            .unwrap()
+            .fingerprint;
+        let c = usual.compact();
+        assert_eq!(c.len(), 5 + 2 * 16);
+        assert_eq!(c[0], COMPACT_TAG);
+        let bits = u32::from_be_bytes([c[1], c[2], c[3], c[4]]);
+        let code = |at: usize| (bits >> (2 * at)) & 3;
+        assert_eq!(
+            code(KEY_TTL),
+            1,
+            "a keyless request fingerprints its ttl as null"
+        );
+        for at in [CONCURRENCY_KEY, DEADLINE, DELAY_MS, JOB_ID, RUN_AT] {
+            assert_eq!(code(at), 1, "{} is null", FIELDS[at]);
+        }
+        for at in [MAX_ATTEMPTS, QUEUE, RETRY, TAGS, TIMEOUT_MS] {
+            assert_eq!(code(at), 2, "{} is usual", FIELDS[at]);
+        }
+        let digests = usual.fields();
+        assert_eq!(hex(&c[5..21]), digests["payload"]);
+        assert_eq!(hex(&c[21..37]), digests["type"]);
+        // Every field set to something else: thirteen digests follow.
+        let all = EnqueueRequest::new("t")
+            .queue("q")
+            .payload(json!([1]))
+            .job_id("j")
+            .idempotency_key("k")
+            .max_attempts(2)
+            .timeout(std::time::Duration::from_secs(1))
+            .tag("x")
+            .concurrency_key("c")
+            .delay(std::time::Duration::from_secs(1))
+            .deadline(chrono::DateTime::from_timestamp(4_000_000_000, 0).unwrap())
+            .retry(RetryPolicy::None)
+            .prepare(&h, 1 << 20)
+            .unwrap()
+            .fingerprint;
+        let c = all.compact();
+        assert_eq!(c.len() % 16, 5);
+        let bits = u32::from_be_bytes([c[1], c[2], c[3], c[4]]);
+        let explicit = (0..FIELDS.len())
+            .filter(|at| (bits >> (2 * at)) & 3 == 3)
+            .count();
+        assert_eq!(c.len(), 5 + 16 * explicit);
+        assert!(explicit >= 11, "{explicit} digests follow");
+        // A field that is absent (a redrive's map, say) is code 0.
+        assert_eq!(Fingerprint::default().compact(), [COMPACT_TAG, 0, 0, 0, 0]);
+        assert_ne!(usual.compact(), all.compact());
     }
 }

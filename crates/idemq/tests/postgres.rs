@@ -726,3 +726,140 @@ async fn a_held_row_does_not_hold_up_the_other_heartbeats_of_a_batch() {
         Some(a.lease_expires_at)
     );
 }
+
+/// The two stored forms of a job's fingerprint and the NULL default retry
+/// policy (schema version 10): the database's half of each agrees with the
+/// library's, field by field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slim_row_forms_agree_with_the_library() {
+    use idemq::fingerprint::{FIELDS, KeyHasher};
+    let h = Harness::postgres().await;
+    let pool = h.caller_pool().await;
+
+    // The digests of `null` the database holds are those of the published
+    // rule: SHA-256 of "idemq.fp.v1", NUL, the field's name, NUL, "null".
+    let wrong: Vec<String> = sqlx::query_scalar(
+        "SELECT c.name FROM idemq.fp_common() c
+         WHERE c.null_digest <> encode(substring(sha256(
+                   convert_to('idemq.fp.v1', 'UTF8') || '\\x00'::bytea
+                   || convert_to(c.name, 'UTF8') || '\\x00'::bytea
+                   || convert_to('null', 'UTF8')) FROM 1 FOR 16), 'hex')
+            OR c.name <> ($1::text[])[c.at + 1]",
+    )
+    .bind(FIELDS.to_vec())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        wrong.is_empty(),
+        "fields whose null digest differs: {wrong:?}"
+    );
+
+    let hasher = KeyHasher::plain();
+    let at = chrono::DateTime::from_timestamp(4_000_000_000, 0).unwrap();
+    let requests = [
+        // Every field null or at its usual value but the type and payload.
+        EnqueueRequest::new("t").payload(json!({"a": 1})),
+        EnqueueRequest::new("t"),
+        EnqueueRequest::new("t").payload(json!(null)),
+        // Every field set to something else.
+        EnqueueRequest::new("t")
+            .queue("q")
+            .payload(json!([1]))
+            .job_id("j")
+            .idempotency_key("k")
+            .max_attempts(2)
+            .timeout(Duration::from_secs(1))
+            .tag("x")
+            .concurrency_key("c")
+            .delay(Duration::from_secs(1))
+            .deadline(at)
+            .retry(idemq::RetryPolicy::None),
+        EnqueueRequest::new("t").run_at(at).max_attempts(10),
+    ];
+    for req in &requests {
+        let fp = req.prepare(&hasher, 1 << 20).unwrap().fingerprint;
+        let json: serde_json::Value = serde_json::from_str(&fp.to_json()).unwrap();
+        // The database packs a request's fingerprint into the library's bytes.
+        let packed: Vec<u8> = sqlx::query_scalar("SELECT idemq.fp_pack($1::jsonb)")
+            .bind(&json)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(packed, fp.compact(), "{json}");
+        // Both forms unpack to every field, a missing one as zeros.
+        let mut full = json.clone();
+        for name in FIELDS {
+            full.as_object_mut()
+                .unwrap()
+                .entry(name)
+                .or_insert(json!("00000000000000000000000000000000"));
+        }
+        for form in [fp.compact(), fp.packed()] {
+            let unpacked: serde_json::Value = sqlx::query_scalar("SELECT idemq.fp_unpack($1)")
+                .bind(&form)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+            assert_eq!(unpacked, full, "{} bytes", form.len());
+        }
+    }
+
+    // The NULL policy is the library's default, and a job row stores it so.
+    let default: serde_json::Value = sqlx::query_scalar("SELECT idemq.default_retry()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::from_value::<idemq::RetryPolicy>(default).unwrap(),
+        idemq::RetryPolicy::default()
+    );
+    let fixed = idemq::RetryPolicy::Fixed { delay_ms: 5 };
+    let plain = h.queue.enqueue(EnqueueRequest::new("t")).await.unwrap();
+    let custom = h
+        .queue
+        .enqueue(EnqueueRequest::new("t").retry(fixed.clone()))
+        .await
+        .unwrap();
+    let batch = h
+        .queue
+        .enqueue_many(
+            vec![
+                EnqueueRequest::new("t"),
+                EnqueueRequest::new("t").retry(fixed.clone()),
+            ],
+            idemq::BatchOptions::default(),
+        )
+        .await
+        .unwrap();
+    let keyed = h
+        .queue
+        .enqueue(EnqueueRequest::new("t").idempotency_key("slim"))
+        .await
+        .unwrap();
+    let ids = [
+        plain.as_str(),
+        custom.as_str(),
+        batch[0].as_ref().unwrap().job_id.as_str(),
+        batch[1].as_ref().unwrap().job_id.as_str(),
+        keyed.as_str(),
+    ];
+    for (id, default) in ids.iter().zip([true, false, true, false, true]) {
+        let (null, len): (bool, i32) = sqlx::query_as(
+            "SELECT retry IS NULL, length(fingerprint) FROM idemq.jobs WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(null, default, "job {id}: retry stored as NULL");
+        assert_eq!(len % 16, 5, "job {id}: compact fingerprint");
+        let job = h.queue.get(id).await.unwrap().unwrap();
+        let expected = if default {
+            idemq::RetryPolicy::default()
+        } else {
+            fixed.clone()
+        };
+        assert_eq!(job.retry, expected, "job {id}");
+    }
+}

@@ -340,6 +340,33 @@ async fn migrate_brings_a_version_4_database_forward_with_its_data() {
         }
         other => panic!("a changed payload on an existing id must conflict: {other:?}"),
     }
+    // Rows written before version 10 keep their retry policy in full and
+    // the fixed form of their fingerprint; a new row stores NULL for the
+    // default policy and the compact form. Both read as the default.
+    let fresh = q
+        .enqueue(EnqueueRequest::new("upgrade.fresh").delay(std::time::Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let forms: Vec<(bool, i32)> = sqlx::query_as(
+        "SELECT retry IS NULL, length(fingerprint) FROM idemq.jobs WHERE id = ANY ($1)
+         ORDER BY id = 'job-explicit'",
+    )
+    .bind(vec![fresh.clone(), "job-explicit".to_owned()])
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    assert!(
+        forms[0].0 && forms[0].1 % 16 == 5,
+        "new row: {:?}",
+        forms[0]
+    );
+    assert_eq!(forms[1], (false, 208), "row of version 4");
+    for id in [fresh.as_str(), "job-explicit"] {
+        let job = q.get(id).await.unwrap().unwrap();
+        assert_eq!(job.retry, idemq::RetryPolicy::default(), "{id}");
+    }
     let schedules = q.schedules().await.unwrap();
     assert_eq!(schedules.len(), 1);
     assert_eq!(schedules[0].name, "nightly");

@@ -27,7 +27,8 @@ BEGIN
         'bind_key', 'binding_live', 'binding_release', 'binding_sweep', 'cancel',
         'cancel_by_key', 'cancel_locked', 'check_clock', 'checkpoint_put', 'claim',
         'complete_and_claim', 'complete_many', 'debounce_window', 'delete_job', 'end_attempt',
-        'enqueue', 'enqueue_one', 'event', 'finish_attempt', 'fp_diff', 'fp_pack', 'fp_unpack',
+        'default_retry', 'enqueue', 'enqueue_one', 'event', 'finish_attempt', 'fp_common',
+        'fp_diff', 'fp_pack', 'fp_unpack',
         'heartbeat', 'heartbeat_many', 'job_events', 'job_runs', 'keep_until', 'key_decision',
         'lease_job', 'lease_reap', 'ms', 'now', 'promote', 'purge', 'queue_counts', 'reap', 'redrive',
         'resolve_run_at',
@@ -82,6 +83,15 @@ BEGIN
 END
 $$;
 
+-- The retry policy a job row stores as NULL (schema version 10): the
+-- default one (RetryPolicy::default in the library; a test compares the
+-- two). A row written earlier stores it in full; both read the same.
+CREATE FUNCTION idemq.default_retry() RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '{"kind": "exponential", "initial_ms": 1000, "factor": 2.0, "max_ms": 3600000,
+             "jitter": true}'::jsonb
+$$;
+
 -- When a job in a terminal state may be deleted.
 CREATE FUNCTION idemq.keep_until(p_keep_ms bigint, p_state text, p_now timestamptz)
 RETURNS timestamptz LANGUAGE sql STABLE AS $$
@@ -89,47 +99,80 @@ RETURNS timestamptz LANGUAGE sql STABLE AS $$
         CASE WHEN p_state = 'dead' THEN 14 * 86400000 ELSE 86400000 END))
 $$;
 
--- A job's fingerprint is stored packed: the 16-byte digests of its
--- thirteen fields in the order of their names (208 bytes, where the JSON
--- object of hex digests took about 630, rewritten with every update of the
--- row). Requests and idempotency bindings keep the JSON form; a missing
--- field packs as zeros, which no digest equals. Written as one expression
--- each, so the planner inlines them.
-CREATE FUNCTION idemq.fp_pack(p_fp jsonb) RETURNS bytea
+-- A job's fingerprint is stored packed. Requests and idempotency bindings
+-- keep the JSON form (field name -> 32-digit hex digest). A job row holds
+-- one of two forms, told apart by length:
+--   - fixed (before schema version 10): the 16-byte digests of the thirteen
+--     fields in the order of their names, zeros for a missing field, 208
+--     bytes;
+--   - compact (version 10): the byte 1, then two bits per field in a
+--     big-endian 32-bit word (field i, from 0 in the order of the names, in
+--     bits 2i and 2i+1): 0 missing, 1 the digest of `null`, 2 the digest of
+--     the field's usual value (idemq.fp_common), 3 a digest that follows;
+--     then the digests that follow, in the order of the fields. Its length
+--     is 5 plus a multiple of 16, never a multiple of 16. A job that sets
+--     only its type and payload takes 37 bytes.
+-- The library writes the compact form (Fingerprint::compact) and fp_pack
+-- below writes the same bytes; fp_unpack reads both.
+
+-- Each fingerprint field by its place (from 0, in the order of the names),
+-- with the digest of `null` and the digest of its usual value (the default
+-- queue, attempt budget, retry policy and timeout, no tags) or NULL. The
+-- library holds the same digests (fingerprint.rs, Common); a test compares
+-- the two.
+CREATE FUNCTION idemq.fp_common()
+RETURNS TABLE (at integer, name text, null_digest text, usual text)
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT decode(
-        coalesce(p_fp ->> 'concurrency_key', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'deadline', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'delay_ms', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'idempotency.ttl_ms', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'job_id', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'max_attempts', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'payload', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'queue', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'retry', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'run_at', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'tags', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'timeout_ms', '00000000000000000000000000000000')
-        || coalesce(p_fp ->> 'type', '00000000000000000000000000000000'), 'hex')
+    VALUES (0, 'concurrency_key', '6ad993538865560589613cd63a6ea90f', NULL),
+           (1, 'deadline', '5d557b1ca5415e649f0a129bf5230ce2', NULL),
+           (2, 'delay_ms', 'bd27747bc9f8be4e92f1c3a594e4e633', NULL),
+           (3, 'idempotency.ttl_ms', '7de27f1b7511a1287abf5b6fc927ed9d', NULL),
+           (4, 'job_id', '07b82cd0889f4887df0eb046f91eaa8a', NULL),
+           (5, 'max_attempts', '285a1f8171a1521087c00abaaa5d42d5',
+               'c925066ab28cafb7f70c9ecba97db174'),
+           (6, 'payload', 'ed136c365b3976f0f085827c9dca0e8f', NULL),
+           (7, 'queue', 'b54cc77bd665e2d0b32046c81b31c4a2', 'f36faa32ba1a3039fd120cd16dc991e4'),
+           (8, 'retry', '76e1e5a2c6af622684a9c910cd2456f9', '4d4220e2dc66a9341de032364db4fb04'),
+           (9, 'run_at', '19b3a6c8b44d66c4eda01912f7c0e980', NULL),
+           (10, 'tags', 'a7797e02e309a3fc1ab0ba8e0ecbccb2', '3ec74168856423b9e8a828cfc32f0105'),
+           (11, 'timeout_ms', '060d9d6de7a58a84fa6798265582035c',
+                '977a4f506b2f576d503668f0f1a81942'),
+           (12, 'type', '830078c9fefbdf29924734a5a06b7e7a', NULL)
 $$;
 
--- The JSON form of a packed fingerprint.
+-- The compact form of a fingerprint in JSON form.
+CREATE FUNCTION idemq.fp_pack(p_fp jsonb) RETURNS bytea
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT '\x01'::bytea || int4send(sum(f.code << (2 * f.at))::integer)
+           || decode(coalesce(string_agg(f.digest, '' ORDER BY f.at) FILTER (WHERE f.code = 3),
+                              ''), 'hex')
+    FROM (SELECT c.at, p_fp ->> c.name AS digest,
+                 CASE WHEN p_fp ->> c.name IS NULL THEN 0
+                      WHEN p_fp ->> c.name = c.null_digest THEN 1
+                      WHEN p_fp ->> c.name = c.usual THEN 2
+                      ELSE 3 END AS code
+          FROM idemq.fp_common() c) f
+$$;
+
+-- The JSON form of a stored fingerprint of either form: every field, a
+-- missing one as 32 zeros (as the fixed form stores it).
 CREATE FUNCTION idemq.fp_unpack(p bytea) RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT jsonb_build_object(
-        'concurrency_key', encode(substring(p FROM 1 FOR 16), 'hex'),
-        'deadline', encode(substring(p FROM 17 FOR 16), 'hex'),
-        'delay_ms', encode(substring(p FROM 33 FOR 16), 'hex'),
-        'idempotency.ttl_ms', encode(substring(p FROM 49 FOR 16), 'hex'),
-        'job_id', encode(substring(p FROM 65 FOR 16), 'hex'),
-        'max_attempts', encode(substring(p FROM 81 FOR 16), 'hex'),
-        'payload', encode(substring(p FROM 97 FOR 16), 'hex'),
-        'queue', encode(substring(p FROM 113 FOR 16), 'hex'),
-        'retry', encode(substring(p FROM 129 FOR 16), 'hex'),
-        'run_at', encode(substring(p FROM 145 FOR 16), 'hex'),
-        'tags', encode(substring(p FROM 161 FOR 16), 'hex'),
-        'timeout_ms', encode(substring(p FROM 177 FOR 16), 'hex'),
-        'type', encode(substring(p FROM 193 FOR 16), 'hex'))
+    SELECT jsonb_object_agg(f.name, CASE
+        WHEN NOT f.compact THEN encode(substring(p FROM 16 * f.at + 1 FOR 16), 'hex')
+        WHEN f.code = 0 THEN '00000000000000000000000000000000'
+        WHEN f.code = 1 THEN f.null_digest
+        WHEN f.code = 2 THEN f.usual
+        ELSE encode(substring(p FROM 6 + 16 * (f.following - 1) FOR 16), 'hex') END)
+    FROM (SELECT c.*, w.compact, (w.bits >> (2 * c.at)) & 3 AS code,
+                 count(*) FILTER (WHERE (w.bits >> (2 * c.at)) & 3 = 3)
+                     OVER (ORDER BY c.at)::integer AS following
+          FROM idemq.fp_common() c
+          CROSS JOIN (SELECT length(p) % 16 = 5 AND get_byte(p, 0) = 1 AS compact,
+                             CASE WHEN length(p) % 16 = 5
+                                  THEN (get_byte(p, 1)::bigint << 24) | (get_byte(p, 2) << 16)
+                                       | (get_byte(p, 3) << 8) | get_byte(p, 4)
+                                  ELSE 0 END AS bits) w) f
 $$;
 
 -- The sorted names of the fingerprint fields that differ. Against a job
@@ -309,7 +352,8 @@ BEGIN
                         UPDATE idemq.jobs j SET
                             payload = it -> 'payload', priority = (it ->> 'priority')::smallint,
                             run_at = v_run_at, max_attempts = (it ->> 'max_attempts')::int,
-                            retry = it -> 'retry', timeout_ms = (it ->> 'timeout_ms')::bigint,
+                            retry = nullif(it -> 'retry', idemq.default_retry()),
+                            timeout_ms = (it ->> 'timeout_ms')::bigint,
                             deadline = idemq.us((it ->> 'deadline')::bigint),
                             concurrency_key = it ->> 'concurrency_key',
                             tags = ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')),
@@ -378,7 +422,8 @@ BEGIN
         idem_key_hash, idem_key_preview, dedupe_key, dedupe_mode, created_at, updated_at,
         first_run_at)
     VALUES (v_id, v_type, it ->> 'queue', 'waiting', it -> 'payload',
-        (it ->> 'priority')::smallint, v_run_at, (it ->> 'max_attempts')::int, it -> 'retry',
+        (it ->> 'priority')::smallint, v_run_at, (it ->> 'max_attempts')::int,
+        nullif(it -> 'retry', idemq.default_retry()),
         (it ->> 'timeout_ms')::bigint, idemq.us((it ->> 'deadline')::bigint),
         it ->> 'concurrency_key',
         CASE WHEN jsonb_array_length(it -> 'tags') = 0 THEN '{}'::text[]
@@ -481,8 +526,10 @@ DECLARE
     v_dead    text;
     v_delay   bigint;
     v_base    double precision;
+    v_retry   jsonb;
 BEGIN
     SELECT * INTO j FROM idemq.jobs WHERE id = p_id;
+    v_retry := coalesce(j.retry, idemq.default_retry());
     v_used := j.attempts_used + CASE WHEN p_kind IN ('released', 'snoozed') THEN 0 ELSE 1 END;
     v_outcome := CASE p_kind WHEN 'timed_out' THEN 'failed' WHEN 'deadline' THEN 'failed'
                              ELSE p_kind END;
@@ -537,17 +584,17 @@ BEGIN
         IF j.deadline IS NOT NULL AND p_now >= j.deadline THEN
             v_next := 'dead'; v_dead := 'deadline';
         END IF;
-    ELSIF j.retry ->> 'kind' = 'none' THEN
+    ELSIF v_retry ->> 'kind' = 'none' THEN
         v_next := 'dead'; v_dead := 'no_retry';
     ELSE
-        IF j.retry ->> 'kind' = 'fixed' THEN
-            v_delay := (j.retry ->> 'delay_ms')::bigint;
+        IF v_retry ->> 'kind' = 'fixed' THEN
+            v_delay := (v_retry ->> 'delay_ms')::bigint;
         ELSE
-            v_base := least((j.retry ->> 'initial_ms')::double precision
-                            * power((j.retry ->> 'factor')::double precision,
+            v_base := least((v_retry ->> 'initial_ms')::double precision
+                            * power((v_retry ->> 'factor')::double precision,
                                     least(greatest(v_used, 1) - 1, 1024)),
-                            (j.retry ->> 'max_ms')::double precision);
-            IF (j.retry ->> 'jitter')::boolean THEN
+                            (v_retry ->> 'max_ms')::double precision);
+            IF (v_retry ->> 'jitter')::boolean THEN
                 v_base := v_base * random();
             END IF;
             v_delay := round(v_base)::bigint;

@@ -356,8 +356,9 @@ items AS (
     };
 }
 
-/// The retry policies of a batch: the batch's distinct policies (`$16`,
-/// each parsed once: parsing one per job cost a tenth of the insert).
+/// The retry policies of a batch: the batch's distinct policies other than
+/// the default (`$16`, each parsed once: parsing one per job cost a tenth
+/// of the insert).
 macro_rules! batch_retries {
     () => {
         "
@@ -369,7 +370,8 @@ retries AS MATERIALIZED (
 }
 
 /// A batch's items from typed arrays, one element per request; each item's
-/// retry policy by its 1-based place among the batch's (`$9`).
+/// retry policy by its 1-based place among the batch's (`$9`; NULL, which
+/// selects NULL, for the default policy).
 macro_rules! batch_source {
     () => {
         "(SELECT u.id, u.type, u.queue, u.payload, u.priority, u.run_at, u.delay_ms,
@@ -439,13 +441,28 @@ impl<'a> PlainItem<'a> {
     }
 }
 
-/// The distinct retry policies of a batch, each serialized once, and each
-/// item's 1-based place among them.
-fn distinct_retries(items: &[PlainItem]) -> Result<(Vec<String>, Vec<i32>)> {
+/// The retry policy a job row stores: NULL for the default one (schema
+/// version 10, 0010_slim_row.sql), the policy's JSON otherwise.
+fn stored_retry(retry: &RetryPolicy) -> Result<Option<String>> {
+    if *retry == RetryPolicy::default() {
+        Ok(None)
+    } else {
+        to_json(retry).map(Some)
+    }
+}
+
+/// The distinct retry policies of a batch other than the default one,
+/// each serialized once, and each item's 1-based place among them (NULL,
+/// which stores NULL, for the default policy).
+fn distinct_retries(items: &[PlainItem]) -> Result<(Vec<String>, Vec<Option<i32>>)> {
     let mut seen: Vec<&RetryPolicy> = Vec::new();
     let mut texts = Vec::new();
     let mut places = Vec::with_capacity(items.len());
     for item in items {
+        if item.p.retry == RetryPolicy::default() {
+            places.push(None);
+            continue;
+        }
         let at = match seen.iter().position(|r| **r == item.p.retry) {
             Some(at) => at,
             None => {
@@ -454,9 +471,9 @@ fn distinct_retries(items: &[PlainItem]) -> Result<(Vec<String>, Vec<i32>)> {
                 seen.len() - 1
             }
         };
-        places.push(i32::try_from(at + 1).map_err(|_| Error::Backend {
+        places.push(Some(i32::try_from(at + 1).map_err(|_| Error::Backend {
             message: "too many retry policies in one batch".into(),
-        })?);
+        })?));
     }
     Ok((texts, places))
 }
@@ -485,13 +502,13 @@ async fn enqueue_plain(
         .bind(one.p.run_at)
         .bind(one.p.delay_ms)
         .bind(one.p.max_attempts)
-        .bind(to_json(&one.p.retry)?)
+        .bind(stored_retry(&one.p.retry)?)
         .bind(one.p.timeout_ms)
         .bind(one.p.deadline)
         .bind(one.p.concurrency_key.as_deref())
         .bind(one.tags.as_deref())
         .bind(one.p.keep_ms)
-        .bind(one.p.fingerprint.packed()),
+        .bind(one.p.fingerprint.compact()),
         many => sqlx::query(if checked {
             PLAIN_BATCH
         } else {
@@ -525,7 +542,7 @@ async fn enqueue_plain(
         .bind(many.iter().map(|i| i.p.keep_ms).collect::<Vec<_>>())
         .bind(
             many.iter()
-                .map(|i| i.p.fingerprint.packed())
+                .map(|i| i.p.fingerprint.compact())
                 .collect::<Vec<_>>(),
         )
         .bind(&retries),

@@ -60,6 +60,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "id_key",
         include_str!("../../../migrations/postgres/0009_id_key.sql"),
     ),
+    (
+        10,
+        "slim_row",
+        include_str!("../../../migrations/postgres/0010_slim_row.sql"),
+    ),
 ];
 
 /// Every function of the schema, as this binary defines them.

@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::fingerprint::key_digest;
 use crate::job::{Event, Job, JobDedupe, JobIdempotency, JobState, QueueInfo, Run, Undecodable};
 use crate::request::DedupeMode;
+use crate::request::RetryPolicy;
 use crate::store::{BindingInfo, BindingRef, DedupeRef, ExplainDedupe, JobListing, JobPage};
 
 /// A job with its derived state and key details, as of `idemq.now()`.
@@ -95,13 +96,16 @@ fn job_from(r: &PgRow) -> Result<Job> {
         }
         None => None,
     };
-    let retry: Value = get(r, "retry")?;
-    let retry = serde_json::from_value(retry.clone()).map_err(|e| {
-        bad(
-            "retry",
-            Undecodable::unreadable("retry policy", &retry.to_string(), e),
-        )
-    })?;
+    // NULL is the default policy (schema version 10, 0010_slim_row.sql).
+    let retry = match get::<Option<Value>>(r, "retry")? {
+        None => RetryPolicy::default(),
+        Some(retry) => serde_json::from_value(retry.clone()).map_err(|e| {
+            bad(
+                "retry",
+                Undecodable::unreadable("retry policy", &retry.to_string(), e),
+            )
+        })?,
+    };
     Ok(Job {
         job_type: get(r, "type")?,
         queue: get(r, "queue")?,

@@ -1,0 +1,23 @@
+-- idemq schema for PostgreSQL, version 10: a slimmer job row.
+--
+-- Every claim and every completion writes the whole row again (neither
+-- update is HOT: `state` is in the partial indexes' predicates), and each
+-- enqueue writes it once, so its width is paid three times per job in the
+-- heap and in the WAL. Two columns took about half of it for most jobs:
+--
+-- - `retry`, the job's retry policy as JSON (113 bytes for the default
+--   one). NULL now stands for the default policy (idemq.default_retry() in
+--   functions.sql); every other policy is stored in full, as before.
+-- - `fingerprint`, 208 bytes in the fixed form. New rows take the compact
+--   form (functions.sql, above idemq.fp_common): two bits per field say
+--   whether its digest is that of `null`, of the field's usual value, or
+--   follows; 37 bytes for a job that sets only its type and payload. The
+--   column type does not change.
+--
+-- A row written before this version keeps its policy and its fixed-form
+-- fingerprint; both read as before (idemq.fp_unpack tells the forms apart
+-- by length). Nothing is rewritten: dropping NOT NULL only changes the
+-- catalog. Measured before this migration, inserting 60,000 job rows of a
+-- drain with the two columns slimmed took 325-372 ms against 357-396 ms
+-- (eight alternating runs, rows of 281 against 553 bytes).
+ALTER TABLE idemq.jobs ALTER COLUMN retry DROP NOT NULL;
