@@ -930,7 +930,7 @@ CREATE SEQUENCE idemq.history
 
 CREATE TABLE idemq.jobs (
     seq bigint DEFAULT nextval('idemq.history'::regclass) NOT NULL,
-    id text NOT NULL,
+    id text NOT NULL COLLATE pg_catalog."C",
     type text NOT NULL,
     queue text NOT NULL,
     state text NOT NULL,
@@ -1298,7 +1298,7 @@ END
 $$;
 
 CREATE TABLE idemq.checkpoints (
-    job_id text NOT NULL,
+    job_id text NOT NULL COLLATE pg_catalog."C",
     name text NOT NULL,
     value jsonb NOT NULL,
     created_at timestamp with time zone NOT NULL
@@ -1307,7 +1307,7 @@ CREATE TABLE idemq.checkpoints (
 CREATE TABLE idemq.dedupe (
     type text NOT NULL,
     key text NOT NULL,
-    job_id text NOT NULL,
+    job_id text NOT NULL COLLATE pg_catalog."C",
     mode text NOT NULL,
     ttl_ms bigint,
     max_wait_ms bigint,
@@ -1317,7 +1317,7 @@ CREATE TABLE idemq.dedupe (
 
 CREATE TABLE idemq.events (
     seq bigint DEFAULT nextval('idemq.history'::regclass) NOT NULL,
-    job_id text NOT NULL,
+    job_id text NOT NULL COLLATE pg_catalog."C",
     kind text NOT NULL,
     at timestamp with time zone NOT NULL,
     data jsonb DEFAULT '{}'::jsonb NOT NULL
@@ -1327,7 +1327,7 @@ CREATE TABLE idemq.idempotency (
     scope text NOT NULL,
     key_hash bytea NOT NULL,
     key_preview text NOT NULL,
-    job_id text NOT NULL,
+    job_id text NOT NULL COLLATE pg_catalog."C",
     fingerprint jsonb NOT NULL,
     created_at timestamp with time zone NOT NULL,
     expires_at timestamp with time zone NOT NULL
@@ -1348,7 +1348,7 @@ CREATE TABLE idemq.queues (
 );
 
 CREATE TABLE idemq.runs (
-    job_id text NOT NULL,
+    job_id text NOT NULL COLLATE pg_catalog."C",
     attempt integer NOT NULL,
     worker text NOT NULL,
     started_at timestamp with time zone NOT NULL,

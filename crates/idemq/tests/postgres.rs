@@ -863,3 +863,41 @@ async fn the_slim_row_forms_agree_with_the_library() {
         assert_eq!(job.retry, expected, "job {id}");
     }
 }
+
+/// Every column that holds a job's id compares byte by byte (schema
+/// version 11): an index serves a comparison only under its own collation,
+/// so a job-id column of another collation would lose its index in the
+/// joins with the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_job_id_column_compares_bytewise() {
+    let h = Harness::postgres().await;
+    let pool = h.caller_pool().await;
+    let columns: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT c.relname::text, a.attname::text, coalesce(co.collname::text, '')
+         FROM pg_attribute a
+         JOIN pg_class c ON c.oid = a.attrelid AND c.relkind = 'r'
+         JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname = 'idemq'
+         LEFT JOIN pg_collation co ON co.oid = a.attcollation
+         WHERE (a.attname = 'job_id' OR (c.relname = 'jobs' AND a.attname = 'id'))
+           AND a.attnum > 0 AND NOT a.attisdropped
+         ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let tables: Vec<&str> = columns.iter().map(|c| c.0.as_str()).collect();
+    assert_eq!(
+        tables,
+        [
+            "checkpoints",
+            "dedupe",
+            "events",
+            "idempotency",
+            "jobs",
+            "runs"
+        ]
+    );
+    for (table, column, collation) in &columns {
+        assert_eq!(collation, "C", "idemq.{table}.{column}");
+    }
+}

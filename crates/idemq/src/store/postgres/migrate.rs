@@ -65,6 +65,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "slim_row",
         include_str!("../../../migrations/postgres/0010_slim_row.sql"),
     ),
+    (
+        11,
+        "id_collation",
+        include_str!("../../../migrations/postgres/0011_id_collation.sql"),
+    ),
 ];
 
 /// Every function of the schema, as this binary defines them.
