@@ -774,7 +774,9 @@ BEGIN
             worker = p_worker, started_at = v_now, updated_at = v_now,
             claim_seq = nextval('idemq.history')
         WHERE j.id = ANY (v_ids)
-        RETURNING j.*
+        RETURNING j.id, j.type, j.queue, j.payload, j.attempt, j.max_attempts, j.lease_token,
+                  j.lease_expires_at, j.timeout_ms, j.deadline, j.tags, j.priority, j.run_at,
+                  j.seq
     )
     SELECT c4.id, c4.type, c4.queue, c4.payload, c4.attempt, c4.max_attempts, c4.lease_token,
            c4.lease_expires_at, c4.timeout_ms, c4.deadline, c4.tags
