@@ -149,7 +149,14 @@ pub(super) async fn run(
     tokio::pin!(shutdown);
     // Store calls in flight, and the slots each one's claim asked for.
     let mut calls: JoinSet<Call> = JoinSet::new();
-    let mut asked_by: HashMap<tokio::task::Id, usize> = HashMap::new();
+    // Each call in flight: the slots its claim asked for, and the wake-ups
+    // counted when it went out.
+    let mut asked_by: HashMap<tokio::task::Id, (usize, u64)> = HashMap::new();
+    // Wake-ups received so far. One that arrives while a claim is in
+    // flight may announce work that claim could not see (it began before
+    // the enqueue committed): a short answer from such a call is no reason
+    // to go idle.
+    let mut wakes: u64 = 0;
     let in_flight = w.queue.store().claims_in_flight().max(1);
     // Calls that ended while the loop waited, not yet taken in.
     let mut arrived: Vec<std::result::Result<(tokio::task::Id, Call), tokio::task::JoinError>> =
@@ -176,8 +183,8 @@ pub(super) async fn run(
         }
         let mut full = false;
         for done in arrived.drain(..) {
-            let (call, asked) = match done {
-                Ok((id, call)) => (call, asked_by.remove(&id).unwrap_or(0)),
+            let (call, (asked, wakes_then)) = match done {
+                Ok((id, call)) => (call, asked_by.remove(&id).unwrap_or((0, wakes))),
                 // The call's task panicked: its claim's slots are free again;
                 // the completions it carried are not recorded (those jobs
                 // run again once their leases expire).
@@ -205,8 +212,15 @@ pub(super) async fn run(
                         backlog = took_all;
                         // Short of what it asked: claim again only when
                         // something changes (a slot frees, a wake-up, the
-                        // poll interval, the window).
-                        idle |= !took_all;
+                        // poll interval, the window), or at once if a
+                        // wake-up came while it was out.
+                        if !took_all && wakes != wakes_then {
+                            tracing::debug!(
+                                worker = %w.name,
+                                "a wake-up came while a short claim was out; claiming again"
+                            );
+                        }
+                        idle |= !took_all && wakes == wakes_then;
                     }
                     for job in jobs {
                         if let Some(queued) = admit(&w, &slots, job) {
@@ -252,7 +266,7 @@ pub(super) async fn run(
         let free = capacity
             .saturating_sub(tasks.len())
             .saturating_sub(local.len())
-            .saturating_sub(asked_by.values().sum());
+            .saturating_sub(asked_by.values().map(|(asked, _)| asked).sum());
         // With a backlog, claim in batches: a claim costs about as much for
         // one job as for a dozen, so claiming each freed slot on its own
         // would spend the database on claims. Where the store runs calls
@@ -294,7 +308,7 @@ pub(super) async fn run(
                 let outcome = queue.complete_and_claim(completions, options).await;
                 Call { done, outcome }
             });
-            asked_by.insert(call.id(), asked);
+            asked_by.insert(call.id(), (asked, wakes));
             // Another call may go out at once.
             continue;
         }
@@ -310,7 +324,11 @@ pub(super) async fn run(
                 count(&mut report, &mut local, done);
             }
             Some(done) = calls.join_next_with_id(), if !calls.is_empty() => arrived.push(done),
-            _ = wait(&mut wakeups, w.poll_interval), if !stopping => {}
+            woken = wait(&mut wakeups, w.poll_interval), if !stopping => {
+                if woken {
+                    wakes += 1;
+                }
+            }
             () = async {
                 match free_since {
                     Some(t) => tokio::time::sleep_until(t + CLAIM_WINDOW).await,
@@ -543,12 +561,14 @@ async fn flush(w: &Worker, pending: &Pending, report: &mut WorkerReport) {
     }
 }
 
-async fn wait(wakeups: &mut Option<Wakeups>, poll: Duration) {
+/// Waits for a wake-up or the poll interval; true when woken.
+async fn wait(wakeups: &mut Option<Wakeups>, poll: Duration) -> bool {
     match wakeups {
-        Some(w) => {
-            w.wait(poll).await;
+        Some(w) => w.wait(poll).await,
+        None => {
+            tokio::time::sleep(poll).await;
+            false
         }
-        None => tokio::time::sleep(poll).await,
     }
 }
 

@@ -30,6 +30,7 @@ idemq_testkit::instantiate!(
     concurrency_limit_is_respected,
     lost_lease_stops_the_handler_and_drops_its_result,
     wakeups_start_new_work_without_waiting_for_the_poll,
+    a_wake_up_while_a_claim_is_out_is_not_lost,
     snooze_from_a_handler_keeps_the_attempt,
     worker_without_handlers_is_refused,
     drain_500_jobs_each_completed_once,
@@ -548,6 +549,115 @@ async fn wakeups_start_new_work_without_waiting_for_the_poll(h: Harness) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let _ = tx.send(());
+    handle.await.unwrap().unwrap();
+}
+
+/// The worker runtime's debug events, captured for the whole test process
+/// (the first case that asks installs the subscriber).
+fn worker_events() -> Arc<std::sync::Mutex<Vec<u8>>> {
+    static EVENTS: std::sync::OnceLock<Arc<std::sync::Mutex<Vec<u8>>>> = std::sync::OnceLock::new();
+    EVENTS
+        .get_or_init(|| {
+            let buf = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let b = buf.clone();
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter("idemq::worker::run=debug")
+                .with_ansi(false)
+                .with_writer(move || Captured(b.clone()))
+                .try_init();
+            buf
+        })
+        .clone()
+}
+
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A claim that went out before a job committed answers short; the job's
+/// wake-up, arriving while that claim is out, must send another claim at
+/// once. Before, the worker took the wake-up in while the claim was out,
+/// then went idle on the short answer and waited for its poll interval
+/// (120 s here). Each round pauses the queue, enqueues (each enqueue wakes
+/// the worker into a claim that finds the queue paused) and resumes: the
+/// resume's wake-up races those claims. Every round must run within 20 s,
+/// and the worker must report that the race happened in some round. (On
+/// the previous code this failed within 20 rounds on PostgreSQL and in the
+/// first on Redis.)
+async fn a_wake_up_while_a_claim_is_out_is_not_lost(h: Harness) {
+    const ROUNDS: usize = 40;
+    let events = worker_events();
+    let name = format!("rewake-{}", uuid::Uuid::new_v4().simple());
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let w = Worker::new(h.queue.clone())
+        .name(name.clone())
+        .concurrency(8)
+        .poll_interval(Duration::from_secs(120))
+        .maintenance(false)
+        .handle("t", move |_c: HandlerContext, _p: Value| {
+            r.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, JobError>(()) }
+        });
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(w.run(async move {
+        let _ = rx.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let raced = || {
+        let text = events.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&text)
+            .lines()
+            .filter(|l| l.contains(&name) && l.contains("while a short claim was out"))
+            .count()
+    };
+    let mut expected = 0;
+    let mut round = 0;
+    // At least ROUNDS rounds, and more (up to ten times as many) until the
+    // race has happened.
+    while round < ROUNDS || (raced() == 0 && round < 10 * ROUNDS) {
+        round += 1;
+        h.queue.pause("default").await.unwrap();
+        for _ in 0..3 {
+            let reqs = (0..5).map(|_| EnqueueRequest::new("t")).collect();
+            for r in h
+                .queue
+                .enqueue_many(reqs, idemq::BatchOptions::default())
+                .await
+                .unwrap()
+            {
+                r.unwrap();
+            }
+        }
+        expected += 15;
+        h.queue.resume("default").await.unwrap();
+        let start = tokio::time::Instant::now();
+        while ran.load(Ordering::SeqCst) < expected {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "round {round}: {} of {expected} jobs ran in 20 s; a wake-up was lost \
+                 (the poll interval is 120 s)",
+                ran.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    assert!(
+        raced() > 0,
+        "no wake-up came while a claim was out in {round} rounds: the race did not happen"
+    );
     let _ = tx.send(());
     handle.await.unwrap().unwrap();
 }
