@@ -149,14 +149,15 @@ pub(super) async fn run(
     tokio::pin!(shutdown);
     // Store calls in flight, and the slots each one's claim asked for.
     let mut calls: JoinSet<Call> = JoinSet::new();
-    // Each call in flight: the slots its claim asked for, and the wake-ups
-    // counted when it went out.
-    let mut asked_by: HashMap<tokio::task::Id, (usize, u64)> = HashMap::new();
-    // Wake-ups received so far. One that arrives while a claim is in
-    // flight may announce work that claim could not see (it began before
-    // the enqueue committed): a short answer from such a call is no reason
-    // to go idle.
-    let mut wakes: u64 = 0;
+    // Each call in flight: the slots its claim asked for, and `wakes` and
+    // `ended` as it went out.
+    let mut asked_by: HashMap<tokio::task::Id, (usize, u64, u64)> = HashMap::new();
+    // Wake-ups received and handlers ended so far. Either, while a claim is
+    // out, is news that claim could not take into account: a wake-up may
+    // announce a job that committed after the claim began, and an ended
+    // handler leaves a completion to record and a slot to fill. A short
+    // answer is a reason to go idle only if nothing happened meanwhile.
+    let (mut wakes, mut ended): (u64, u64) = (0, 0);
     let in_flight = w.queue.store().claims_in_flight().max(1);
     // Calls that ended while the loop waited, not yet taken in.
     let mut arrived: Vec<std::result::Result<(tokio::task::Id, Call), tokio::task::JoinError>> =
@@ -176,6 +177,7 @@ pub(super) async fn run(
     let mut idle = false;
     loop {
         while let Some(done) = tasks.try_join_next() {
+            ended += 1;
             count(&mut report, &mut local, done);
         }
         while let Some(done) = calls.try_join_next_with_id() {
@@ -183,8 +185,8 @@ pub(super) async fn run(
         }
         let mut full = false;
         for done in arrived.drain(..) {
-            let (call, (asked, wakes_then)) = match done {
-                Ok((id, call)) => (call, asked_by.remove(&id).unwrap_or((0, wakes))),
+            let (call, (asked, wakes_then, ended_then)) = match done {
+                Ok((id, call)) => (call, asked_by.remove(&id).unwrap_or((0, wakes, ended))),
                 // The call's task panicked: its claim's slots are free again;
                 // the completions it carried are not recorded (those jobs
                 // run again once their leases expire).
@@ -212,15 +214,16 @@ pub(super) async fn run(
                         backlog = took_all;
                         // Short of what it asked: claim again only when
                         // something changes (a slot frees, a wake-up, the
-                        // poll interval, the window), or at once if a
-                        // wake-up came while it was out.
-                        if !took_all && wakes != wakes_then {
+                        // poll interval, the window), or at once if
+                        // something did while it was out.
+                        let news = (wakes != wakes_then, ended != ended_then);
+                        if !took_all && news.0 {
                             tracing::debug!(
                                 worker = %w.name,
                                 "a wake-up came while a short claim was out; claiming again"
                             );
                         }
-                        idle |= !took_all && wakes == wakes_then;
+                        idle |= !took_all && news == (false, false);
                     }
                     for job in jobs {
                         if let Some(queued) = admit(&w, &slots, job) {
@@ -266,7 +269,7 @@ pub(super) async fn run(
         let free = capacity
             .saturating_sub(tasks.len())
             .saturating_sub(local.len())
-            .saturating_sub(asked_by.values().map(|(asked, _)| asked).sum());
+            .saturating_sub(asked_by.values().map(|(asked, _, _)| asked).sum());
         // With a backlog, claim in batches: a claim costs about as much for
         // one job as for a dozen, so claiming each freed slot on its own
         // would spend the database on claims. Where the store runs calls
@@ -308,7 +311,7 @@ pub(super) async fn run(
                 let outcome = queue.complete_and_claim(completions, options).await;
                 Call { done, outcome }
             });
-            asked_by.insert(call.id(), (asked, wakes));
+            asked_by.insert(call.id(), (asked, wakes, ended));
             // Another call may go out at once.
             continue;
         }
@@ -321,6 +324,7 @@ pub(super) async fn run(
             () = &mut shutdown, if !stopping => stopping = true,
             () = retry.wait(), if !retry.ready() => {}
             Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                ended += 1;
                 count(&mut report, &mut local, done);
             }
             Some(done) = calls.join_next_with_id(), if !calls.is_empty() => arrived.push(done),

@@ -620,7 +620,9 @@ async fn a_wake_up_while_a_claim_is_out_is_not_lost(h: Harness) {
         let text = events.lock().unwrap_or_else(|e| e.into_inner());
         String::from_utf8_lossy(&text)
             .lines()
-            .filter(|l| l.contains(&name) && l.contains("while a short claim was out"))
+            .filter(|l| {
+                l.contains(&name) && l.contains("a wake-up came while a short claim was out")
+            })
             .count()
     };
     let mut expected = 0;
