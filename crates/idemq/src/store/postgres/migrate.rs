@@ -70,6 +70,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "id_collation",
         include_str!("../../../migrations/postgres/0011_id_collation.sql"),
     ),
+    (
+        12,
+        "active_by_lease",
+        include_str!("../../../migrations/postgres/0012_active_by_lease.sql"),
+    ),
 ];
 
 /// Every function of the schema, as this binary defines them.

@@ -172,9 +172,10 @@ pub(super) async fn job_list(pool: Db<'_>, p: &JobListing) -> Result<JobPage> {
     } else {
         // Every state ($1 and $2 are NULL). No index holds every job's
         // `seq` (0009_id_key.sql), but each stored state's jobs come in
-        // `seq` order from one (completed: jobs_done_seq; the others:
-        // jobs_state_seq), so the newest of each state merge under the
-        // limit. The last branch finds a row of no known state (changed
+        // `seq` order from one (completed: jobs_done_seq; waiting, dead and
+        // cancelled: jobs_state_seq) or are few (active: jobs_lease holds
+        // them, sorted here; 0012_active_by_lease.sql), so the newest of
+        // each state merge under the limit. The last branch finds a row of no known state (changed
         // behind idemq's back, from the always-empty jobs_odd_state), whose
         // reading then fails, naming it.
         format!(
