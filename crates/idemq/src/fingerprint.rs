@@ -389,20 +389,19 @@ impl Fingerprint {
     /// rows before schema version 10 ([`Fingerprint::compact`]).
     pub fn packed(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(FIELDS.len() * 16);
-        match &self.repr {
-            Repr::Digests(d) => {
-                for digest in d {
-                    out.extend_from_slice(&digest.unwrap_or_default());
-                }
-            }
-            Repr::Map(m) => {
-                for name in FIELDS {
-                    let digest = m.get(name).and_then(|h| unhex16(h));
-                    out.extend_from_slice(&digest.unwrap_or_default());
-                }
-            }
+        for digest in self.by_place() {
+            out.extend_from_slice(&digest.unwrap_or_default());
         }
         out
+    }
+
+    /// The digest of each of [`FIELDS`] by its place, `None` where a field
+    /// is missing or is not a digest (a map's other values).
+    fn by_place(&self) -> [Option<[u8; 16]>; FIELDS.len()] {
+        match &self.repr {
+            Repr::Digests(d) => *d,
+            Repr::Map(m) => FIELDS.map(|name| m.get(name).and_then(|h| unhex16(h))),
+        }
     }
 
     /// The compact form a PostgreSQL job row stores (schema version 10):
@@ -416,15 +415,11 @@ impl Fingerprint {
     /// the compact form is 5 plus a multiple of 16, never a multiple of 16,
     /// so a reader tells the two forms apart (`idemq.fp_unpack`).
     pub fn compact(&self) -> Vec<u8> {
-        let digests: [Option<[u8; 16]>; FIELDS.len()] = match &self.repr {
-            Repr::Digests(d) => *d,
-            Repr::Map(m) => FIELDS.map(|name| m.get(name).and_then(|h| unhex16(h))),
-        };
         let mut bits: u32 = 0;
         let mut out = Vec::with_capacity(5 + 3 * 16);
         out.push(COMPACT_TAG);
         out.extend_from_slice(&[0; 4]);
-        for (at, digest) in digests.iter().enumerate() {
+        for (at, digest) in self.by_place().iter().enumerate() {
             let code = match digest {
                 None => 0,
                 Some(d) if *d == COMMON.nulls[at] => 1,
