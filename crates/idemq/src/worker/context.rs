@@ -2,14 +2,14 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use crate::error::Error;
 use crate::job::ClaimedJob;
@@ -80,16 +80,86 @@ impl<E: std::error::Error> From<E> for JobError {
     }
 }
 
+/// Why a supervisor must stop its handler early.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    Running = 0,
+    /// The lease was lost (expired and recorded, or the job reclaimed): the
+    /// attempt is not ours to finish.
+    LeaseLost = 1,
+    /// The grace period ended: release the lease.
+    Shutdown = 2,
+}
+
+/// What one attempt is told while it runs, shared by its slot in the
+/// worker, its supervisor and its handler's context: one allocation per
+/// attempt, where channels would take one each.
+#[derive(Default)]
+pub(crate) struct Signals {
+    /// Cancellation was requested (seen at a heartbeat).
+    cancelled: AtomicBool,
+    /// A [`Stop`] other than `Running` once the handler must stop.
+    stop: AtomicU8,
+    /// Set once the handler completed the job in its own transaction.
+    completed_in_tx: AtomicBool,
+    /// Woken when `cancelled` or `stop` is set.
+    changed: Notify,
+}
+
+impl Signals {
+    /// Tells the attempt that its job was cancelled.
+    pub(crate) fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    pub(crate) fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// Tells the attempt's supervisor to stop its handler.
+    pub(crate) fn stop(&self, why: Stop) {
+        self.stop.store(why as u8, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    pub(crate) fn stopped(&self) -> Stop {
+        match self.stop.load(Ordering::SeqCst) {
+            0 => Stop::Running,
+            1 => Stop::LeaseLost,
+            _ => Stop::Shutdown,
+        }
+    }
+
+    pub(crate) fn completed_in_tx(&self) -> bool {
+        self.completed_in_tx.load(Ordering::SeqCst)
+    }
+
+    /// Resolves with what `check` finds, asked again at every change (a
+    /// change between two asks is not missed: the waiter is registered
+    /// before each ask).
+    pub(crate) async fn until<T>(&self, check: impl Fn(&Self) -> Option<T>) -> T {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(found) = check(self) {
+                return found;
+            }
+            changed.await;
+        }
+    }
+}
+
 /// The job a handler runs, and what it can do while it runs.
 #[derive(Clone)]
 pub struct HandlerContext {
     pub(crate) job: Arc<ClaimedJob>,
     pub(crate) queue: Queue,
-    pub(crate) cancel: watch::Receiver<bool>,
-    /// Set once the handler completed its job in its own transaction: the
-    /// runtime then finds out whether that transaction committed instead
-    /// of recording a completion of its own.
-    pub(crate) completed_in_tx: Arc<AtomicBool>,
+    /// Cancellation, and whether the handler completed its job in its own
+    /// transaction: the runtime then finds out whether that transaction
+    /// committed instead of recording a completion of its own.
+    pub(crate) signals: Arc<Signals>,
 }
 
 impl std::fmt::Debug for HandlerContext {
@@ -137,18 +207,13 @@ impl HandlerContext {
 
     /// True once the job was cancelled while it ran (seen at a heartbeat).
     pub fn is_cancelled(&self) -> bool {
-        *self.cancel.borrow()
+        self.signals.is_cancelled()
     }
 
     /// Resolves when the job is cancelled. The runtime also stops the handler
     /// then; this lets a handler clean up first.
     pub async fn cancelled(&self) {
-        let mut rx = self.cancel.clone();
-        while !*rx.borrow_and_update() {
-            if rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        }
+        self.signals.until(|s| s.is_cancelled().then_some(())).await;
     }
 
     /// Renews the lease now (the runtime heartbeats every lease/3 anyway).
@@ -182,7 +247,7 @@ impl HandlerContext {
         self.queue
             .complete_in(conn, &self.job.id, &self.job.lease_token, value)
             .await?;
-        self.completed_in_tx.store(true, Ordering::SeqCst);
+        self.signals.completed_in_tx.store(true, Ordering::SeqCst);
         Ok(())
     }
 
@@ -248,7 +313,7 @@ impl HandlerContext {
         let value = self.result_value(result)?;
         self.queue
             .complete_in_sqlite(conn, &self.job.id, &self.job.lease_token, value)?;
-        self.completed_in_tx.store(true, Ordering::SeqCst);
+        self.signals.completed_in_tx.store(true, Ordering::SeqCst);
         Ok(())
     }
 
@@ -261,7 +326,7 @@ impl HandlerContext {
 
     /// Whether the handler completed its job in a transaction of its own.
     pub(crate) fn completed_in_tx(&self) -> bool {
-        self.completed_in_tx.load(Ordering::SeqCst)
+        self.signals.completed_in_tx()
     }
 
     /// A durable step: on the first attempt that reaches it, runs `step` and

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,7 +11,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::complete::{Entry, Pending};
-use super::context::{ErrorKind, HandlerContext, JobError};
+use super::context::{ErrorKind, HandlerContext, JobError, Signals, Stop};
+use super::handler::BoxFuture;
 use super::maintenance::Maintenance;
 use super::prefetch::{Local, Queued};
 use super::{Worker, WorkerReport};
@@ -38,23 +39,9 @@ struct Call {
 /// What `complete_and_claim` answers: each completion's result, then the claim's.
 type Answer = (Vec<Result<()>>, Result<Vec<ClaimedJob>>);
 
-/// Why a supervisor must stop its handler early.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stop {
-    Running,
-    /// The lease was lost (expired and recorded, or the job reclaimed): the
-    /// attempt is not ours to finish.
-    LeaseLost,
-    /// The grace period ended: release the lease.
-    Shutdown,
-}
-
 struct Slot {
     token: crate::LeaseToken,
-    cancel: watch::Sender<bool>,
-    stop: watch::Sender<Stop>,
-    /// Set once the handler completed the job in its own transaction.
-    completed_in_tx: Arc<AtomicBool>,
+    signals: Arc<Signals>,
 }
 
 type Slots = Arc<Mutex<HashMap<String, Slot>>>;
@@ -362,7 +349,7 @@ pub(super) async fn run(
             },
             () = &mut grace => {
                 for slot in lock(&slots).values() {
-                    let _ = slot.stop.send(Stop::Shutdown);
+                    slot.signals.stop(Stop::Shutdown);
                 }
                 while let Some(done) = tasks.join_next().await {
                     count(&mut report, &mut local, done);
@@ -389,27 +376,18 @@ pub(super) async fn run(
 fn admit(w: &Worker, slots: &Slots, job: ClaimedJob) -> Option<Queued<Control>> {
     let claimed = tokio::time::Instant::now();
     let handler = w.registry.get(&job.job_type)?;
-    let (cancel, cancel_rx) = watch::channel(false);
-    let (stop, stop_rx) = watch::channel(Stop::Running);
-    let completed_in_tx = Arc::new(AtomicBool::new(false));
+    let signals = Arc::new(Signals::default());
     lock(slots).insert(
         job.id.clone(),
         Slot {
             token: job.lease_token.clone(),
-            cancel,
-            stop,
-            completed_in_tx: completed_in_tx.clone(),
+            signals: signals.clone(),
         },
     );
-    let control = Control {
-        cancel_rx,
-        stop_rx,
-        completed_in_tx,
-    };
     Some(Queued {
         job,
         handler,
-        control,
+        control: signals,
         claimed,
     })
 }
@@ -595,7 +573,7 @@ async fn heartbeat_loop(
         // it ends, and a heartbeat waiting for it would hold up the others.
         let running: Vec<(String, crate::LeaseToken)> = lock(&slots)
             .iter()
-            .filter(|(_, s)| !s.completed_in_tx.load(Ordering::SeqCst))
+            .filter(|(_, s)| !s.signals.completed_in_tx())
             .map(|(id, s)| (id.clone(), s.token.clone()))
             .collect();
         // One call per batch of leases (one round trip and one commit on
@@ -634,11 +612,11 @@ async fn heartbeat_loop(
                 let Some(slot) = slots.get(&id) else { continue };
                 match outcome {
                     Ok(hb) if hb.cancel_requested => {
-                        let _ = slot.cancel.send(true);
+                        slot.signals.cancel();
                     }
                     Ok(_) => {}
                     Err(Error::LeaseLost { .. }) => {
-                        let _ = slot.stop.send(Stop::LeaseLost);
+                        slot.signals.stop(Stop::LeaseLost);
                     }
                     // The backend is down: try again at the next beat; the
                     // lease outlives a few missed beats.
@@ -657,11 +635,7 @@ async fn heartbeat_loop(
 
 /// What the claim loop and the heartbeat loop share with one attempt's
 /// supervisor.
-struct Control {
-    cancel_rx: watch::Receiver<bool>,
-    stop_rx: watch::Receiver<Stop>,
-    completed_in_tx: Arc<AtomicBool>,
-}
+type Control = Arc<Signals>;
 
 /// Runs one attempt: the handler in a task of its own (a panic is a failed
 /// attempt, never a dead worker), interrupted by the timeout, the deadline,
@@ -675,24 +649,18 @@ async fn supervise(
     let Queued {
         job,
         handler,
-        control,
+        control: signals,
         claimed,
     } = queued;
-    let Control {
-        cancel_rx,
-        mut stop_rx,
-        completed_in_tx,
-    } = control;
     // A lease lost while the job waited for its slot: it is not ours to run.
-    if *stop_rx.borrow() != Stop::Running {
+    if signals.stopped() != Stop::Running {
         return Ended::Lost;
     }
     let job = Arc::new(job);
     let ctx = HandlerContext {
         job: job.clone(),
         queue: queue.clone(),
-        cancel: cancel_rx.clone(),
-        completed_in_tx,
+        signals: signals.clone(),
     };
     // The timeout counts from the claim, as the store counts it (a job may
     // have waited for its slot); the deadline is measured on the store's
@@ -707,7 +675,7 @@ async fn supervise(
     // Cancelled, timed out or past its deadline while it waited for its
     // slot: the attempt ends so, and the handler never runs.
     let now = tokio::time::Instant::now();
-    let unrun = if *cancel_rx.borrow() {
+    let unrun = if signals.is_cancelled() {
         Some(JobError::retryable("cancelled"))
     } else if now >= timeout {
         Some(JobError::retryable(format!(
@@ -722,35 +690,27 @@ async fn supervise(
     if let Some(e) = unrun {
         return record_failure(&queue, &ctx, &job, e, lease).await;
     }
-    let mut task = tokio::spawn(handler(ctx.clone()));
+    // The handler runs in this task (one task per attempt), its future
+    // dropped when another branch ends the attempt first.
     let outcome: std::result::Result<Value, JobError> = tokio::select! {
-        joined = &mut task => match joined {
-            Ok(r) => r,
-            Err(e) if e.is_panic() => {
-                let msg = e.into_panic();
-                let text = msg
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| msg.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a non-string panic".into());
-                Err(JobError::retryable(format!("handler panicked: {text}")))
-            }
-            Err(e) => Err(JobError::retryable(format!("handler task ended: {e}"))),
-        },
+        ran = Contained(Some(handler(ctx.clone()))) => ran.unwrap_or_else(|msg| {
+            let text = msg
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| msg.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-string panic".into());
+            Err(JobError::retryable(format!("handler panicked: {text}")))
+        }),
         () = tokio::time::sleep_until(timeout) => {
-            task.abort();
             Err(JobError::retryable(format!("timed out after {} ms", job.timeout_ms)))
         }
         () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
-            task.abort();
             Err(JobError::retryable("deadline passed"))
         }
         () = ctx.cancelled() => {
-            task.abort();
             Err(JobError::retryable("cancelled"))
         }
-        stop = async { loop { if stop_rx.changed().await.is_err() { std::future::pending::<()>().await; } let s = *stop_rx.borrow(); if s != Stop::Running { return s; } } } => {
-            task.abort();
+        stop = signals.until(|s| Some(s.stopped()).filter(|&s| s != Stop::Running)) => {
             return match stop {
                 Stop::Shutdown => match queue.release(&job.id, &job.lease_token).await {
                     Ok(()) => Ended::Released,
@@ -780,6 +740,52 @@ async fn supervise(
         Err(e) => e,
     };
     record_failure(&queue, &ctx, &job, e, lease).await
+}
+
+/// A handler's future, run in its supervisor's task as it would run in a
+/// task of its own: a panic while it is polled is its result, and a panic
+/// while it is dropped (an interrupted attempt) goes no further.
+struct Contained(Option<BoxFuture>);
+
+impl Future for Contained {
+    type Output = std::thread::Result<std::result::Result<Value, JobError>>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let Some(fut) = self.0.as_mut() else {
+            return std::task::Poll::Pending;
+        };
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx)));
+        match polled {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(ended)) => {
+                self.release();
+                std::task::Poll::Ready(Ok(ended))
+            }
+            Err(panic) => {
+                self.release();
+                std::task::Poll::Ready(Err(panic))
+            }
+        }
+    }
+}
+
+impl Contained {
+    /// Drops the handler's future; a panic of its destructors is dropped
+    /// with it.
+    fn release(&mut self) {
+        if let Some(fut) = self.0.take() {
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(move || drop(fut)));
+        }
+    }
+}
+
+impl Drop for Contained {
+    fn drop(&mut self) {
+        self.release();
+    }
 }
 
 /// Records an attempt's failure. While the backend is unavailable, keeps

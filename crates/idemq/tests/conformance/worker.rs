@@ -20,6 +20,7 @@ idemq_testkit::instantiate!(
     bad_payload_is_dead,
     panicking_handler_fails_only_its_attempt,
     timeout_interrupts_the_handler,
+    a_handler_that_panics_when_interrupted_fails_only_its_attempt,
     deadline_interrupts_the_handler,
     cancel_of_a_running_job_stops_it_at_the_next_heartbeat,
     checkpoint_is_not_run_again_on_a_later_attempt,
@@ -269,6 +270,72 @@ async fn timeout_interrupts_the_handler(h: Harness) {
     );
     assert!(
         h.job(&id)
+            .await
+            .last_error
+            .unwrap_or_default()
+            .contains("timed out")
+    );
+}
+
+/// Panics when dropped: a handler holding one panics as it is interrupted.
+struct PanicOnDrop;
+
+impl Drop for PanicOnDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("a destructor's bug");
+        }
+    }
+}
+
+/// A handler runs in its supervisor's task: a panic while its future is
+/// dropped (here, at its timeout) must fail only that attempt, as a panic
+/// while it runs does. The worker records the timeout, frees the slot
+/// (concurrency 1) and runs the next job.
+async fn a_handler_that_panics_when_interrupted_fails_only_its_attempt(h: Harness) {
+    let stuck = h
+        .put(
+            EnqueueRequest::new("t")
+                .payload(json!("stuck"))
+                .timeout(Duration::from_millis(200))
+                .retry(no_retry_soon()),
+        )
+        .await;
+    let w = worker(&h)
+        .concurrency(1)
+        .handle("t", |_c: HandlerContext, p: Value| async move {
+            if p == json!("stuck") {
+                let _guard = PanicOnDrop;
+                tokio::time::sleep(Duration::from_secs(20)).await;
+            }
+            Ok::<_, JobError>(())
+        });
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(w.run(async move {
+        let _ = rx.await;
+    }));
+    let start = tokio::time::Instant::now();
+    while state(&h, &stuck).await != JobState::Scheduled {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no timeout in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Enqueued after the first attempt ended, so the one slot takes it next.
+    let next = h.put(EnqueueRequest::new("t").payload(json!("next"))).await;
+    while state(&h, &next).await != JobState::Completed {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the worker did not run the next job"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = tx.send(());
+    let report = handle.await.expect("worker task").expect("worker run");
+    assert_eq!((report.completed, report.failed), (1, 1));
+    assert!(
+        h.job(&stuck)
             .await
             .last_error
             .unwrap_or_default()
