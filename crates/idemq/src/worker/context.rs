@@ -131,6 +131,12 @@ impl Signals {
         }
     }
 
+    /// Records that the handler completed the job in its own transaction.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+    pub(crate) fn set_completed_in_tx(&self) {
+        self.completed_in_tx.store(true, Ordering::SeqCst);
+    }
+
     pub(crate) fn completed_in_tx(&self) -> bool {
         self.completed_in_tx.load(Ordering::SeqCst)
     }
@@ -247,7 +253,7 @@ impl HandlerContext {
         self.queue
             .complete_in(conn, &self.job.id, &self.job.lease_token, value)
             .await?;
-        self.signals.completed_in_tx.store(true, Ordering::SeqCst);
+        self.signals.set_completed_in_tx();
         Ok(())
     }
 
@@ -313,7 +319,7 @@ impl HandlerContext {
         let value = self.result_value(result)?;
         self.queue
             .complete_in_sqlite(conn, &self.job.id, &self.job.lease_token, value)?;
-        self.signals.completed_in_tx.store(true, Ordering::SeqCst);
+        self.signals.set_completed_in_tx();
         Ok(())
     }
 

@@ -637,9 +637,10 @@ async fn heartbeat_loop(
 /// supervisor.
 type Control = Arc<Signals>;
 
-/// Runs one attempt: the handler in a task of its own (a panic is a failed
-/// attempt, never a dead worker), interrupted by the timeout, the deadline,
-/// cancellation, a lost lease or the end of the shutdown grace period.
+/// Runs one attempt in this task: the handler's future is polled here (a
+/// panic is a failed attempt, never a dead worker) and dropped when the
+/// timeout, the deadline, cancellation, a lost lease or the end of the
+/// shutdown grace period comes first.
 async fn supervise(
     queue: Queue,
     pending: &Pending,
@@ -693,14 +694,7 @@ async fn supervise(
     // The handler runs in this task (one task per attempt), its future
     // dropped when another branch ends the attempt first.
     let outcome: std::result::Result<Value, JobError> = tokio::select! {
-        ran = Contained(Some(handler(ctx.clone()))) => ran.unwrap_or_else(|msg| {
-            let text = msg
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| msg.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a non-string panic".into());
-            Err(JobError::retryable(format!("handler panicked: {text}")))
-        }),
+        ran = Contained(Some(handler(ctx.clone()))) => ran,
         () = tokio::time::sleep_until(timeout) => {
             Err(JobError::retryable(format!("timed out after {} ms", job.timeout_ms)))
         }
@@ -743,12 +737,12 @@ async fn supervise(
 }
 
 /// A handler's future, run in its supervisor's task as it would run in a
-/// task of its own: a panic while it is polled is its result, and a panic
-/// while it is dropped (an interrupted attempt) goes no further.
+/// task of its own: a panic while it is polled is a failed attempt, and a
+/// panic while it is dropped (an interrupted attempt) goes no further.
 struct Contained(Option<BoxFuture>);
 
 impl Future for Contained {
-    type Output = std::thread::Result<std::result::Result<Value, JobError>>;
+    type Output = std::result::Result<Value, JobError>;
 
     fn poll(
         mut self: std::pin::Pin<&mut Self>,
@@ -757,18 +751,20 @@ impl Future for Contained {
         let Some(fut) = self.0.as_mut() else {
             return std::task::Poll::Pending;
         };
-        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx)));
-        match polled {
-            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
-            Ok(std::task::Poll::Ready(ended)) => {
-                self.release();
-                std::task::Poll::Ready(Ok(ended))
-            }
+        let ended = match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(std::task::Poll::Pending) => return std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(ended)) => ended,
             Err(panic) => {
-                self.release();
-                std::task::Poll::Ready(Err(panic))
+                let text = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a non-string panic".into());
+                Err(JobError::retryable(format!("handler panicked: {text}")))
             }
-        }
+        };
+        self.release();
+        std::task::Poll::Ready(ended)
     }
 }
 

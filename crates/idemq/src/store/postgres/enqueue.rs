@@ -434,7 +434,6 @@ RETURNING NULL::bigint AS ord, NULL::text AS refused, idemq.wake(queue) AS woke"
 struct PlainItem<'a> {
     id: String,
     p: &'a PreparedEnqueue,
-    tags: Option<String>,
 }
 
 /// Serializes what a statement binds as JSON text.
@@ -445,16 +444,21 @@ fn to_json<T: Serialize + ?Sized>(v: &T) -> Result<String> {
 }
 
 impl<'a> PlainItem<'a> {
-    fn of(p: &'a PreparedEnqueue) -> Result<Self> {
-        Ok(Self {
+    fn of(p: &'a PreparedEnqueue) -> Self {
+        Self {
             id: uuid::Uuid::now_v7().to_string(),
             p,
-            tags: if p.tags.is_empty() {
-                None
-            } else {
-                Some(to_json(&p.tags)?)
-            },
-        })
+        }
+    }
+}
+
+/// The tags as the statements that take them as JSON text read them: NULL
+/// for none (the single form without a deadline binds them as an array).
+fn tags_json(tags: &[String]) -> Result<Option<String>> {
+    if tags.is_empty() {
+        Ok(None)
+    } else {
+        to_json(tags).map(Some)
     }
 }
 
@@ -499,7 +503,7 @@ async fn enqueue_plain(
     conn: &mut PgConnection,
     items: &[PreparedEnqueue],
 ) -> Result<Vec<Result<EnqueueResult>>> {
-    let plain: Vec<PlainItem> = items.iter().map(PlainItem::of).collect::<Result<_>>()?;
+    let plain: Vec<PlainItem> = items.iter().map(PlainItem::of).collect();
     let (retries, retry_places) = match plain.as_slice() {
         [_] => (Vec::new(), Vec::new()),
         many => distinct_retries(many)?,
@@ -527,7 +531,7 @@ async fn enqueue_plain(
             // The checked form reads the tags as one JSON text (the batch's
             // shape), the unchecked one as an array.
             let query = if checked {
-                query.bind(one.tags.as_deref())
+                query.bind(tags_json(&one.p.tags)?)
             } else {
                 query.bind(&one.p.tags)
             };
@@ -562,7 +566,11 @@ async fn enqueue_plain(
                 .map(|i| i.p.concurrency_key.as_deref())
                 .collect::<Vec<_>>(),
         )
-        .bind(many.iter().map(|i| i.tags.as_deref()).collect::<Vec<_>>())
+        .bind(
+            many.iter()
+                .map(|i| tags_json(&i.p.tags))
+                .collect::<Result<Vec<_>>>()?,
+        )
         .bind(many.iter().map(|i| i.p.keep_ms).collect::<Vec<_>>())
         .bind(
             many.iter()
