@@ -433,7 +433,12 @@ async fn a_call_past_call_timeout_ms_is_unavailable() {
 /// Bad idemq connect parameters are refused before connecting.
 #[tokio::test]
 async fn bad_connect_parameters_are_refused() {
-    for bad in ["pgbouncer=maybe", "call_timeout_ms=0", "call_timeout_ms=x"] {
+    for bad in [
+        "pgbouncer=maybe",
+        "call_timeout_ms=0",
+        "call_timeout_ms=x",
+        "enqueue_statements=0",
+    ] {
         let url = format!("postgres://postgres@127.0.0.1:1/none?{bad}");
         let err = Queue::connect(&url).await.expect_err(bad);
         assert!(matches!(err, Error::Validation { .. }), "{bad}: {err:?}");
@@ -900,4 +905,106 @@ async fn every_job_id_column_compares_bytewise() {
     for (table, column, collation) in &columns {
         assert_eq!(collation, "C", "idemq.{table}.{column}");
     }
+}
+
+/// Single keyless enqueues of concurrent tasks share statements once
+/// `enqueue_statements` are out (docs/storage.md): every caller gets its own
+/// answer. When the server refuses a shared statement for one request's
+/// sake (here a trigger refuses one payload), nothing of it was written and
+/// each request is sent again alone: the refused caller gets the error, the
+/// others their jobs. The first round shows that calls shared statements;
+/// in the others, the trigger draws from a sequence (which a rollback
+/// does not undo) when it refuses inside a shared statement, so the case
+/// runs rounds until that happened, and checks every round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_single_enqueues_share_a_statement_and_a_refused_one_goes_alone() {
+    let (url, db) = idemq_testkit::pg_database();
+    let mut admin = sqlx::PgConnection::connect(&url).await.expect("admin");
+    exec(
+        &mut admin,
+        "CREATE SEQUENCE shared_refusals;
+         CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.payload ? 'refuse' THEN
+                 IF current_query() LIKE '%unnest%' THEN
+                     PERFORM nextval('shared_refusals');
+                 END IF;
+                 RAISE EXCEPTION 'refused by a trigger';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse BEFORE INSERT ON idemq.jobs
+             FOR EACH ROW EXECUTE FUNCTION refuse();"
+            .into(),
+    )
+    .await;
+    let store = idemq::store::postgres::PgStore::connect(
+        &format!("{url}?enqueue_statements=1"),
+        idemq::store::postgres::PgOptions::default(),
+    )
+    .await
+    .expect("connect");
+    let queue = Queue::from_store(std::sync::Arc::new(store.clone()), Default::default());
+    let tasks = 32;
+    let mut accepted = 0;
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        let handles: Vec<_> = (0..tasks)
+            .map(|i| {
+                let q = queue.clone();
+                let payload = if i == tasks / 2 && rounds > 1 {
+                    json!({"refuse": rounds})
+                } else {
+                    json!({"round": rounds, "i": i})
+                };
+                tokio::spawn(async move {
+                    q.enqueue_with_result(EnqueueRequest::new("shared").payload(payload))
+                        .await
+                })
+            })
+            .collect();
+        for (i, handle) in handles.into_iter().enumerate() {
+            let r = handle.await.expect("task");
+            if i == tasks / 2 && rounds > 1 {
+                let err = r.expect_err("the refused payload");
+                assert!(matches!(err, Error::Backend { .. }), "{err:?}");
+                assert!(err.to_string().contains("refused by a trigger"), "{err}");
+            } else {
+                let r = r.unwrap_or_else(|e| panic!("round {rounds}, {i}: {e:?}"));
+                assert_eq!(r.outcome, Outcome::Accepted);
+                let job = queue.get(&r.job_id).await.unwrap().expect("its job");
+                assert_eq!(job.payload, json!({"round": rounds, "i": i}));
+                accepted += 1;
+            }
+        }
+        if rounds == 1 {
+            // The first round refuses nothing: its calls shared statements.
+            assert!(store.grouped_enqueues() > 0, "calls shared statements");
+            continue;
+        }
+        let shared: bool = sqlx::query_scalar("SELECT is_called FROM shared_refusals")
+            .fetch_one(&mut admin)
+            .await
+            .expect("sequence");
+        if shared {
+            break;
+        }
+        assert!(
+            rounds < 50,
+            "no refusal inside a shared statement in {rounds} rounds"
+        );
+    }
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM idemq.jobs")
+        .fetch_one(&mut admin)
+        .await
+        .expect("count");
+    assert_eq!(
+        total, accepted,
+        "one job per accepted call, none for the refused"
+    );
+    drop(queue);
+    drop(store);
+    drop(admin);
+    idemq_testkit::drop_pg_database(&db);
 }

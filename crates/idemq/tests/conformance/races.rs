@@ -46,6 +46,7 @@ idemq_testkit::instantiate!(
     redrive_with_one_key_from_many_clients_redrives_once,
     redrive_without_a_key_from_many_clients_redrives_once,
     concurrent_writes_on_one_queue_stand_or_fall_alone,
+    concurrent_single_enqueues_on_one_queue_each_get_their_own_answer,
 );
 
 /// Client queues per case.
@@ -1470,4 +1471,89 @@ async fn concurrent_writes_on_one_queue_stand_or_fall_alone(h: Harness) {
     );
     assert!(jobs.iter().all(|j| j.job_type != "group.keyed"));
     seen.assert_seen("concurrent writes on one queue");
+}
+
+/// Single keyless enqueues from many tasks of one queue (one store: on
+/// PostgreSQL, those that find its statements out go together in one,
+/// docs/storage.md): each caller gets its own answer, the one it would have
+/// had alone. A refused request refuses only itself and writes nothing;
+/// every accepted one is its own job, with its own options.
+async fn concurrent_single_enqueues_on_one_queue_each_get_their_own_answer(h: Harness) {
+    let now = h.now().await;
+    let past = now - chrono::Duration::seconds(1);
+    let soon = now + chrono::Duration::seconds(30);
+    let tasks = 64;
+    let seen = Interleavings::default();
+    let barrier = Start::new(tasks, &seen);
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| {
+            let q = h.queue.clone();
+            let req = EnqueueRequest::new("single.each")
+                .payload(json!({"i": i}))
+                .priority(i as i16)
+                .tag(format!("t{i}"));
+            let req = match i % 4 {
+                // Refused against the clock of record, by the store.
+                0 => req.deadline(past),
+                1 => req.delay(Duration::from_secs(60)).deadline(soon),
+                2 => req
+                    .delay(Duration::from_secs(i as u64))
+                    .retry(RetryPolicy::Fixed {
+                        delay_ms: 100 + i as i64,
+                    }),
+                _ => req,
+            };
+            spawn_at(&barrier, async move { q.enqueue_with_result(req).await })
+        })
+        .collect();
+    let mut accepted = HashMap::new();
+    for (i, handle) in handles.into_iter().enumerate() {
+        let r = join(handle).await;
+        match i % 4 {
+            0 => assert!(
+                matches!(&r, Err(Error::Validation { field, .. }) if field == "deadline"),
+                "{i}: {r:?}"
+            ),
+            1 => assert!(
+                matches!(&r, Err(Error::Validation { field, .. }) if field == "delay_ms"),
+                "{i}: {r:?}"
+            ),
+            _ => {
+                let r = r.unwrap_or_else(|e| panic!("{i} is accepted: {e:?}"));
+                assert_eq!(r.outcome, Outcome::Accepted);
+                assert!(
+                    accepted.insert(r.job_id, i).is_none(),
+                    "{i}: a job of its own"
+                );
+            }
+        }
+    }
+    seen.assert_seen("concurrent single enqueues");
+    let jobs = h.jobs().await;
+    assert_eq!(
+        jobs.len(),
+        tasks / 2,
+        "one job per accepted call, none for a refused one"
+    );
+    for job in jobs {
+        let i = accepted[&job.id];
+        assert_eq!(job.payload, json!({"i": i}));
+        assert_eq!(job.priority, i as i16);
+        assert_eq!(job.tags, vec![format!("t{i}")]);
+        if i % 4 == 2 {
+            assert_eq!(
+                job.retry,
+                RetryPolicy::Fixed {
+                    delay_ms: 100 + i as i64
+                }
+            );
+            assert_eq!(
+                job.run_at,
+                job.created_at + chrono::Duration::seconds(i as i64)
+            );
+        } else {
+            assert_eq!(job.retry, RetryPolicy::default());
+            assert_eq!(job.run_at, job.created_at);
+        }
+    }
 }

@@ -41,6 +41,9 @@ pub(crate) struct Net {
     pub(crate) deadline: Duration,
     /// Behind PgBouncer: the direct URL wake-ups `LISTEN` on.
     pub(crate) wakeup: Option<String>,
+    /// `enqueue_statements`: the most single-enqueue statements out at
+    /// once; more concurrent calls go together (group.rs).
+    pub(crate) statements: usize,
 }
 
 /// The default of `call_timeout_ms`.
@@ -52,12 +55,18 @@ impl Default for Net {
             bouncer: false,
             deadline: CALL_TIMEOUT,
             wakeup: None,
+            statements: default_statements(),
         }
     }
 }
 
-/// Splits idemq's own parameters (`pgbouncer`, `call_timeout_ms`) off a
-/// PostgreSQL URL; the rest is the driver's.
+/// The default of `enqueue_statements`: this machine's cores.
+fn default_statements() -> usize {
+    std::thread::available_parallelism().map_or(2, usize::from)
+}
+
+/// Splits idemq's own parameters (`pgbouncer`, `call_timeout_ms`,
+/// `enqueue_statements`) off a PostgreSQL URL; the rest is the driver's.
 pub(crate) fn split_url(url: &str) -> Result<(String, Net), String> {
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_owned(), Net::default()));
@@ -83,6 +92,15 @@ pub(crate) fn split_url(url: &str) -> Result<(String, Net), String> {
                         format!("call_timeout_ms must be 100 … 86400000 (ms), not {value:?}")
                     })?;
                 net.deadline = Duration::from_millis(ms);
+            }
+            "enqueue_statements" => {
+                net.statements = value
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=10_000).contains(n))
+                    .ok_or_else(|| {
+                        format!("enqueue_statements must be 1 … 10000, not {value:?}")
+                    })?;
             }
             _ => rest.push(pair),
         }
@@ -551,6 +569,10 @@ mod tests {
         assert!(net.bouncer);
         assert_eq!(net.deadline, Duration::from_secs(5));
 
+        let (url, net) = split_url("postgres://u@h/db?enqueue_statements=16").unwrap();
+        assert_eq!(url, "postgres://u@h/db");
+        assert_eq!(net.statements, 16);
+
         let (url, net) = split_url("postgres://u@h/db?pgbouncer=false").unwrap();
         assert_eq!(url, "postgres://u@h/db");
         assert!(!net.bouncer);
@@ -562,5 +584,8 @@ mod tests {
         assert!(split_url("postgres://h/db?call_timeout_ms=0").is_err());
         assert!(split_url("postgres://h/db?call_timeout_ms=abc").is_err());
         assert!(split_url("postgres://h/db?call_timeout_ms=99").is_err());
+        assert!(split_url("postgres://h/db?enqueue_statements=0").is_err());
+        assert!(split_url("postgres://h/db?enqueue_statements=10001").is_err());
+        assert!(split_url("postgres://h/db?enqueue_statements=two").is_err());
     }
 }

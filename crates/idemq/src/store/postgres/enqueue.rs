@@ -77,20 +77,22 @@ struct Item<'a> {
     fingerprint: &'a Fingerprint,
 }
 
-fn items_json(items: &[PreparedEnqueue]) -> Result<String> {
-    let raws: Vec<Box<RawValue>> = items
+/// The payloads of `items` as raw JSON, to embed without a re-parse.
+fn raw_payloads(items: &[PreparedEnqueue]) -> Result<Vec<Box<RawValue>>> {
+    items
         .iter()
         .map(|p| RawValue::from_string(p.payload.clone()))
         .collect::<Result<_, _>>()
         .map_err(|e| Error::Backend {
             message: format!("payload is not JSON: {e}"),
-        })?;
-    let wire: Vec<Item> = items
-        .iter()
-        .zip(&raws)
-        .map(|(p, raw)| Item {
+        })
+}
+
+impl<'a> Item<'a> {
+    fn of(p: &'a PreparedEnqueue, payload: &'a RawValue) -> Self {
+        Item {
             job_type: &p.job_type,
-            payload: raw,
+            payload,
             queue: &p.queue,
             job_id: p.job_id.as_deref(),
             new_id: uuid::Uuid::now_v7().to_string(),
@@ -112,7 +114,17 @@ fn items_json(items: &[PreparedEnqueue]) -> Result<String> {
                 max_wait_ms: d.max_wait_ms,
             }),
             fingerprint: &p.fingerprint,
-        })
+        }
+    }
+}
+
+/// The requests as the JSON array `idemq.enqueue` reads.
+fn items_json(items: &[PreparedEnqueue]) -> Result<String> {
+    let raws = raw_payloads(items)?;
+    let wire: Vec<Item> = items
+        .iter()
+        .zip(&raws)
+        .map(|(p, raw)| Item::of(p, raw))
         .collect();
     to_json(&wire)
 }
@@ -199,10 +211,24 @@ pub(super) async fn enqueue(
                 .map_err(db_err)?
         }
     };
-    let mut out: Vec<Result<EnqueueResult>> = Vec::with_capacity(items.len());
-    for (row, item) in rows.iter().zip(items) {
+    decode(&rows, items)
+}
+
+/// The answers of `idemq.enqueue` (or a statement shaped like its answer):
+/// one row per item, each placed by its 0-based `idx`.
+fn decode(rows: &[PgRow], items: &[PreparedEnqueue]) -> Result<Vec<Result<EnqueueResult>>> {
+    let mut out: Vec<Option<Result<EnqueueResult>>> = items.iter().map(|_| None).collect();
+    for row in rows {
+        let idx: i32 = row.try_get("idx").map_err(db_err)?;
+        let (slot, item) = usize::try_from(idx)
+            .ok()
+            .and_then(|i| Some((out.get_mut(i)?, &items[i])))
+            .filter(|(slot, _)| slot.is_none())
+            .ok_or_else(|| Error::Backend {
+                message: format!("idemq.enqueue answered an unknown or repeated item {idx}"),
+            })?;
         let error: Option<Value> = row.try_get("error").map_err(db_err)?;
-        out.push(match error {
+        *slot = Some(match error {
             Some(e) => Err(item_error("idemq.enqueue", &e, item.idempotency.as_ref())),
             None => {
                 let name: String = row.try_get("outcome").map_err(db_err)?;
@@ -215,12 +241,13 @@ pub(super) async fn enqueue(
             }
         });
     }
-    if out.len() != items.len() {
-        return Err(Error::Backend {
-            message: "idemq.enqueue returned too few rows".into(),
-        });
-    }
-    Ok(out)
+    out.into_iter()
+        .map(|slot| {
+            slot.ok_or_else(|| Error::Backend {
+                message: "idemq.enqueue returned too few rows".into(),
+            })
+        })
+        .collect()
 }
 
 /// One request with an idempotency key, the common keyed call. A repeat
@@ -264,9 +291,36 @@ async fn keyed_one(
     .map_err(db_err)
 }
 
+/// Why a statement has no answer.
+pub(super) enum GroupFailure {
+    /// It was not sent, or the server refused it: its transaction rolled
+    /// back and nothing of it was written, so each request may be sent
+    /// again on its own.
+    Refused(Error),
+    /// Anything else (a lost connection, an answer not understood): it may
+    /// have committed.
+    Unknown(Error),
+}
+
+impl GroupFailure {
+    /// A driver error: a refusal when the server answered it.
+    fn of(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::Database(_) => Self::Refused(db_err(e)),
+            e => Self::Unknown(db_err(e)),
+        }
+    }
+
+    pub(super) fn into_error(self) -> Error {
+        match self {
+            Self::Refused(e) | Self::Unknown(e) => e,
+        }
+    }
+}
+
 /// A request the clock alone decides: no idempotency key, explicit id or
 /// dedupe key, so it always creates a job unless its deadline is refused.
-fn is_plain(p: &PreparedEnqueue) -> bool {
+pub(super) fn is_plain(p: &PreparedEnqueue) -> bool {
     p.idempotency.is_none() && p.job_id.is_none() && p.dedupe.is_none()
 }
 
@@ -503,13 +557,39 @@ async fn enqueue_plain(
     conn: &mut PgConnection,
     items: &[PreparedEnqueue],
 ) -> Result<Vec<Result<EnqueueResult>>> {
+    send_plain(conn, items)
+        .await
+        .map_err(GroupFailure::into_error)
+}
+
+/// The plain statement for `items` (all plain: of one caller, or of
+/// several sent together, group.rs), and its answers.
+pub(super) async fn send_plain(
+    conn: &mut PgConnection,
+    items: &[PreparedEnqueue],
+) -> std::result::Result<Vec<Result<EnqueueResult>>, GroupFailure> {
     let plain: Vec<PlainItem> = items.iter().map(PlainItem::of).collect();
     let (retries, retry_places) = match plain.as_slice() {
         [_] => (Vec::new(), Vec::new()),
-        many => distinct_retries(many)?,
+        many => distinct_retries(many).map_err(GroupFailure::Refused)?,
     };
-    let checked = items.iter().any(|p| p.deadline.is_some());
-    let query = match plain.as_slice() {
+    let rows = plain_query(&plain, &retries, &retry_places)
+        .map_err(GroupFailure::Refused)?
+        .persistent(db::prepared())
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(GroupFailure::of)?;
+    plain_answers(plain, &rows).map_err(GroupFailure::Unknown)
+}
+
+/// The plain statement of `plain`'s requests, its parameters bound.
+fn plain_query<'q>(
+    plain: &'q [PlainItem],
+    retries: &'q [String],
+    retry_places: &'q [Option<i32>],
+) -> Result<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>> {
+    let checked = plain.iter().any(|i| i.p.deadline.is_some());
+    Ok(match plain {
         [one] => {
             let query = sqlx::query(if checked {
                 PLAIN_ONE
@@ -558,7 +638,7 @@ async fn enqueue_plain(
         .bind(many.iter().map(|i| i.p.run_at).collect::<Vec<_>>())
         .bind(many.iter().map(|i| i.p.delay_ms).collect::<Vec<_>>())
         .bind(many.iter().map(|i| i.p.max_attempts).collect::<Vec<_>>())
-        .bind(&retry_places)
+        .bind(retry_places)
         .bind(many.iter().map(|i| i.p.timeout_ms).collect::<Vec<_>>())
         .bind(many.iter().map(|i| i.p.deadline).collect::<Vec<_>>())
         .bind(
@@ -577,13 +657,13 @@ async fn enqueue_plain(
                 .map(|i| i.p.fingerprint.compact())
                 .collect::<Vec<_>>(),
         )
-        .bind(&retries),
-    };
-    let rows = query
-        .persistent(db::prepared())
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db_err)?;
+        .bind(retries),
+    })
+}
+
+/// The answers of the plain statement: every item accepted but those its
+/// rows refuse.
+fn plain_answers(plain: Vec<PlainItem>, rows: &[PgRow]) -> Result<Vec<Result<EnqueueResult>>> {
     // The first row carries the wake-ups; each further row is a refused
     // item (its 1-based place and why), so an accepted batch answers in one
     // row instead of one per job.

@@ -14,6 +14,7 @@
 
 mod db;
 mod enqueue;
+mod group;
 mod installation;
 mod migrate;
 mod query;
@@ -92,6 +93,8 @@ pub struct PgStore {
     net: std::sync::Arc<db::Net>,
     /// Connections kept between calls (docs/storage.md).
     kept: std::sync::Arc<db::Kept>,
+    /// Concurrent single enqueues sent together (docs/storage.md).
+    grouper: std::sync::Arc<group::Grouper>,
 }
 
 /// Connection settings of [`PgStore::connect`].
@@ -169,6 +172,7 @@ impl PgStore {
         migrate::check(&pool).await?;
         let store = Self {
             pool,
+            grouper: std::sync::Arc::new(group::Grouper::new(net.statements)),
             net: std::sync::Arc::new(net),
             kept: std::sync::Arc::default(),
             #[cfg(feature = "test-clock")]
@@ -186,6 +190,7 @@ impl PgStore {
             pool,
             #[cfg(feature = "test-clock")]
             test_clock: None,
+            grouper: std::sync::Arc::new(group::Grouper::new(db::Net::default().statements)),
             net: std::sync::Arc::default(),
             kept: std::sync::Arc::default(),
         }
@@ -198,6 +203,13 @@ impl PgStore {
             net: &self.net,
             kept: &self.kept,
         }
+    }
+
+    /// How many single enqueues were answered by a statement sent for
+    /// several concurrent callers together (docs/storage.md, "Concurrent
+    /// enqueues go together").
+    pub fn grouped_enqueues(&self) -> u64 {
+        self.grouper.grouped()
     }
 
     /// The pool, for callers that run their own transactions.
@@ -365,7 +377,22 @@ impl Store for PgStore {
             .map_err(db_err)
     }
 
-    async fn job_enqueue(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
+    async fn job_enqueue(&self, mut p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
+        // One caller's single keyless request may share a statement with
+        // other callers' (group.rs); behind PgBouncer every call keeps to
+        // itself.
+        if p.items.len() == 1
+            && !p.atomic
+            && !p.dry_run
+            && !self.net.bouncer
+            && enqueue::is_plain(&p.items[0])
+        {
+            let item = p.items.pop().expect("one item");
+            return self
+                .db()
+                .bounded(async { Ok(vec![self.enqueue_single(item).await]) })
+                .await;
+        }
         self.db().bounded(self.enqueue_call(p)).await
     }
 
