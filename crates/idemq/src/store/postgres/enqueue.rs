@@ -77,22 +77,20 @@ struct Item<'a> {
     fingerprint: &'a Fingerprint,
 }
 
-/// The payloads of `items` as raw JSON, to embed without a re-parse.
-fn raw_payloads(items: &[PreparedEnqueue]) -> Result<Vec<Box<RawValue>>> {
-    items
+fn items_json(items: &[PreparedEnqueue]) -> Result<String> {
+    let raws: Vec<Box<RawValue>> = items
         .iter()
         .map(|p| RawValue::from_string(p.payload.clone()))
         .collect::<Result<_, _>>()
         .map_err(|e| Error::Backend {
             message: format!("payload is not JSON: {e}"),
-        })
-}
-
-impl<'a> Item<'a> {
-    fn of(p: &'a PreparedEnqueue, payload: &'a RawValue) -> Self {
-        Item {
+        })?;
+    let wire: Vec<Item> = items
+        .iter()
+        .zip(&raws)
+        .map(|(p, raw)| Item {
             job_type: &p.job_type,
-            payload,
+            payload: raw,
             queue: &p.queue,
             job_id: p.job_id.as_deref(),
             new_id: uuid::Uuid::now_v7().to_string(),
@@ -114,17 +112,7 @@ impl<'a> Item<'a> {
                 max_wait_ms: d.max_wait_ms,
             }),
             fingerprint: &p.fingerprint,
-        }
-    }
-}
-
-/// The requests as the JSON array `idemq.enqueue` reads.
-fn items_json(items: &[PreparedEnqueue]) -> Result<String> {
-    let raws = raw_payloads(items)?;
-    let wire: Vec<Item> = items
-        .iter()
-        .zip(&raws)
-        .map(|(p, raw)| Item::of(p, raw))
+        })
         .collect();
     to_json(&wire)
 }
@@ -211,24 +199,10 @@ pub(super) async fn enqueue(
                 .map_err(db_err)?
         }
     };
-    decode(&rows, items)
-}
-
-/// The answers of `idemq.enqueue` (or a statement shaped like its answer):
-/// one row per item, each placed by its 0-based `idx`.
-fn decode(rows: &[PgRow], items: &[PreparedEnqueue]) -> Result<Vec<Result<EnqueueResult>>> {
-    let mut out: Vec<Option<Result<EnqueueResult>>> = items.iter().map(|_| None).collect();
-    for row in rows {
-        let idx: i32 = row.try_get("idx").map_err(db_err)?;
-        let (slot, item) = usize::try_from(idx)
-            .ok()
-            .and_then(|i| Some((out.get_mut(i)?, &items[i])))
-            .filter(|(slot, _)| slot.is_none())
-            .ok_or_else(|| Error::Backend {
-                message: format!("idemq.enqueue answered an unknown or repeated item {idx}"),
-            })?;
+    let mut out: Vec<Result<EnqueueResult>> = Vec::with_capacity(items.len());
+    for (row, item) in rows.iter().zip(items) {
         let error: Option<Value> = row.try_get("error").map_err(db_err)?;
-        *slot = Some(match error {
+        out.push(match error {
             Some(e) => Err(item_error("idemq.enqueue", &e, item.idempotency.as_ref())),
             None => {
                 let name: String = row.try_get("outcome").map_err(db_err)?;
@@ -241,13 +215,12 @@ fn decode(rows: &[PgRow], items: &[PreparedEnqueue]) -> Result<Vec<Result<Enqueu
             }
         });
     }
-    out.into_iter()
-        .map(|slot| {
-            slot.ok_or_else(|| Error::Backend {
-                message: "idemq.enqueue returned too few rows".into(),
-            })
-        })
-        .collect()
+    if out.len() != items.len() {
+        return Err(Error::Backend {
+            message: "idemq.enqueue returned too few rows".into(),
+        });
+    }
+    Ok(out)
 }
 
 /// One request with an idempotency key, the common keyed call. A repeat

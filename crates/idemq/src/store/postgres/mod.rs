@@ -93,7 +93,7 @@ pub struct PgStore {
     net: std::sync::Arc<db::Net>,
     /// Connections kept between calls (docs/storage.md).
     kept: std::sync::Arc<db::Kept>,
-    /// Concurrent single enqueues sent together (docs/storage.md).
+    /// Concurrent single enqueues that share a statement (docs/storage.md).
     grouper: std::sync::Arc<group::Grouper>,
 }
 
@@ -205,9 +205,9 @@ impl PgStore {
         }
     }
 
-    /// How many single enqueues were answered by a statement sent for
-    /// several concurrent callers together (docs/storage.md, "Concurrent
-    /// enqueues go together").
+    /// How many single enqueues were answered by a statement shared by
+    /// several concurrent callers (docs/storage.md, "Concurrent enqueues
+    /// share a statement").
     pub fn grouped_enqueues(&self) -> u64 {
         self.grouper.grouped()
     }
