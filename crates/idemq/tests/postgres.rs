@@ -1008,3 +1008,71 @@ async fn concurrent_single_enqueues_share_a_statement_and_a_refused_one_goes_alo
     drop(admin);
     idemq_testkit::drop_pg_database(&db);
 }
+
+/// A caller that gives up while its enqueue waits for a statement's place
+/// (its future dropped, here by a timeout) writes nothing: its request is
+/// left out of the next shared statement. With `enqueue_statements=1` the
+/// first call holds the only place, blocked on a table lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_gives_up_waiting_for_a_shared_statement_writes_nothing() {
+    let (url, db) = idemq_testkit::pg_database();
+    let store = idemq::store::postgres::PgStore::connect(
+        &format!("{url}?enqueue_statements=1"),
+        idemq::store::postgres::PgOptions::default(),
+    )
+    .await
+    .expect("connect");
+    let queue = Queue::from_store(std::sync::Arc::new(store.clone()), Default::default());
+    let mut holder = sqlx::PgConnection::connect(&url).await.expect("holder");
+    exec(
+        &mut holder,
+        "BEGIN; LOCK TABLE idemq.jobs IN ACCESS EXCLUSIVE MODE".into(),
+    )
+    .await;
+    let first = {
+        let q = queue.clone();
+        tokio::spawn(async move { q.enqueue(EnqueueRequest::new("first")).await })
+    };
+    // The first call is out, blocked on the lock, before the second comes.
+    let mut waited = 0;
+    loop {
+        let blocked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut holder)
+        .await
+        .expect("activity");
+        if blocked > 0 {
+            break;
+        }
+        waited += 1;
+        assert!(waited < 200, "the first enqueue never blocked on the lock");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        queue.enqueue(EnqueueRequest::new("gave.up")),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the second call waits for the only place");
+    exec(&mut holder, "ROLLBACK".into()).await;
+    first
+        .await
+        .expect("task")
+        .expect("the first call is accepted");
+    // Later calls are sent as usual; the one that gave up never was.
+    queue
+        .enqueue(EnqueueRequest::new("after"))
+        .await
+        .expect("a later call");
+    let types: Vec<String> = sqlx::query_scalar("SELECT type FROM idemq.jobs ORDER BY type")
+        .fetch_all(&mut holder)
+        .await
+        .expect("types");
+    assert_eq!(types, ["after", "first"]);
+    drop(queue);
+    drop(store);
+    drop(holder);
+    idemq_testkit::drop_pg_database(&db);
+}

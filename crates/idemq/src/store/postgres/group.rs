@@ -8,6 +8,7 @@
 //! own. A commit's flush is most of a single enqueue's time, so concurrent
 //! producers share one instead of queueing for their own.
 
+use std::borrow::Borrow;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -92,13 +93,14 @@ impl Grouper {
     }
 }
 
-/// A statement out; dropped, it hands its place to the calls waiting, or
-/// gives it up.
-struct Out<'a>(&'a PgStore);
+/// A statement's place, held by the call or the task that sends it;
+/// dropped (even with a task that never ran), it hands the place to the
+/// calls waiting, or gives it up.
+struct Out<S: Borrow<PgStore>>(S);
 
-impl Drop for Out<'_> {
+impl<S: Borrow<PgStore>> Drop for Out<S> {
     fn drop(&mut self) {
-        self.0.hand_on();
+        self.0.borrow().hand_on();
     }
 }
 
@@ -168,10 +170,10 @@ impl PgStore {
             self.grouper.state().running -= 1;
             return;
         };
-        let store = self.clone();
+        let out = Out(self.clone());
         runtime.spawn(async move {
-            let _out = Out(&store);
-            store.send_group(group).await;
+            out.0.send_group(group).await;
+            drop(out);
         });
     }
 
