@@ -239,6 +239,9 @@ fn error_copy(e: &Error) -> Error {
         Error::Unavailable { message } => Error::Unavailable {
             message: message.clone(),
         },
+        Error::Backend { message } => Error::Backend {
+            message: message.clone(),
+        },
         other => Error::Backend {
             message: other.to_string(),
         },
