@@ -1076,3 +1076,99 @@ async fn a_caller_that_gives_up_waiting_for_a_shared_statement_writes_nothing() 
     drop(holder);
     idemq_testkit::drop_pg_database(&db);
 }
+
+/// A shared statement whose fate is unknown (its connection killed while it
+/// runs) answers every caller of it `Unavailable`, as each alone would be
+/// answered, and a retry goes through. With `enqueue_statements=1` a first
+/// call holds the only place while three more wait: a trigger sleeps for a
+/// payload that asks it to. Killing the first's connection hands the place
+/// to the three, whose shared statement sleeps in turn (one of them asks
+/// too) and is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_statement_cut_off_answers_every_caller_unavailable() {
+    let (url, db) = idemq_testkit::pg_database();
+    let mut admin = sqlx::PgConnection::connect(&url).await.expect("admin");
+    exec(
+        &mut admin,
+        "CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.payload ? 'sleep' THEN
+                 PERFORM pg_sleep(60);
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER slow BEFORE INSERT ON idemq.jobs
+             FOR EACH ROW EXECUTE FUNCTION slow();"
+            .into(),
+    )
+    .await;
+    let store = idemq::store::postgres::PgStore::connect(
+        &format!("{url}?enqueue_statements=1"),
+        idemq::store::postgres::PgOptions::default(),
+    )
+    .await
+    .expect("connect");
+    let queue = Queue::from_store(std::sync::Arc::new(store.clone()), Default::default());
+    // The statement sleeping in the trigger: its pid, and whether it is the
+    // shared form.
+    async fn sleeping(admin: &mut sqlx::PgConnection, what: &str) -> (i32, bool) {
+        for _ in 0..400 {
+            let rows: Vec<(i32, bool)> = sqlx::query_as(
+                "SELECT pid, query LIKE '%unnest%' FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event = 'PgSleep'",
+            )
+            .fetch_all(&mut *admin)
+            .await
+            .expect("activity");
+            if let [one] = rows[..] {
+                return one;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("{what}: no statement sleeping in the trigger");
+    }
+    let call = |name: &str, payload: serde_json::Value| {
+        let q = queue.clone();
+        let req = EnqueueRequest::new(name.to_owned()).payload(payload);
+        tokio::spawn(async move { q.enqueue(req).await })
+    };
+    let kill = |pid: i32| format!("SELECT pg_terminate_backend({pid})");
+    let first = call("first", json!({"sleep": 1}));
+    let (pid, shared) = sleeping(&mut admin, "the first call").await;
+    assert!(!shared, "the first call is a statement of its own");
+    let waiting = vec![
+        call("b", json!({"sleep": 1})),
+        call("c", json!({})),
+        call("d", json!({})),
+    ];
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    exec(&mut admin, kill(pid)).await;
+    let err = first
+        .await
+        .expect("task")
+        .expect_err("its connection was cut");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    let (pid, shared) = sleeping(&mut admin, "the shared statement").await;
+    assert!(shared, "the three waiting calls share one statement");
+    exec(&mut admin, kill(pid)).await;
+    for task in waiting {
+        let err = task
+            .await
+            .expect("task")
+            .expect_err("the shared statement was cut");
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    }
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM idemq.jobs")
+        .fetch_one(&mut admin)
+        .await
+        .expect("count");
+    assert_eq!(jobs, 0, "nothing of a cut statement committed");
+    queue
+        .enqueue(EnqueueRequest::new("retry"))
+        .await
+        .expect("a retry after the cut");
+    drop(queue);
+    drop(store);
+    drop(admin);
+    idemq_testkit::drop_pg_database(&db);
+}

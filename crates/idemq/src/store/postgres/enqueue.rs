@@ -276,11 +276,23 @@ pub(super) enum GroupFailure {
 }
 
 impl GroupFailure {
-    /// A driver error: a refusal when the server answered it.
+    /// A driver error: a refusal when the server answered the statement
+    /// with an error of severity `ERROR`, which aborts its transaction (an
+    /// error once the commit is made is a `PANIC`). A `FATAL` one ends the
+    /// connection, and may come after the commit (a backend terminated
+    /// between its commit and its answer): its fate is unknown, as a lost
+    /// connection's.
     fn of(e: sqlx::Error) -> Self {
-        match e {
-            sqlx::Error::Database(_) => Self::Refused(db_err(e)),
-            e => Self::Unknown(db_err(e)),
+        let refused = match &e {
+            sqlx::Error::Database(d) => d
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some_and(|p| matches!(p.severity(), sqlx::postgres::PgSeverity::Error)),
+            _ => false,
+        };
+        if refused {
+            Self::Refused(db_err(e))
+        } else {
+            Self::Unknown(db_err(e))
         }
     }
 
