@@ -907,6 +907,20 @@ async fn every_job_id_column_compares_bytewise() {
     }
 }
 
+/// A store that runs one statement of single enqueues at a time
+/// (`enqueue_statements=1`), so concurrent calls share the next one, and a
+/// queue over it.
+async fn one_statement_out(url: &str) -> (idemq::store::postgres::PgStore, Queue) {
+    let store = idemq::store::postgres::PgStore::connect(
+        &format!("{url}?enqueue_statements=1"),
+        idemq::store::postgres::PgOptions::default(),
+    )
+    .await
+    .expect("connect");
+    let queue = Queue::from_store(std::sync::Arc::new(store.clone()), Default::default());
+    (store, queue)
+}
+
 /// Single keyless enqueues of concurrent tasks share statements once
 /// `enqueue_statements` are out (docs/storage.md): every caller gets its own
 /// answer. When the server refuses a shared statement for one request's
@@ -938,13 +952,7 @@ async fn concurrent_single_enqueues_share_a_statement_and_a_refused_one_goes_alo
             .into(),
     )
     .await;
-    let store = idemq::store::postgres::PgStore::connect(
-        &format!("{url}?enqueue_statements=1"),
-        idemq::store::postgres::PgOptions::default(),
-    )
-    .await
-    .expect("connect");
-    let queue = Queue::from_store(std::sync::Arc::new(store.clone()), Default::default());
+    let (store, queue) = one_statement_out(&url).await;
     let tasks = 32;
     let mut accepted = 0;
     let mut rounds = 0;
@@ -1016,13 +1024,7 @@ async fn concurrent_single_enqueues_share_a_statement_and_a_refused_one_goes_alo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_that_gives_up_waiting_for_a_shared_statement_writes_nothing() {
     let (url, db) = idemq_testkit::pg_database();
-    let store = idemq::store::postgres::PgStore::connect(
-        &format!("{url}?enqueue_statements=1"),
-        idemq::store::postgres::PgOptions::default(),
-    )
-    .await
-    .expect("connect");
-    let queue = Queue::from_store(std::sync::Arc::new(store.clone()), Default::default());
+    let (store, queue) = one_statement_out(&url).await;
     let mut holder = sqlx::PgConnection::connect(&url).await.expect("holder");
     exec(
         &mut holder,
@@ -1102,13 +1104,7 @@ async fn a_shared_statement_cut_off_answers_every_caller_unavailable() {
             .into(),
     )
     .await;
-    let store = idemq::store::postgres::PgStore::connect(
-        &format!("{url}?enqueue_statements=1"),
-        idemq::store::postgres::PgOptions::default(),
-    )
-    .await
-    .expect("connect");
-    let queue = Queue::from_store(std::sync::Arc::new(store.clone()), Default::default());
+    let (store, queue) = one_statement_out(&url).await;
     // The statement sleeping in the trigger: its pid, and whether it is the
     // shared form.
     async fn sleeping(admin: &mut sqlx::PgConnection, what: &str) -> (i32, bool) {
