@@ -3,7 +3,9 @@
 //! in this process finishes the rest. Every job ends completed exactly once
 //! in state, and the run ledger records the attempts the kills cut short as
 //! `lease_expired`. On SQLite, PostgreSQL and Redis (the test kit's
-//! durable redis-server); real time, 1 s leases.
+//! durable redis-server); real time, 2 s leases (heartbeats every 667 ms; a
+//! shorter lease let a stall of this process on a busy 2-core machine end a
+//! live worker's lease).
 //!
 //! Run: `cargo test -p idemq --test drain_kill -- --nocapture`.
 
@@ -22,7 +24,7 @@ const JOBS: usize = 5_000;
 const KILLS: usize = 3;
 /// A kill happens once this many more jobs completed.
 const KILL_EVERY: u64 = 1_000;
-const LEASE: Duration = Duration::from_secs(1);
+const LEASE: Duration = Duration::from_secs(2);
 const CONCURRENCY: usize = 32;
 
 async fn work(_ctx: HandlerContext, _p: Value) -> Result<(), JobError> {

@@ -8,7 +8,12 @@
 //! finish, so a bare restart can fall between statements of every
 //! producer), the injector first takes a lock on the jobs table, waits until
 //! enqueues are queued behind it, and restarts then: those statements are
-//! ended by the shutdown and their producers must retry.
+//! ended by the shutdown and their producers must retry. The lock is held by
+//! a prepared transaction (`PREPARE TRANSACTION`), which outlives its session
+//! and the restart: had an ordinary session held it, the shutdown could end
+//! that session first and a waiting enqueue could take the lock and commit
+//! before its own signal arrived. The injector rolls the prepared
+//! transaction back once the server is up again.
 //!
 //! The test runs its own PostgreSQL server: `initdb` into a temporary
 //! directory and `pg_ctl` on a free loopback port (as the `postgres` user
@@ -127,7 +132,8 @@ impl Server {
         );
         assert!(init.status.success(), "initdb: {}", output(&init));
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=40",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=40 \
+             -c max_prepared_transactions=2",
             server.port,
             server.dir.path().display()
         );
@@ -256,19 +262,21 @@ async fn producer(queue: Queue, p: u32, tally: Arc<Tally>) {
     }
 }
 
-/// Takes an exclusive lock on `idemq.jobs` in a transaction of its own and
-/// returns, once enqueues wait behind it, how many, and the session that holds
-/// the lock (the restart ends it).
-async fn hold_jobs_until_enqueues_wait(url: &str) -> (i64, PgConnection) {
+/// Takes an exclusive lock on `idemq.jobs` in a prepared transaction (which
+/// outlives its session and the restart) and returns, once enqueues wait
+/// behind it, how many. [`release_jobs`] rolls it back.
+async fn hold_jobs_until_enqueues_wait(url: &str) -> i64 {
     let mut holder = PgConnection::connect(url).await.expect("lock holder");
-    sqlx::query("BEGIN")
-        .execute(&mut holder)
-        .await
-        .expect("BEGIN");
-    sqlx::query("LOCK TABLE idemq.jobs IN EXCLUSIVE MODE")
-        .execute(&mut holder)
-        .await
-        .expect("lock the jobs table");
+    for sql in [
+        "BEGIN",
+        "LOCK TABLE idemq.jobs IN EXCLUSIVE MODE",
+        "PREPARE TRANSACTION 'pg_restart_jobs_lock'",
+    ] {
+        sqlx::query(sql)
+            .execute(&mut holder)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
     let mut watcher = PgConnection::connect(url).await.expect("lock watcher");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -283,10 +291,29 @@ async fn hold_jobs_until_enqueues_wait(url: &str) -> (i64, PgConnection) {
         .await
         .expect("count waiting enqueues");
         if waiting >= i64::from(PRODUCERS / 2) || Instant::now() >= deadline {
-            return (waiting, holder);
+            return waiting;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Rolls back the prepared transaction that holds the lock, once the server
+/// takes connections again.
+async fn release_jobs(url: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut conn = loop {
+        match PgConnection::connect(url).await {
+            Ok(c) => break c,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("connect after the restart: {e}"),
+        }
+    };
+    sqlx::query("ROLLBACK PREPARED 'pg_restart_jobs_lock'")
+        .execute(&mut conn)
+        .await
+        .expect("roll back the prepared transaction that holds the lock");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -326,10 +353,12 @@ async fn postgres_restart_during_idempotent_enqueues_loses_nothing() {
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            let (waiting, holder) = hold_jobs_until_enqueues_wait(&url_ref).await;
+            let waiting = hold_jobs_until_enqueues_wait(&url_ref).await;
             let started = Instant::now();
             let out = tokio::task::block_in_place(|| server_ref.restart());
-            drop(holder);
+            if out.status.success() {
+                release_jobs(&url_ref).await;
+            }
             let log = format!(
                 "{}{}",
                 String::from_utf8_lossy(&out.stdout),
@@ -425,14 +454,13 @@ async fn postgres_restart_during_idempotent_enqueues_loses_nothing() {
         server.log()
     );
     assert!(waiting > 0, "no enqueue was in flight at the restart");
-    // The restart met enqueues in flight, and producers saw it. Not every
-    // waiting enqueue need fail: the shutdown signals sessions one after
-    // another, and one that gets the lock when the holder's session ends
-    // may commit before its own signal arrives (then it is acknowledged,
-    // and checked below like every other).
+    // The restart met enqueues in flight, and producers saw it: the lock
+    // outlived the shutdown, so every enqueue waiting behind it was ended and
+    // its producer retried.
+    let retries = tally.retries.load(Ordering::Relaxed);
     assert!(
-        tally.retries.load(Ordering::Relaxed) > 0,
-        "{waiting} enqueues were in flight at the restart, and none was retried"
+        retries >= u64::try_from(waiting).unwrap(),
+        "{waiting} enqueues were in flight at the restart, and only {retries} retries"
     );
     assert!(lost.is_empty(), "acknowledged jobs lost: {lost:?}");
     assert_eq!(duplicates, 0, "keys with two jobs");
