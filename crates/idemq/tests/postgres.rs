@@ -247,6 +247,116 @@ async fn acceptance_notifies_and_a_replay_does_not() {
     );
 }
 
+/// The notifications `listener` receives within `wait`, by payload.
+async fn notified(
+    listener: &mut sqlx::postgres::PgListener,
+    wait: Duration,
+) -> std::collections::BTreeMap<String, usize> {
+    let mut seen = std::collections::BTreeMap::new();
+    while let Ok(n) = tokio::time::timeout(wait, listener.recv()).await {
+        *seen.entry(n.unwrap().payload().to_owned()).or_insert(0) += 1;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyless_enqueues_wake_their_queues_and_a_rollback_wakes_none() {
+    let h = Harness::postgres().await;
+    let mut listener = sqlx::postgres::PgListener::connect(h.db_url.as_deref().unwrap())
+        .await
+        .unwrap();
+    listener
+        .listen(idemq::store::postgres::NOTIFY_CHANNEL)
+        .await
+        .unwrap();
+    let quiet = Duration::from_millis(500);
+
+    // One request, then a batch over three queues: each queue that accepted
+    // a job is woken.
+    h.queue
+        .enqueue(EnqueueRequest::new("t").queue("mail"))
+        .await
+        .unwrap();
+    assert_eq!(
+        notified(&mut listener, quiet).await,
+        [("mail".to_owned(), 1)].into()
+    );
+    let batch = ["a", "b", "a", "c"]
+        .map(|q| EnqueueRequest::new("t").queue(q))
+        .to_vec();
+    for r in h
+        .queue
+        .enqueue_many(batch, idemq::BatchOptions::default())
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let seen = notified(&mut listener, quiet).await;
+    assert_eq!(
+        seen.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["a", "b", "c"],
+        "{seen:?}"
+    );
+
+    // A refused request (its deadline passed) creates no job and wakes no one.
+    let past = h.now().await - chrono::Duration::seconds(1);
+    let refused = h
+        .queue
+        .enqueue(EnqueueRequest::new("t").queue("late").deadline(past))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::Validation { .. })),
+        "{refused:?}"
+    );
+    assert!(notified(&mut listener, quiet).await.is_empty());
+
+    // Concurrent single enqueues (which share statements) wake their queue.
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let queue = h.queue.clone();
+        tasks.spawn(async move {
+            queue
+                .enqueue(EnqueueRequest::new("t").queue("burst"))
+                .await
+                .unwrap()
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let seen = notified(&mut listener, quiet).await;
+    assert!(
+        seen.get("burst").is_some_and(|n| *n >= 1) && seen.len() == 1,
+        "{seen:?}"
+    );
+
+    // In the caller's transaction the wake-up goes with its commit: none
+    // for a rollback, one for a commit.
+    let pool = h.caller_pool().await;
+    let mut tx = pool.begin().await.unwrap();
+    h.queue
+        .enqueue_in(&mut tx, EnqueueRequest::new("t").queue("in-tx"))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(notified(&mut listener, quiet).await.is_empty());
+    let mut tx = pool.begin().await.unwrap();
+    h.queue
+        .enqueue_in(&mut tx, EnqueueRequest::new("t").queue("in-tx"))
+        .await
+        .unwrap();
+    assert!(
+        notified(&mut listener, quiet).await.is_empty(),
+        "woken before the commit"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(
+        notified(&mut listener, quiet).await,
+        [("in-tx".to_owned(), 1)].into()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrations_are_safe_to_run_concurrently() {
     let db = format!("idemq_m_{}", uuid::Uuid::new_v4().simple());
