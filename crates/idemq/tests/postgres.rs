@@ -219,9 +219,8 @@ async fn snapshot_isolation_callers_get_a_retryable_error_then_a_replay() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acceptance_notifies_and_a_replay_does_not() {
-    let h = Harness::postgres().await;
+/// A session listening on idemq's wake-up channel.
+async fn wakeup_listener(h: &Harness) -> sqlx::postgres::PgListener {
     let mut listener = sqlx::postgres::PgListener::connect(h.db_url.as_deref().unwrap())
         .await
         .unwrap();
@@ -229,6 +228,13 @@ async fn acceptance_notifies_and_a_replay_does_not() {
         .listen(idemq::store::postgres::NOTIFY_CHANNEL)
         .await
         .unwrap();
+    listener
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acceptance_notifies_and_a_replay_does_not() {
+    let h = Harness::postgres().await;
+    let mut listener = wakeup_listener(&h).await;
     let req = || keyed("o-7", json!(7)).queue("mail");
     h.queue.enqueue(req()).await.unwrap();
     let n = tokio::time::timeout(Duration::from_secs(5), listener.recv())
@@ -262,13 +268,7 @@ async fn notified(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyless_enqueues_wake_their_queues_and_a_rollback_wakes_none() {
     let h = Harness::postgres().await;
-    let mut listener = sqlx::postgres::PgListener::connect(h.db_url.as_deref().unwrap())
-        .await
-        .unwrap();
-    listener
-        .listen(idemq::store::postgres::NOTIFY_CHANNEL)
-        .await
-        .unwrap();
+    let mut listener = wakeup_listener(&h).await;
     let quiet = Duration::from_millis(500);
 
     // One request, then a batch over three queues: each queue that accepted
