@@ -321,7 +321,11 @@ impl<'a> Lent<'a> {
         let conn = match db.kept.take() {
             Ok(conn) => conn,
             Err(waiting) => {
-                let conn = db.pool.acquire().await?;
+                // Boxed: the pool's acquire is a future of about 9 KB,
+                // which would otherwise sit in the state of every call's
+                // future (moved and copied with it) though most calls take
+                // a kept connection.
+                let conn = Box::pin(db.pool.acquire()).await?;
                 drop(waiting);
                 conn
             }
