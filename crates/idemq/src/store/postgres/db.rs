@@ -499,7 +499,8 @@ impl<'a> Executor<'a> for Db<'a> {
         // full under the deadline, then handed out.
         let all = within(self.net.deadline, async move {
             if self.net.bouncer {
-                let mut tx = self.pool.begin().await?;
+                // Boxed, as in `Lent::of`: the pool's begin is a large future.
+                let mut tx = Box::pin(self.pool.begin()).await?;
                 let items: Vec<Item> = (&mut *tx).fetch_many(Unnamed(query)).try_collect().await?;
                 tx.commit().await?;
                 Ok(items)
@@ -527,7 +528,8 @@ impl<'a> Executor<'a> for Db<'a> {
     {
         Box::pin(within(self.net.deadline, async move {
             if self.net.bouncer {
-                let mut tx = self.pool.begin().await?;
+                // Boxed, as in `Lent::of`: the pool's begin is a large future.
+                let mut tx = Box::pin(self.pool.begin()).await?;
                 let row = (&mut *tx).fetch_optional(Unnamed(query)).await?;
                 tx.commit().await?;
                 Ok(row)

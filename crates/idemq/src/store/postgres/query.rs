@@ -324,7 +324,7 @@ pub(super) async fn dedupe_lookup(db: Db<'_>, p: &DedupeRef) -> Result<Option<Ex
     db.bounded(async {
         // Behind PgBouncer the lookup needs a transaction to keep its server connection.
         if db.net.bouncer {
-            let mut tx = db.pool.begin().await.map_err(db_err)?;
+            let mut tx = Box::pin(db.pool.begin()).await.map_err(db_err)?;
             let out = dedupe_holder(&mut tx, &p.job_type, &p.key).await;
             tx.commit().await.map_err(db_err)?;
             out
