@@ -172,9 +172,42 @@ async fn waiter_behind_a_committed_holder_is_replayed() {
     let waiter =
         tokio::spawn(async move { other.enqueue_with_result(keyed("o-5", json!(5))).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
+    // It found no committed binding, so it waits to insert one under the
+    // key's lock; once the holder commits, the binding's primary key turns
+    // that insert away and the request is decided again: a replay.
+    assert!(!waiter.is_finished(), "the waiter blocks on the held key");
     tx.commit().await.unwrap();
     let r = waiter.await.unwrap().unwrap();
     assert_eq!((r.job_id, r.outcome), (held.job_id, Outcome::Replayed));
+    assert_eq!(h.totals().await.0, 1);
+}
+
+/// The same race with another payload: the waiter's insert writes nothing
+/// and the request is answered with the conflict naming the held job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_behind_a_committed_holder_with_another_payload_conflicts() {
+    let h = Harness::postgres().await;
+    let pool = orders_table(&h).await;
+    let mut tx = pool.begin().await.unwrap();
+    let held = h
+        .queue
+        .enqueue_in(&mut tx, keyed("o-7", json!(7)))
+        .await
+        .unwrap();
+    let other = h.another_queue().await;
+    let waiter =
+        tokio::spawn(async move { other.enqueue_with_result(keyed("o-7", json!(8))).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter blocks on the held key");
+    tx.commit().await.unwrap();
+    match waiter.await.unwrap() {
+        Err(Error::EnqueueIdempotencyConflict(c)) => {
+            assert_eq!(c.job_id, held.job_id);
+            assert_eq!(c.fields, vec!["payload"]);
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(h.totals().await.0, 1);
 }
 
 /// Under REPEATABLE READ and SERIALIZABLE a key bound after the caller's

@@ -189,15 +189,19 @@ pub(super) async fn enqueue(
                 idempotency: Some(key),
                 ..
             },
-        ] => keyed_one(conn, &items[0], key).await?,
-        _ => {
-            sqlx::query("SELECT idx, job_id, outcome, reason, error FROM idemq.enqueue($1::jsonb)")
-                .bind(items_json(items)?)
-                .persistent(db::prepared())
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(db_err)?
+        ] => {
+            let item = &items[0];
+            let only_key = item.job_id.is_none() && item.dedupe.is_none();
+            let rows = keyed_one(conn, item, key, only_key).await?;
+            if !rows.is_empty() {
+                rows
+            } else if let Some(answer) = keyed_new(conn, item, key).await? {
+                return Ok(vec![answer]);
+            } else {
+                decided(conn, items).await?
+            }
         }
+        _ => decided(conn, items).await?,
     };
     let mut out: Vec<Result<EnqueueResult>> = Vec::with_capacity(items.len());
     for (row, item) in rows.iter().zip(items) {
@@ -223,6 +227,16 @@ pub(super) async fn enqueue(
     Ok(out)
 }
 
+/// Every request of `items` decided by `idemq.enqueue`.
+async fn decided(conn: &mut PgConnection, items: &[PreparedEnqueue]) -> Result<Vec<PgRow>> {
+    sqlx::query("SELECT idx, job_id, outcome, reason, error FROM idemq.enqueue($1::jsonb)")
+        .bind(items_json(items)?)
+        .persistent(db::prepared())
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db_err)
+}
+
 /// One request with an idempotency key, the common keyed call. A repeat
 /// (a live binding of the key with the same fingerprint) is answered by a
 /// plain read of the binding, as `idemq.enqueue` would answer it, without
@@ -234,34 +248,141 @@ pub(super) async fn enqueue(
 /// the document either: the custom plans before it fold the cast into a
 /// constant, which parses it. Anything else (a new key, a
 /// conflict, a binding of a transaction still running) is decided by
-/// `idemq.enqueue`, with the key's lock, in the same statement.
+/// `idemq.enqueue`, with the key's lock, in the same statement; but with
+/// `only_key` (a request with no explicit id and no dedupe key), a key
+/// without a live binding answers no rows, and `keyed_new` inserts the job.
 async fn keyed_one(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
     key: &PreparedKey,
+    only_key: bool,
 ) -> Result<Vec<PgRow>> {
     sqlx::query(
         "WITH n AS MATERIALIZED (SELECT idemq.now() AS now),
          hit AS MATERIALIZED (
-             SELECT i.job_id FROM idemq.idempotency i, n
-             WHERE i.scope = $1 AND i.key_hash = $2 AND i.expires_at > n.now
-               AND i.fingerprint = $3::text::jsonb)
+             SELECT i.job_id, i.fingerprint = $3::text::jsonb AS same
+             FROM idemq.idempotency i, n
+             WHERE i.scope = $1 AND i.key_hash = $2 AND i.expires_at > n.now)
          SELECT 0 AS idx, h.job_id, 'replayed'::text AS outcome, NULL::text AS reason,
                 NULL::jsonb AS error
-         FROM hit h
+         FROM hit h WHERE h.same
          UNION ALL
          SELECT e.idx, e.job_id, e.outcome, e.reason, e.error
          FROM idemq.enqueue($4::text::jsonb) e
-         WHERE NOT EXISTS (SELECT 1 FROM hit)",
+         WHERE NOT EXISTS (SELECT 1 FROM hit h WHERE h.same)
+           AND (NOT $5::boolean OR EXISTS (SELECT 1 FROM hit))",
     )
     .bind(&key.scope)
     .bind(&key.hash[..])
     .bind(to_json(&item.fingerprint)?)
     .bind(items_json(std::slice::from_ref(item))?)
+    .bind(only_key)
     .persistent(db::prepared())
     .fetch_all(&mut *conn)
     .await
     .map_err(db_err)
+}
+
+/// A new job for a key that had no live binding when `keyed_one` read it,
+/// for a request whose only key is its idempotency key: one statement that
+/// takes the key's lock (as `idemq.enqueue` does), checks the deadline
+/// against the clock of record, binds the key and inserts the job, with no
+/// PL/pgSQL (whose statements and helpers cost a keyed enqueue three times
+/// a keyless one). The key's binding is inserted first, and the job only if
+/// it went in: the primary key of `idemq.idempotency` decides a race with a
+/// binding committed since `keyed_one` read (or still being written, which
+/// the insert waits for), and an expired binding is replaced as
+/// `idemq.bind_key` replaces it. A key bound meanwhile writes nothing and
+/// answers `None`: `idemq.enqueue` then decides the request (a replay or a
+/// conflict), reading the binding afresh.
+const KEYED_NEW: &str = "
+WITH lk AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(hashtextextended('idemq.key:' || $16::text || ':' || $17::text, 0))
+),
+t AS MATERIALIZED (
+    SELECT c.now, c.due, CASE
+        WHEN $11::int8 IS NULL THEN NULL
+        WHEN idemq.us($11::int8) <= c.now THEN 'deadline'
+        WHEN c.due >= idemq.us($11::int8) THEN
+            CASE WHEN $7::int8 IS NULL THEN 'run_at' ELSE 'delay_ms' END
+        END AS refused
+    FROM (SELECT n.now, CASE WHEN $6::int8 IS NOT NULL THEN idemq.us($6::int8)
+                             ELSE n.now + idemq.ms(coalesce($7::int8, 0)) END AS due
+          FROM lk CROSS JOIN (SELECT idemq.now() AS now) n) c
+),
+bound AS (
+    INSERT INTO idemq.idempotency AS i
+        (scope, key_hash, key_preview, job_id, fingerprint, created_at, expires_at)
+    SELECT $16::text, $18::bytea, $19::text, $1::text, $20::text::jsonb, t.now,
+           t.now + idemq.ms($21::int8)
+    FROM t WHERE t.refused IS NULL
+    ON CONFLICT (scope, key_hash) DO UPDATE
+        SET key_preview = excluded.key_preview, job_id = excluded.job_id,
+            fingerprint = excluded.fingerprint, created_at = excluded.created_at,
+            expires_at = excluded.expires_at
+        WHERE i.expires_at <= excluded.created_at
+    RETURNING 1
+),
+job AS (
+    INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at, max_attempts,
+        retry, timeout_ms, deadline, concurrency_key, tags, keep_ms, fingerprint, idem_scope,
+        idem_key_hash, idem_key_preview, created_at, updated_at, first_run_at)
+    SELECT $1::text, $2::text, $3::text, 'waiting', $4::text::jsonb, $5::int2, t.due,
+        $8::int4, $9::text::jsonb, $10::int8, idemq.us($11::int8), $12::text, $13::text[],
+        $14::int8, $15::bytea, $16::text, $18::bytea, $19::text, t.now, t.now,
+        nullif(t.due, t.now)
+    FROM t WHERE EXISTS (SELECT 1 FROM bound)
+    RETURNING idemq.wake(queue) AS woke
+)
+SELECT 'accepted'::text AS outcome FROM job
+UNION ALL
+SELECT t.refused FROM t WHERE t.refused IS NOT NULL
+UNION ALL
+SELECT NULL FROM t WHERE t.refused IS NULL AND NOT EXISTS (SELECT 1 FROM bound)";
+
+/// Sends `KEYED_NEW`: the new job's answer, a refusal by the clock, or
+/// `None` when the key was bound meanwhile (nothing written).
+async fn keyed_new(
+    conn: &mut PgConnection,
+    item: &PreparedEnqueue,
+    key: &PreparedKey,
+) -> Result<Option<Result<EnqueueResult>>> {
+    let id = uuid::Uuid::now_v7().to_string();
+    let row = sqlx::query(KEYED_NEW)
+        .bind(&id)
+        .bind(&item.job_type)
+        .bind(&item.queue)
+        .bind(&item.payload)
+        .bind(item.priority)
+        .bind(item.run_at)
+        .bind(item.delay_ms)
+        .bind(item.max_attempts)
+        .bind(stored_retry(&item.retry)?)
+        .bind(item.timeout_ms)
+        .bind(item.deadline)
+        .bind(item.concurrency_key.as_deref())
+        .bind(&item.tags)
+        .bind(item.keep_ms)
+        .bind(item.fingerprint.compact())
+        .bind(&key.scope)
+        .bind(hex(&key.hash))
+        .bind(&key.hash[..])
+        .bind(&key.preview)
+        .bind(to_json(&item.fingerprint)?)
+        .bind(key.ttl_ms)
+        .persistent(db::prepared())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db_err)?;
+    let outcome: Option<String> = row.try_get("outcome").map_err(db_err)?;
+    Ok(match outcome.as_deref() {
+        None => None,
+        Some("accepted") => Some(Ok(EnqueueResult {
+            job_id: id,
+            outcome: Outcome::Accepted,
+        })),
+        Some(field) => Some(Err(refusal(field))),
+    })
 }
 
 /// Why a statement has no answer.
@@ -673,12 +794,19 @@ fn plain_answers(plain: Vec<PlainItem>, rows: &[PgRow]) -> Result<Vec<Result<Enq
             .ok_or_else(|| Error::Backend {
                 message: format!("the enqueue statement refused an unknown item {ord}"),
             })?;
-        *slot = Err(match refused.as_str() {
-            "deadline" => Error::validation("deadline", "must be in the future"),
-            field => Error::validation(field, "must be before the deadline"),
-        });
+        *slot = Err(refusal(&refused));
     }
     Ok(out)
+}
+
+/// A request the clock of record refused: its deadline has passed
+/// (`deadline`), or it is due no sooner than its deadline (`run_at` or
+/// `delay_ms`, the field that set when it is due).
+fn refusal(field: &str) -> Error {
+    match field {
+        "deadline" => Error::validation("deadline", "must be in the future"),
+        field => Error::validation(field, "must be before the deadline"),
+    }
 }
 
 /// The real enqueue path inside a transaction the caller rolls back.
