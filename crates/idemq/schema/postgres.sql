@@ -626,7 +626,8 @@ BEGIN
                             concurrency_key = it ->> 'concurrency_key',
                             tags = ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')),
                             keep_ms = (it ->> 'keep_ms')::bigint,
-                            fingerprint = idemq.fp_pack(v_fp),
+                            fingerprint = coalesce(decode(it ->> 'fp', 'hex'),
+                                           idemq.fp_pack(v_fp)),
                             updated_at = v_now
                         WHERE j.id = d.job_id AND j.state = 'waiting' AND j.attempt = 0
                           AND j.run_at > v_now;
@@ -696,7 +697,8 @@ BEGIN
         it ->> 'concurrency_key',
         CASE WHEN jsonb_array_length(it -> 'tags') = 0 THEN '{}'::text[]
              ELSE ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')) END,
-        (it ->> 'keep_ms')::bigint, idemq.fp_pack(v_fp), v_idem ->> 'scope',
+        (it ->> 'keep_ms')::bigint, coalesce(decode(it ->> 'fp', 'hex'), idemq.fp_pack(v_fp)),
+        v_idem ->> 'scope',
         decode(v_idem ->> 'hash', 'hex'),
         v_idem ->> 'preview', v_dd ->> 'key', v_dd ->> 'mode', v_now, v_now,
         nullif(v_run_at, v_now));

@@ -75,6 +75,9 @@ struct Item<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     dedupe: Option<Dedupe<'a>>,
     fingerprint: &'a Fingerprint,
+    /// The compact form the job row stores, in hex (`idemq.fp_pack` of
+    /// `fingerprint`, which the function would otherwise compute).
+    fp: String,
 }
 
 fn items_json(items: &[PreparedEnqueue]) -> Result<String> {
@@ -112,6 +115,7 @@ fn items_json(items: &[PreparedEnqueue]) -> Result<String> {
                 max_wait_ms: d.max_wait_ms,
             }),
             fingerprint: &p.fingerprint,
+            fp: hex(&p.fingerprint.compact()),
         })
         .collect();
     to_json(&wire)
