@@ -189,22 +189,22 @@ pub(super) async fn enqueue(
     }
     let rows = match items {
         [
-            PreparedEnqueue {
+            item @ PreparedEnqueue {
+                idempotency: Some(key),
+                job_id: None,
+                dedupe: None,
+                ..
+            },
+        ] => match only_keyed(conn, item, key).await? {
+            Some(answer) => return Ok(vec![answer]),
+            None => decided(conn, items).await?,
+        },
+        [
+            item @ PreparedEnqueue {
                 idempotency: Some(key),
                 ..
             },
-        ] => {
-            let item = &items[0];
-            let only_key = item.job_id.is_none() && item.dedupe.is_none();
-            let rows = keyed_one(conn, item, key, only_key).await?;
-            if !rows.is_empty() {
-                rows
-            } else if let Some(answer) = keyed_new(conn, item, key).await? {
-                return Ok(vec![answer]);
-            } else {
-                decided(conn, items).await?
-            }
-        }
+        ] => keyed_one(conn, item, key).await?,
         _ => decided(conn, items).await?,
     };
     let mut out: Vec<Result<EnqueueResult>> = Vec::with_capacity(items.len());
@@ -241,8 +241,9 @@ async fn decided(conn: &mut PgConnection, items: &[PreparedEnqueue]) -> Result<V
         .map_err(db_err)
 }
 
-/// One request with an idempotency key, the common keyed call. A repeat
-/// (a live binding of the key with the same fingerprint) is answered by a
+/// One request with an idempotency key and an explicit job id or a dedupe
+/// key. A repeat (a live binding of the key with the same fingerprint) is
+/// answered by a
 /// plain read of the binding, as `idemq.enqueue` would answer it, without
 /// entering PL/pgSQL: the request's document travels as text and becomes
 /// `jsonb` only in the branch that calls `idemq.enqueue`, which a found
@@ -252,49 +253,83 @@ async fn decided(conn: &mut PgConnection, items: &[PreparedEnqueue]) -> Result<V
 /// the document either: the custom plans before it fold the cast into a
 /// constant, which parses it. Anything else (a new key, a
 /// conflict, a binding of a transaction still running) is decided by
-/// `idemq.enqueue`, with the key's lock, in the same statement; but with
-/// `only_key` (a request with no explicit id and no dedupe key), a key
-/// without a live binding answers no rows, and `keyed_new` inserts the job.
+/// `idemq.enqueue`, with the key's lock, in the same statement.
 async fn keyed_one(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
     key: &PreparedKey,
-    only_key: bool,
 ) -> Result<Vec<PgRow>> {
     sqlx::query(
         "WITH n AS MATERIALIZED (SELECT idemq.now() AS now),
          hit AS MATERIALIZED (
-             SELECT i.job_id, i.fingerprint = $3::text::jsonb AS same
-             FROM idemq.idempotency i, n
-             WHERE i.scope = $1 AND i.key_hash = $2 AND i.expires_at > n.now)
+             SELECT i.job_id FROM idemq.idempotency i, n
+             WHERE i.scope = $1 AND i.key_hash = $2 AND i.expires_at > n.now
+               AND i.fingerprint = $3::text::jsonb)
          SELECT 0 AS idx, h.job_id, 'replayed'::text AS outcome, NULL::text AS reason,
                 NULL::jsonb AS error
-         FROM hit h WHERE h.same
+         FROM hit h
          UNION ALL
          SELECT e.idx, e.job_id, e.outcome, e.reason, e.error
          FROM idemq.enqueue($4::text::jsonb) e
-         WHERE NOT EXISTS (SELECT 1 FROM hit h WHERE h.same)
-           AND (NOT $5::boolean OR EXISTS (SELECT 1 FROM hit))",
+         WHERE NOT EXISTS (SELECT 1 FROM hit)",
     )
     .bind(&key.scope)
     .bind(&key.hash[..])
     .bind(to_json(&item.fingerprint)?)
     .bind(items_json(std::slice::from_ref(item))?)
-    .bind(only_key)
     .persistent(db::prepared())
     .fetch_all(&mut *conn)
     .await
     .map_err(db_err)
 }
 
-/// A new job for a key that had no live binding when `keyed_one` read it,
+/// A request whose only key is its idempotency key (no explicit id, no
+/// dedupe key), the commonest keyed call, by plain statements: a read of
+/// the key's live binding answers a repeat (the request's document is not
+/// sent); a key without one is bound and its job inserted by `KEYED_NEW`.
+/// `None` when `idemq.enqueue` must decide: the binding's fingerprint
+/// differs (the function names the differing fields), or the key was bound
+/// between the two statements.
+async fn only_keyed(
+    conn: &mut PgConnection,
+    item: &PreparedEnqueue,
+    key: &PreparedKey,
+) -> Result<Option<Result<EnqueueResult>>> {
+    let bound = sqlx::query(
+        "SELECT i.job_id, i.fingerprint = $3::text::jsonb AS same
+         FROM idemq.idempotency i
+         WHERE i.scope = $1 AND i.key_hash = $2 AND i.expires_at > idemq.now()",
+    )
+    .bind(&key.scope)
+    .bind(&key.hash[..])
+    .bind(to_json(&item.fingerprint)?)
+    .persistent(db::prepared())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db_err)?;
+    match bound {
+        Some(row) => {
+            let same: bool = row.try_get("same").map_err(db_err)?;
+            if !same {
+                return Ok(None);
+            }
+            Ok(Some(Ok(EnqueueResult {
+                job_id: row.try_get("job_id").map_err(db_err)?,
+                outcome: Outcome::Replayed,
+            })))
+        }
+        None => keyed_new(conn, item, key).await,
+    }
+}
+
+/// A new job for a key that had no live binding when `only_keyed` read it,
 /// for a request whose only key is its idempotency key: one statement that
 /// takes the key's lock (as `idemq.enqueue` does), checks the deadline
 /// against the clock of record, binds the key and inserts the job, with no
 /// PL/pgSQL (whose statements and helpers cost a keyed enqueue three times
 /// a keyless one). The key's binding is inserted first, and the job only if
 /// it went in: the primary key of `idemq.idempotency` decides a race with a
-/// binding committed since `keyed_one` read (or still being written, which
+/// binding committed since `only_keyed` read (or still being written, which
 /// the insert waits for), and an expired binding is replaced as
 /// `idemq.bind_key` replaces it. A key bound meanwhile writes nothing and
 /// answers `None`: `idemq.enqueue` then decides the request (a replay or a
