@@ -134,23 +134,38 @@ async fn callers_transaction_stays_usable_after_a_refused_request() {
     assert_eq!(h.totals().await.0, 1);
 }
 
+/// A waiter behind a key held by a caller's open transaction: the job the
+/// holder enqueued in it (the key `key`, the payload `held`), the
+/// transaction, and another queue's request for the same key with the
+/// payload `wanted`, checked to be blocked. It found no committed binding,
+/// so it waits under the key's lock to insert one; what the holder does
+/// next decides it.
+async fn waiter_behind_a_held_key(
+    h: &Harness,
+    key: &'static str,
+    held: serde_json::Value,
+    wanted: serde_json::Value,
+) -> (
+    idemq::EnqueueResult,
+    sqlx::Transaction<'static, sqlx::Postgres>,
+    tokio::task::JoinHandle<idemq::Result<idemq::EnqueueResult>>,
+) {
+    let pool = orders_table(h).await;
+    let mut tx = pool.begin().await.unwrap();
+    let holder = h.queue.enqueue_in(&mut tx, keyed(key, held)).await.unwrap();
+    let other = h.another_queue().await;
+    let waiter = tokio::spawn(async move { other.enqueue_with_result(keyed(key, wanted)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter blocks on the held key");
+    (holder, tx, waiter)
+}
+
 /// A waiter blocked on a key held by a transaction that rolls back gets
 /// `accepted`, never `replayed` for a job that never committed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_behind_a_rolled_back_holder_is_accepted() {
     let h = Harness::postgres().await;
-    let pool = orders_table(&h).await;
-    let mut tx = pool.begin().await.unwrap();
-    let held = h
-        .queue
-        .enqueue_in(&mut tx, keyed("o-4", json!(4)))
-        .await
-        .unwrap();
-    let other = h.another_queue().await;
-    let waiter =
-        tokio::spawn(async move { other.enqueue_with_result(keyed("o-4", json!(4))).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished(), "the waiter blocks on the held key");
+    let (held, tx, waiter) = waiter_behind_a_held_key(&h, "o-4", json!(4), json!(4)).await;
     tx.rollback().await.unwrap();
     let r = waiter.await.unwrap().unwrap();
     assert_eq!(r.outcome, Outcome::Accepted);
@@ -158,24 +173,12 @@ async fn waiter_behind_a_rolled_back_holder_is_accepted() {
     assert_eq!(h.totals().await, (1, 1));
 }
 
+/// Once the holder commits, the binding's primary key turns the waiter's
+/// insert away and the request is decided again: a replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_behind_a_committed_holder_is_replayed() {
     let h = Harness::postgres().await;
-    let pool = orders_table(&h).await;
-    let mut tx = pool.begin().await.unwrap();
-    let held = h
-        .queue
-        .enqueue_in(&mut tx, keyed("o-5", json!(5)))
-        .await
-        .unwrap();
-    let other = h.another_queue().await;
-    let waiter =
-        tokio::spawn(async move { other.enqueue_with_result(keyed("o-5", json!(5))).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // It found no committed binding, so it waits to insert one under the
-    // key's lock; once the holder commits, the binding's primary key turns
-    // that insert away and the request is decided again: a replay.
-    assert!(!waiter.is_finished(), "the waiter blocks on the held key");
+    let (held, tx, waiter) = waiter_behind_a_held_key(&h, "o-5", json!(5), json!(5)).await;
     tx.commit().await.unwrap();
     let r = waiter.await.unwrap().unwrap();
     assert_eq!((r.job_id, r.outcome), (held.job_id, Outcome::Replayed));
@@ -187,18 +190,7 @@ async fn waiter_behind_a_committed_holder_is_replayed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_behind_a_committed_holder_with_another_payload_conflicts() {
     let h = Harness::postgres().await;
-    let pool = orders_table(&h).await;
-    let mut tx = pool.begin().await.unwrap();
-    let held = h
-        .queue
-        .enqueue_in(&mut tx, keyed("o-7", json!(7)))
-        .await
-        .unwrap();
-    let other = h.another_queue().await;
-    let waiter =
-        tokio::spawn(async move { other.enqueue_with_result(keyed("o-7", json!(8))).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished(), "the waiter blocks on the held key");
+    let (held, tx, waiter) = waiter_behind_a_held_key(&h, "o-7", json!(7), json!(8)).await;
     tx.commit().await.unwrap();
     match waiter.await.unwrap() {
         Err(Error::EnqueueIdempotencyConflict(c)) => {
