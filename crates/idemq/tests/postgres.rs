@@ -1170,12 +1170,15 @@ async fn a_caller_that_gives_up_waiting_for_a_shared_statement_writes_nothing() 
         let q = queue.clone();
         tokio::spawn(async move { q.enqueue(EnqueueRequest::new("first")).await })
     };
-    // The first call is out, blocked on the lock, before the second comes.
+    // The first call is out, blocked on the lock, before the second comes
+    // (its own statement: the store's background work may wait on the lock
+    // too).
     let mut waited = 0;
     loop {
         let blocked: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND query LIKE '%INSERT INTO idemq.jobs%'",
         )
         .fetch_one(&mut holder)
         .await
