@@ -32,6 +32,7 @@ idemq_testkit::instantiate!(
     explicit_job_id_replay_binds_the_key,
     retried_request_after_its_deadline_is_replayed,
     new_request_with_a_past_deadline_is_refused,
+    new_request_due_at_its_deadline_is_refused_for_the_field_that_set_it,
     raw_key_is_absent_from_the_database_files,
     job_shows_key_preview_and_digest,
     key_secret_changes_the_binding,
@@ -411,6 +412,47 @@ async fn new_request_with_a_past_deadline_is_refused(h: Harness) {
         h.queue.lookup_key("default", "k").await.unwrap().is_none(),
         "no binding written"
     );
+}
+
+async fn new_request_due_at_its_deadline_is_refused_for_the_field_that_set_it(h: Harness) {
+    let deadline = h.now().await + chrono::Duration::hours(1);
+    for (req, field) in [
+        (EnqueueRequest::new("t").run_at(deadline), "run_at"),
+        (
+            EnqueueRequest::new("t").delay(Duration::from_secs(7200)),
+            "delay_ms",
+        ),
+    ] {
+        let err = h
+            .queue
+            .enqueue(req.deadline(deadline).idempotency_key("k"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Validation { field: f, .. } if f == field),
+            "{err:?}"
+        );
+    }
+    assert_eq!(h.totals().await, (0, 0));
+    assert!(
+        h.queue.lookup_key("default", "k").await.unwrap().is_none(),
+        "no binding written"
+    );
+    // Due just before its deadline, the same request is accepted.
+    let due = deadline - chrono::Duration::milliseconds(1);
+    let r = h
+        .queue
+        .enqueue_with_result(
+            EnqueueRequest::new("t")
+                .run_at(due)
+                .deadline(deadline)
+                .idempotency_key("k"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Accepted);
+    let job = h.queue.get(&r.job_id).await.unwrap().expect("its job");
+    assert_eq!((job.run_at, job.deadline), (due, Some(deadline)));
 }
 
 async fn raw_key_is_absent_from_the_database_files(h: Harness) {

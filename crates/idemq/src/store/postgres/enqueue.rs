@@ -187,18 +187,13 @@ pub(super) async fn enqueue(
     if items.iter().all(is_plain) {
         return enqueue_plain(conn, items).await;
     }
+    if let [item] = items
+        && let Some(key) = only_key(item)
+    {
+        let bound = read_binding(conn, item, key).await?;
+        return Ok(vec![after_read(conn, item, key, bound).await?]);
+    }
     let rows = match items {
-        [
-            item @ PreparedEnqueue {
-                idempotency: Some(key),
-                job_id: None,
-                dedupe: None,
-                ..
-            },
-        ] => match only_keyed(conn, item, key).await? {
-            Some(answer) => return Ok(vec![answer]),
-            None => decided(conn, items).await?,
-        },
         [
             item @ PreparedEnqueue {
                 idempotency: Some(key),
@@ -207,6 +202,12 @@ pub(super) async fn enqueue(
         ] => keyed_one(conn, item, key).await?,
         _ => decided(conn, items).await?,
     };
+    answers(&rows, items)
+}
+
+/// The answers of `idemq.enqueue` (or a statement shaped like its answer),
+/// one row per item of `items`.
+fn answers(rows: &[PgRow], items: &[PreparedEnqueue]) -> Result<Vec<Result<EnqueueResult>>> {
     let mut out: Vec<Result<EnqueueResult>> = Vec::with_capacity(items.len());
     for (row, item) in rows.iter().zip(items) {
         let error: Option<Value> = row.try_get("error").map_err(db_err)?;
@@ -283,70 +284,165 @@ async fn keyed_one(
     .map_err(db_err)
 }
 
-/// A request whose only key is its idempotency key (no explicit id, no
-/// dedupe key), the commonest keyed call, by plain statements: a read of
-/// the key's live binding answers a repeat (the request's document is not
-/// sent); a key without one is bound and its job inserted by `KEYED_NEW`.
-/// `None` when `idemq.enqueue` must decide: the binding's fingerprint
-/// differs (the function names the differing fields), or the key was bound
-/// between the two statements.
-async fn only_keyed(
+/// The key of a request whose only key is its idempotency key (no explicit
+/// id, no dedupe key), the commonest keyed call, answered by plain
+/// statements: a read of the key's live binding answers a repeat (the
+/// request's document is not sent), and a key without one is bound and its
+/// job inserted by `KEYED_NEW`.
+fn only_key(p: &PreparedEnqueue) -> Option<&PreparedKey> {
+    match p {
+        PreparedEnqueue {
+            idempotency: Some(key),
+            job_id: None,
+            dedupe: None,
+            ..
+        } => Some(key),
+        _ => None,
+    }
+}
+
+/// What the read of a request's key found.
+#[derive(Debug)]
+enum Bound {
+    /// A live binding with the request's fingerprint: the replay.
+    Replay(EnqueueResult),
+    /// No live binding; the request's fingerprint as JSON text, for the
+    /// binding `KEYED_NEW` writes.
+    Unbound(String),
+    /// A live binding with another fingerprint: the conflict, which
+    /// `idemq.enqueue` decides (it names the differing fields).
+    Other,
+}
+
+/// Reads the live binding of `key`, the only key of `item`, in a statement
+/// that writes nothing.
+async fn read_binding(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
     key: &PreparedKey,
-) -> Result<Option<Result<EnqueueResult>>> {
-    let bound = sqlx::query(
+) -> Result<Bound> {
+    let fingerprint = to_json(&item.fingerprint)?;
+    let found = sqlx::query(
         "SELECT i.job_id, i.fingerprint = $3::text::jsonb AS same
          FROM idemq.idempotency i
          WHERE i.scope = $1 AND i.key_hash = $2 AND i.expires_at > idemq.now()",
     )
     .bind(&key.scope)
     .bind(&key.hash[..])
-    .bind(to_json(&item.fingerprint)?)
+    .bind(fingerprint.as_str())
     .persistent(db::prepared())
     .fetch_optional(&mut *conn)
     .await
     .map_err(db_err)?;
-    match bound {
-        Some(row) => {
-            let same: bool = row.try_get("same").map_err(db_err)?;
-            if !same {
-                return Ok(None);
-            }
-            Ok(Some(Ok(EnqueueResult {
-                job_id: row.try_get("job_id").map_err(db_err)?,
-                outcome: Outcome::Replayed,
-            })))
-        }
-        None => keyed_new(conn, item, key).await,
+    let Some(row) = found else {
+        return Ok(Bound::Unbound(fingerprint));
+    };
+    if !row.try_get::<bool, _>("same").map_err(db_err)? {
+        return Ok(Bound::Other);
     }
+    Ok(Bound::Replay(EnqueueResult {
+        job_id: row.try_get("job_id").map_err(db_err)?,
+        outcome: Outcome::Replayed,
+    }))
 }
 
-/// A new job for a key that had no live binding when `only_keyed` read it,
+/// Decides `item` (whose only key is `key`) after the read of its key
+/// found `bound`: a replay is answered; a key without a live binding is
+/// bound by `KEYED_NEW`; a key bound meanwhile, or to another fingerprint,
+/// is decided by `idemq.enqueue`.
+async fn after_read(
+    conn: &mut PgConnection,
+    item: &PreparedEnqueue,
+    key: &PreparedKey,
+    bound: Bound,
+) -> Result<Result<EnqueueResult>> {
+    if let Bound::Unbound(fp) = &bound
+        && let Some(answer) = keyed_new(conn, item, key, fp).await?
+    {
+        return Ok(answer);
+    }
+    if let Bound::Replay(answer) = bound {
+        return Ok(Ok(answer));
+    }
+    let items = std::slice::from_ref(item);
+    let rows = decided(conn, items).await?;
+    answers(&rows, items)?.pop().ok_or_else(|| Error::Backend {
+        message: "idemq.enqueue returned no row".into(),
+    })
+}
+
+/// When a request is due: at `run_at` (µs since the epoch), else `delay_ms`
+/// (or nothing) after `now`, the clock of record.
+macro_rules! due {
+    ($run_at:literal, $delay_ms:literal, $now:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $run_at,
+            " IS NOT NULL THEN idemq.us(",
+            $run_at,
+            ")
+                ELSE ",
+            $now,
+            " + idemq.ms(coalesce(",
+            $delay_ms,
+            ", 0)) END"
+        )
+    };
+}
+
+/// The field for which the clock of record refuses a request, or NULL:
+/// `deadline` (µs) already passed at `now`, or `run_at` (or `delay_ms`, if
+/// that set when it is due) not before the deadline; the checks of
+/// `idemq.enqueue_one`.
+macro_rules! refused {
+    ($deadline:literal, $delay_ms:literal, $due:literal, $now:literal) => {
+        concat!(
+            "CASE
+        WHEN ",
+            $deadline,
+            " IS NULL THEN NULL
+        WHEN idemq.us(",
+            $deadline,
+            ") <= ",
+            $now,
+            " THEN 'deadline'
+        WHEN ",
+            $due,
+            " >= idemq.us(",
+            $deadline,
+            ") THEN
+            CASE WHEN ",
+            $delay_ms,
+            " IS NULL THEN 'run_at' ELSE 'delay_ms' END
+        END"
+        )
+    };
+}
+
+/// A new job for a key that had no live binding when `read_binding` read it,
 /// for a request whose only key is its idempotency key: one statement that
 /// takes the key's lock (as `idemq.enqueue` does), checks the deadline
 /// against the clock of record, binds the key and inserts the job, with no
 /// PL/pgSQL (whose statements and helpers cost a keyed enqueue three times
 /// a keyless one). The key's binding is inserted first, and the job only if
 /// it went in: the primary key of `idemq.idempotency` decides a race with a
-/// binding committed since `only_keyed` read (or still being written, which
+/// binding committed since `read_binding` read (or still being written, which
 /// the insert waits for), and an expired binding is replaced as
 /// `idemq.bind_key` replaces it. A key bound meanwhile writes nothing and
 /// answers `None`: `idemq.enqueue` then decides the request (a replay or a
 /// conflict), reading the binding afresh.
-const KEYED_NEW: &str = "
+const KEYED_NEW: &str = concat!(
+    "
 WITH lk AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(hashtextextended('idemq.key:' || $16::text || ':' || $17::text, 0))
 ),
 t AS MATERIALIZED (
-    SELECT c.now, c.due, CASE
-        WHEN $11::int8 IS NULL THEN NULL
-        WHEN idemq.us($11::int8) <= c.now THEN 'deadline'
-        WHEN c.due >= idemq.us($11::int8) THEN
-            CASE WHEN $7::int8 IS NULL THEN 'run_at' ELSE 'delay_ms' END
-        END AS refused
-    FROM (SELECT n.now, CASE WHEN $6::int8 IS NOT NULL THEN idemq.us($6::int8)
-                             ELSE n.now + idemq.ms(coalesce($7::int8, 0)) END AS due
+    SELECT c.now, c.due, ",
+    refused!("$11::int8", "$7::int8", "c.due", "c.now"),
+    " AS refused
+    FROM (SELECT n.now, ",
+    due!("$6::int8", "$7::int8", "n.now"),
+    " AS due
           FROM lk CROSS JOIN (SELECT idemq.now() AS now) n) c
 ),
 bound AS (
@@ -377,7 +473,8 @@ SELECT 'accepted'::text AS outcome FROM job
 UNION ALL
 SELECT t.refused FROM t WHERE t.refused IS NOT NULL
 UNION ALL
-SELECT NULL FROM t WHERE t.refused IS NULL AND NOT EXISTS (SELECT 1 FROM bound)";
+SELECT NULL FROM t WHERE t.refused IS NULL AND NOT EXISTS (SELECT 1 FROM bound)"
+);
 
 /// Sends `KEYED_NEW`: the new job's answer, a refusal by the clock, or
 /// `None` when the key was bound meanwhile (nothing written).
@@ -385,6 +482,7 @@ async fn keyed_new(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
     key: &PreparedKey,
+    fingerprint: &str,
 ) -> Result<Option<Result<EnqueueResult>>> {
     let id = uuid::Uuid::now_v7().to_string();
     let row = sqlx::query(KEYED_NEW)
@@ -407,7 +505,7 @@ async fn keyed_new(
         .bind(hex(&key.hash))
         .bind(&key.hash[..])
         .bind(&key.preview)
-        .bind(to_json(&item.fingerprint)?)
+        .bind(fingerprint)
         .bind(key.ttl_ms)
         .persistent(db::prepared())
         .fetch_one(&mut *conn)
@@ -490,12 +588,9 @@ macro_rules! plain_statement {
             plain_statement!(@items $ctes, $source),
             "
 checked AS MATERIALIZED (
-    SELECT t.*, CASE
-        WHEN t.deadline IS NULL THEN NULL
-        WHEN idemq.us(t.deadline) <= t.now THEN 'deadline'
-        WHEN t.due >= idemq.us(t.deadline) THEN
-            CASE WHEN t.delay_ms IS NULL THEN 'run_at' ELSE 'delay_ms' END
-        END AS refused
+    SELECT t.*, ",
+            refused!("t.deadline", "t.delay_ms", "t.due", "t.now"),
+            " AS refused
     FROM items t
 ),
 inserted AS (",
@@ -528,9 +623,9 @@ SELECT NULL::bigint AS ord, NULL::text AS refused, ",
             $ctes,
             "
 items AS (
-    SELECT x.*, c.now,
-           CASE WHEN x.run_at IS NOT NULL THEN idemq.us(x.run_at)
-                ELSE c.now + idemq.ms(coalesce(x.delay_ms, 0)) END AS due
+    SELECT x.*, c.now, ",
+            due!("x.run_at", "x.delay_ms", "c.now"),
+            " AS due
     FROM ",
             $source,
             " CROSS JOIN clock c
@@ -617,17 +712,20 @@ const PLAIN_ONE: &str = plain_statement!(checked "", one_source!());
 /// Its parameters are those of `one_source!`, but for `$13`, the tags, an
 /// array here (no JSON to parse, no subquery to set up); `$11`, the
 /// deadline, is NULL in this form and not read.
-const PLAIN_ONE_UNCHECKED: &str = "
+const PLAIN_ONE_UNCHECKED: &str = concat!(
+    "
 INSERT INTO idemq.jobs (id, type, queue, state, payload, priority, run_at, max_attempts,
     retry, timeout_ms, deadline, concurrency_key, tags, keep_ms, fingerprint, created_at,
     updated_at, first_run_at)
 SELECT $1::text, $2::text, $3::text, 'waiting', $4::text::jsonb, $5::int2, t.due, $8::int4,
     $9::text::jsonb, $10::int8, NULL, $12::text, $13::text[], $14::int8, $15::bytea, t.now,
     t.now, nullif(t.due, t.now)
-FROM (SELECT c.now, CASE WHEN $6::int8 IS NOT NULL THEN idemq.us($6::int8)
-                         ELSE c.now + idemq.ms(coalesce($7::int8, 0)) END AS due
+FROM (SELECT c.now, ",
+    due!("$6::int8", "$7::int8", "c.now"),
+    " AS due
       FROM (SELECT idemq.now() AS now) c) t
-RETURNING NULL::bigint AS ord, NULL::text AS refused, idemq.wake(queue) AS woke";
+RETURNING NULL::bigint AS ord, NULL::text AS refused, idemq.wake(queue) AS woke"
+);
 
 /// The columns of one request as the plain statements bind them.
 struct PlainItem<'a> {
