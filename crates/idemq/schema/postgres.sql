@@ -2,19 +2,19 @@
 
 CREATE SCHEMA idemq;
 
-CREATE FUNCTION idemq.bind_key(p_idem jsonb, p_job text, p_fp jsonb, p_now timestamp with time zone) RETURNS void
+CREATE FUNCTION idemq.bind_key(p_idem jsonb, p_job text, p_fp jsonb, p_fpc bytea, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     AS $$
 BEGIN
     INSERT INTO idemq.idempotency
-        (scope, key_hash, key_preview, job_id, fingerprint, created_at, expires_at)
+        (scope, key_hash, key_preview, job_id, fingerprint, fp, created_at, expires_at)
     SELECT p_idem ->> 'scope', decode(p_idem ->> 'hash', 'hex'), p_idem ->> 'preview', p_job,
-           p_fp, p_now, p_now + idemq.ms((p_idem ->> 'ttl_ms')::bigint)
+           p_fp, p_fpc, p_now, p_now + idemq.ms((p_idem ->> 'ttl_ms')::bigint)
     WHERE p_idem IS NOT NULL
     ON CONFLICT (scope, key_hash) DO UPDATE
         SET key_preview = excluded.key_preview, job_id = excluded.job_id,
-            fingerprint = excluded.fingerprint, created_at = excluded.created_at,
-            expires_at = excluded.expires_at;
+            fingerprint = excluded.fingerprint, fp = excluded.fp,
+            created_at = excluded.created_at, expires_at = excluded.expires_at;
 END
 $$;
 
@@ -557,6 +557,8 @@ DECLARE
     v_idem   jsonb := it -> 'idem';
     v_dd     jsonb := it -> 'dedupe';
     v_fp     jsonb := it -> 'fingerprint';
+    -- The compact form the library sends (`fp`), or made from the JSON.
+    v_fpc    bytea := coalesce(decode(it ->> 'fp', 'hex'), idemq.fp_pack(v_fp));
     v_fields text[];
     b        record;
     d        record;
@@ -593,7 +595,7 @@ BEGIN
                                        'source', 'job_id', 'fields', to_jsonb(v_fields));
                 RETURN;
             END IF;
-            PERFORM idemq.bind_key(v_idem, it ->> 'job_id', v_fp, v_now);
+            PERFORM idemq.bind_key(v_idem, it ->> 'job_id', v_fp, v_fpc, v_now);
             RETURN QUERY SELECT it ->> 'job_id', 'replayed'::text, NULL::text, NULL::jsonb;
             RETURN;
         END IF;
@@ -626,8 +628,7 @@ BEGIN
                             concurrency_key = it ->> 'concurrency_key',
                             tags = ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')),
                             keep_ms = (it ->> 'keep_ms')::bigint,
-                            fingerprint = coalesce(decode(it ->> 'fp', 'hex'),
-                                           idemq.fp_pack(v_fp)),
+                            fingerprint = v_fpc,
                             updated_at = v_now
                         WHERE j.id = d.job_id AND j.state = 'waiting' AND j.attempt = 0
                           AND j.run_at > v_now;
@@ -671,7 +672,7 @@ BEGIN
                         WHERE x.type = v_type AND x.key = v_dd ->> 'key';
                     END IF;
                 END IF;
-                PERFORM idemq.bind_key(v_idem, d.job_id, v_fp, v_now);
+                PERFORM idemq.bind_key(v_idem, d.job_id, v_fp, v_fpc, v_now);
                 RETURN QUERY SELECT d.job_id, v_outcome, v_reason, NULL::jsonb;
                 RETURN;
             END IF;
@@ -697,13 +698,13 @@ BEGIN
         it ->> 'concurrency_key',
         CASE WHEN jsonb_array_length(it -> 'tags') = 0 THEN '{}'::text[]
              ELSE ARRAY(SELECT jsonb_array_elements_text(it -> 'tags')) END,
-        (it ->> 'keep_ms')::bigint, coalesce(decode(it ->> 'fp', 'hex'), idemq.fp_pack(v_fp)),
+        (it ->> 'keep_ms')::bigint, v_fpc,
         v_idem ->> 'scope',
         decode(v_idem ->> 'hash', 'hex'),
         v_idem ->> 'preview', v_dd ->> 'key', v_dd ->> 'mode', v_now, v_now,
         nullif(v_run_at, v_now));
     IF v_idem IS NOT NULL THEN
-        PERFORM idemq.bind_key(v_idem, v_id, v_fp, v_now);
+        PERFORM idemq.bind_key(v_idem, v_id, v_fp, v_fpc, v_now);
     END IF;
     IF v_dd IS NOT NULL THEN
         INSERT INTO idemq.dedupe AS x (type, key, job_id, mode, ttl_ms, max_wait_ms, accepted_at,
@@ -1180,7 +1181,7 @@ BEGIN
     END IF;
     PERFORM idemq.event(v_id, 'redriven', v_now, jsonb_build_object(
         'run_at', v_run_at, 'reset_checkpoints', (p ->> 'reset_checkpoints')::boolean));
-    PERFORM idemq.bind_key(v_key, v_id, p -> 'fingerprint', v_now);
+    PERFORM idemq.bind_key(v_key, v_id, p -> 'fingerprint', NULL, v_now);
     PERFORM idemq.wake(j.queue);
     RETURN QUERY SELECT 'accepted'::text, v_id, NULL::jsonb;
 END
@@ -1339,7 +1340,8 @@ CREATE TABLE idemq.idempotency (
     job_id text NOT NULL COLLATE pg_catalog."C",
     fingerprint jsonb NOT NULL,
     created_at timestamp with time zone NOT NULL,
-    expires_at timestamp with time zone NOT NULL
+    expires_at timestamp with time zone NOT NULL,
+    fp bytea
 );
 
 CREATE TABLE idemq.installation (

@@ -202,6 +202,71 @@ async fn waiter_behind_a_committed_holder_with_another_payload_conflicts() {
     assert_eq!(h.totals().await.0, 1);
 }
 
+/// A binding holds its request's compact fingerprint (`fp`, schema version
+/// 13), whether the statement of a single keyed request or `idemq.enqueue`
+/// (a batch) wrote it, and a repeat is answered from it. A binding without
+/// one, or with one that does not match, is decided from its JSON
+/// fingerprint: the same request replays, another conflicts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_keeps_the_compact_fingerprint_and_without_it_the_json_decides() {
+    let h = Harness::postgres().await;
+    let url = h.db_url.clone().expect("postgres");
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let single = h
+        .queue
+        .enqueue_with_result(keyed("fp-1", json!(1)))
+        .await
+        .unwrap();
+    let batch = h
+        .queue
+        .enqueue_many(vec![keyed("fp-2", json!(2))], Default::default())
+        .await
+        .unwrap()
+        .pop()
+        .unwrap()
+        .unwrap();
+    let with_fp: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idemq.idempotency WHERE fp IS NOT NULL")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(with_fp, 2, "both bindings hold the compact fingerprint");
+    let (job_fp, binding_fp): (Vec<u8>, Vec<u8>) = sqlx::query_as(
+        "SELECT j.fingerprint, i.fp FROM idemq.jobs j
+         JOIN idemq.idempotency i ON i.job_id = j.id WHERE j.id = $1",
+    )
+    .bind(&batch.job_id)
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(binding_fp, job_fp, "the job row's compact form");
+    // No compact form on one, another on the other: the JSON decides both.
+    exec(
+        &mut conn,
+        format!(
+            "UPDATE idemq.idempotency SET fp = CASE job_id WHEN '{}' THEN NULL ELSE '\\x01'::bytea END",
+            single.job_id
+        ),
+    )
+    .await;
+    for (key, payload, job) in [("fp-1", 1, &single.job_id), ("fp-2", 2, &batch.job_id)] {
+        let again = h
+            .queue
+            .enqueue_with_result(keyed(key, json!(payload)))
+            .await
+            .unwrap();
+        assert_eq!((again.outcome, &again.job_id), (Outcome::Replayed, job));
+        match h.queue.enqueue(keyed(key, json!(payload + 10))).await {
+            Err(Error::EnqueueIdempotencyConflict(c)) => {
+                assert_eq!(&c.job_id, job);
+                assert_eq!(c.fields, vec!["payload"]);
+            }
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+    }
+    assert_eq!(h.totals().await.0, 2);
+}
+
 /// Under REPEATABLE READ and SERIALIZABLE a key bound after the caller's
 /// snapshot is a serialization failure (`Unavailable`); retrying the whole
 /// transaction answers `replayed`. Never a second job.

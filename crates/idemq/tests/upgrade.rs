@@ -315,12 +315,21 @@ async fn migrate_brings_a_version_4_database_forward_with_its_data() {
     assert_eq!(completed_ids, ["job-completed"]);
     let completed = q.get("job-completed").await.unwrap().unwrap();
     assert_eq!(completed.result, Some(json!({"ok": true})));
-    // The live idempotency binding still replays; the dedupe binding still coalesces.
-    let again = q.enqueue_with_result(keyed).await.unwrap();
+    // The live idempotency binding still replays, and a changed request
+    // still conflicts (the binding has no compact fingerprint, version 13:
+    // its JSON one decides); the dedupe binding still coalesces.
+    let again = q.enqueue_with_result(keyed.clone()).await.unwrap();
     assert_eq!(
         (again.outcome, again.job_id.as_str()),
         (Outcome::Replayed, "job-ready")
     );
+    match q.enqueue(keyed.payload(json!({"changed": true}))).await {
+        Err(idemq::Error::EnqueueIdempotencyConflict(c)) => {
+            assert_eq!(c.job_id, "job-ready");
+            assert_eq!(c.fields, ["payload"]);
+        }
+        other => panic!("a changed payload on an old binding must conflict: {other:?}"),
+    }
     let coalesced = q.enqueue_with_result(scheduled).await.unwrap();
     assert_eq!(
         (coalesced.outcome, coalesced.job_id.as_str()),

@@ -306,38 +306,40 @@ fn only_key(p: &PreparedEnqueue) -> Option<&PreparedKey> {
 enum Bound {
     /// A live binding with the request's fingerprint: the replay.
     Replay(EnqueueResult),
-    /// No live binding; the request's fingerprint as JSON text, for the
-    /// binding `KEYED_NEW` writes.
-    Unbound(String),
-    /// A live binding with another fingerprint: the conflict, which
-    /// `idemq.enqueue` decides (it names the differing fields).
+    /// No live binding.
+    Unbound,
+    /// A live binding with another fingerprint, or one whose fingerprint
+    /// is not held in the compact form (written before schema version 13,
+    /// or by a redrive): `idemq.enqueue` decides (a replay, or the conflict
+    /// with its differing fields).
     Other,
 }
 
 /// Reads the live binding of `key`, the only key of `item`, in a statement
-/// that writes nothing.
+/// that writes nothing: whether its compact fingerprint is the request's
+/// (bytes compared; the request's JSON fingerprint is neither made nor
+/// sent, nor parsed by the server).
 async fn read_binding(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
     key: &PreparedKey,
 ) -> Result<Bound> {
-    let fingerprint = to_json(&item.fingerprint)?;
     let found = sqlx::query(
-        "SELECT i.job_id, i.fingerprint = $3::text::jsonb AS same
+        "SELECT i.job_id, i.fp = $3 AS same
          FROM idemq.idempotency i
          WHERE i.scope = $1 AND i.key_hash = $2 AND i.expires_at > idemq.now()",
     )
     .bind(&key.scope)
     .bind(&key.hash[..])
-    .bind(fingerprint.as_str())
+    .bind(item.fingerprint.compact())
     .persistent(db::prepared())
     .fetch_optional(&mut *conn)
     .await
     .map_err(db_err)?;
     let Some(row) = found else {
-        return Ok(Bound::Unbound(fingerprint));
+        return Ok(Bound::Unbound);
     };
-    if !row.try_get::<bool, _>("same").map_err(db_err)? {
+    if row.try_get::<Option<bool>, _>("same").map_err(db_err)? != Some(true) {
         return Ok(Bound::Other);
     }
     Ok(Bound::Replay(EnqueueResult {
@@ -356,13 +358,14 @@ async fn after_read(
     key: &PreparedKey,
     bound: Bound,
 ) -> Result<Result<EnqueueResult>> {
-    if let Bound::Unbound(fp) = &bound
-        && let Some(answer) = keyed_new(conn, item, key, fp).await?
-    {
-        return Ok(answer);
-    }
-    if let Bound::Replay(answer) = bound {
-        return Ok(Ok(answer));
+    match bound {
+        Bound::Replay(answer) => return Ok(Ok(answer)),
+        Bound::Unbound => {
+            if let Some(answer) = keyed_new(conn, item, key).await? {
+                return Ok(answer);
+            }
+        }
+        Bound::Other => {}
     }
     let items = std::slice::from_ref(item);
     let rows = decided(conn, items).await?;
@@ -447,14 +450,14 @@ t AS MATERIALIZED (
 ),
 bound AS (
     INSERT INTO idemq.idempotency AS i
-        (scope, key_hash, key_preview, job_id, fingerprint, created_at, expires_at)
-    SELECT $16::text, $18::bytea, $19::text, $1::text, $20::text::jsonb, t.now,
+        (scope, key_hash, key_preview, job_id, fingerprint, fp, created_at, expires_at)
+    SELECT $16::text, $18::bytea, $19::text, $1::text, $20::text::jsonb, $15::bytea, t.now,
            t.now + idemq.ms($21::int8)
     FROM t WHERE t.refused IS NULL
     ON CONFLICT (scope, key_hash) DO UPDATE
         SET key_preview = excluded.key_preview, job_id = excluded.job_id,
-            fingerprint = excluded.fingerprint, created_at = excluded.created_at,
-            expires_at = excluded.expires_at
+            fingerprint = excluded.fingerprint, fp = excluded.fp,
+            created_at = excluded.created_at, expires_at = excluded.expires_at
         WHERE i.expires_at <= excluded.created_at
     RETURNING 1
 ),
@@ -482,7 +485,6 @@ async fn keyed_new(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
     key: &PreparedKey,
-    fingerprint: &str,
 ) -> Result<Option<Result<EnqueueResult>>> {
     let id = uuid::Uuid::now_v7().to_string();
     let row = sqlx::query(KEYED_NEW)
@@ -505,7 +507,7 @@ async fn keyed_new(
         .bind(hex(&key.hash))
         .bind(&key.hash[..])
         .bind(&key.preview)
-        .bind(fingerprint)
+        .bind(to_json(&item.fingerprint)?)
         .bind(key.ttl_ms)
         .persistent(db::prepared())
         .fetch_one(&mut *conn)

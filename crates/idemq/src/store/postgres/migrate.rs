@@ -75,6 +75,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "active_by_lease",
         include_str!("../../../migrations/postgres/0012_active_by_lease.sql"),
     ),
+    (
+        13,
+        "binding_fp",
+        include_str!("../../../migrations/postgres/0013_binding_fp.sql"),
+    ),
 ];
 
 /// Every function of the schema, as this binary defines them.

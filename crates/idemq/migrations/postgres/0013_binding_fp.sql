@@ -1,0 +1,19 @@
+-- idemq schema for PostgreSQL, version 13: a binding keeps its request's
+-- fingerprint in the compact form too.
+--
+-- A repeat of a request whose only key is its idempotency key is answered
+-- by one read of the key's binding, which compares the stored fingerprint
+-- with the request's. As jsonb, that comparison needs the request's
+-- fingerprint sent as JSON text (about 1 KB: thirteen hex digests) and
+-- parsed by the server at every repeat. `fp` holds the same fingerprint in
+-- the compact form a job row stores (schema version 10; the same digests,
+-- the common ones as two-bit codes), which compares as bytes.
+--
+-- NULL for a binding written before this version, and for a redrive's,
+-- whose fingerprint is of its overrides rather than of a request: a
+-- repeat against such a binding is decided by `idemq.enqueue` from the
+-- jsonb, as before. `fingerprint` stays the binding's fingerprint of
+-- record (a conflict names its differing fields from it).
+--
+-- A nullable column without a default: no row is rewritten.
+ALTER TABLE idemq.idempotency ADD COLUMN fp bytea;
