@@ -376,20 +376,11 @@ async fn after_read(
 
 /// When a request is due: at `run_at` (µs since the epoch), else `delay_ms`
 /// (or nothing) after `now`, the clock of record.
+#[rustfmt::skip]
 macro_rules! due {
     ($run_at:literal, $delay_ms:literal, $now:literal) => {
-        concat!(
-            "CASE WHEN ",
-            $run_at,
-            " IS NOT NULL THEN idemq.us(",
-            $run_at,
-            ")
-                ELSE ",
-            $now,
-            " + idemq.ms(coalesce(",
-            $delay_ms,
-            ", 0)) END"
-        )
+        concat!("CASE WHEN ", $run_at, " IS NOT NULL THEN idemq.us(", $run_at, ")
+                ELSE ", $now, " + idemq.ms(coalesce(", $delay_ms, ", 0)) END")
     };
 }
 
@@ -397,28 +388,15 @@ macro_rules! due {
 /// `deadline` (µs) already passed at `now`, or `run_at` (or `delay_ms`, if
 /// that set when it is due) not before the deadline; the checks of
 /// `idemq.enqueue_one`.
+#[rustfmt::skip]
 macro_rules! refused {
     ($deadline:literal, $delay_ms:literal, $due:literal, $now:literal) => {
-        concat!(
-            "CASE
-        WHEN ",
-            $deadline,
-            " IS NULL THEN NULL
-        WHEN idemq.us(",
-            $deadline,
-            ") <= ",
-            $now,
-            " THEN 'deadline'
-        WHEN ",
-            $due,
-            " >= idemq.us(",
-            $deadline,
-            ") THEN
-            CASE WHEN ",
-            $delay_ms,
-            " IS NULL THEN 'run_at' ELSE 'delay_ms' END
-        END"
-        )
+        concat!("CASE
+        WHEN ", $deadline, " IS NULL THEN NULL
+        WHEN idemq.us(", $deadline, ") <= ", $now, " THEN 'deadline'
+        WHEN ", $due, " >= idemq.us(", $deadline, ") THEN
+            CASE WHEN ", $delay_ms, " IS NULL THEN 'run_at' ELSE 'delay_ms' END
+        END")
     };
 }
 
