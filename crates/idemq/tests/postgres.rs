@@ -1235,9 +1235,11 @@ async fn a_caller_that_gives_up_waiting_for_a_shared_statement_writes_nothing() 
         let q = queue.clone();
         tokio::spawn(async move { q.enqueue(EnqueueRequest::new("first")).await })
     };
-    // The first call is out, blocked on the lock, before the second comes
-    // (its own statement: the store's background work may wait on the lock
-    // too).
+    // The first call is out, blocked on the lock, before the second comes.
+    // Watched from a connection of its own: inside the holder's transaction
+    // `pg_stat_activity` is read once and kept until the transaction ends,
+    // so a first look taken before the call blocked would never change.
+    let mut watch = sqlx::PgConnection::connect(&url).await.expect("watch");
     let mut waited = 0;
     loop {
         let blocked: i64 = sqlx::query_scalar(
@@ -1245,7 +1247,7 @@ async fn a_caller_that_gives_up_waiting_for_a_shared_statement_writes_nothing() 
              WHERE datname = current_database() AND wait_event_type = 'Lock'
                AND query LIKE '%INSERT INTO idemq.jobs%'",
         )
-        .fetch_one(&mut holder)
+        .fetch_one(&mut watch)
         .await
         .expect("activity");
         if blocked > 0 {
@@ -1279,6 +1281,7 @@ async fn a_caller_that_gives_up_waiting_for_a_shared_statement_writes_nothing() 
     drop(queue);
     drop(store);
     drop(holder);
+    drop(watch);
     idemq_testkit::drop_pg_database(&db);
 }
 
