@@ -187,13 +187,15 @@ pub(super) async fn enqueue(
     if items.iter().all(is_plain) {
         return enqueue_plain(conn, items).await;
     }
-    if let [item] = items
-        && let Some(key) = only_key(item)
-    {
-        let bound = read_binding(conn, item, key).await?;
-        return Ok(vec![after_read(conn, item, key, bound).await?]);
-    }
     let rows = match items {
+        [
+            item @ PreparedEnqueue {
+                idempotency: Some(key),
+                job_id: None,
+                dedupe: None,
+                ..
+            },
+        ] => return Ok(vec![only_keyed(conn, item, key).await?]),
         [
             item @ PreparedEnqueue {
                 idempotency: Some(key),
@@ -284,46 +286,21 @@ async fn keyed_one(
     .map_err(db_err)
 }
 
-/// The key of a request whose only key is its idempotency key (no explicit
-/// id, no dedupe key), the commonest keyed call, answered by plain
-/// statements: a read of the key's live binding answers a repeat (the
-/// request's document is not sent), and a key without one is bound and its
-/// job inserted by `KEYED_NEW`.
-fn only_key(p: &PreparedEnqueue) -> Option<&PreparedKey> {
-    match p {
-        PreparedEnqueue {
-            idempotency: Some(key),
-            job_id: None,
-            dedupe: None,
-            ..
-        } => Some(key),
-        _ => None,
-    }
-}
-
-/// What the read of a request's key found.
-#[derive(Debug)]
-enum Bound {
-    /// A live binding with the request's fingerprint: the replay.
-    Replay(EnqueueResult),
-    /// No live binding.
-    Unbound,
-    /// A live binding with another fingerprint, or one whose fingerprint
-    /// is not held in the compact form (written before schema version 13,
-    /// or by a redrive): `idemq.enqueue` decides (a replay, or the conflict
-    /// with its differing fields).
-    Other,
-}
-
-/// Reads the live binding of `key`, the only key of `item`, in a statement
-/// that writes nothing: whether its compact fingerprint is the request's
-/// (bytes compared; the request's JSON fingerprint is neither made nor
-/// sent, nor parsed by the server).
-async fn read_binding(
+/// A request whose only key is its idempotency key (no explicit id, no
+/// dedupe key), the commonest keyed call, by plain statements. A read of
+/// the key's live binding answers a repeat: its compact fingerprint is the
+/// request's (compared as bytes; neither the request's document nor its
+/// JSON fingerprint is sent). A key without one is bound and its job
+/// inserted by `KEYED_NEW`. `idemq.enqueue` decides the rest: a binding
+/// with another fingerprint (it names the differing fields), one without
+/// the compact form (written before schema version 13, or by a redrive),
+/// or a key bound between the two statements.
+async fn only_keyed(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
     key: &PreparedKey,
-) -> Result<Bound> {
+) -> Result<Result<EnqueueResult>> {
+    let fingerprint = item.fingerprint.compact();
     let found = sqlx::query(
         "SELECT i.job_id, i.fp = $3 AS same
          FROM idemq.idempotency i
@@ -331,41 +308,25 @@ async fn read_binding(
     )
     .bind(&key.scope)
     .bind(&key.hash[..])
-    .bind(item.fingerprint.compact())
+    .bind(&fingerprint[..])
     .persistent(db::prepared())
     .fetch_optional(&mut *conn)
     .await
     .map_err(db_err)?;
-    let Some(row) = found else {
-        return Ok(Bound::Unbound);
-    };
-    if row.try_get::<Option<bool>, _>("same").map_err(db_err)? != Some(true) {
-        return Ok(Bound::Other);
-    }
-    Ok(Bound::Replay(EnqueueResult {
-        job_id: row.try_get("job_id").map_err(db_err)?,
-        outcome: Outcome::Replayed,
-    }))
-}
-
-/// Decides `item` (whose only key is `key`) after the read of its key
-/// found `bound`: a replay is answered; a key without a live binding is
-/// bound by `KEYED_NEW`; a key bound meanwhile, or to another fingerprint,
-/// is decided by `idemq.enqueue`.
-async fn after_read(
-    conn: &mut PgConnection,
-    item: &PreparedEnqueue,
-    key: &PreparedKey,
-    bound: Bound,
-) -> Result<Result<EnqueueResult>> {
-    match bound {
-        Bound::Replay(answer) => return Ok(Ok(answer)),
-        Bound::Unbound => {
-            if let Some(answer) = keyed_new(conn, item, key).await? {
+    match found {
+        Some(row) => {
+            if row.try_get::<Option<bool>, _>("same").map_err(db_err)? == Some(true) {
+                return Ok(Ok(EnqueueResult {
+                    job_id: row.try_get("job_id").map_err(db_err)?,
+                    outcome: Outcome::Replayed,
+                }));
+            }
+        }
+        None => {
+            if let Some(answer) = keyed_new(conn, item, key, &fingerprint).await? {
                 return Ok(answer);
             }
         }
-        Bound::Other => {}
     }
     let items = std::slice::from_ref(item);
     let rows = decided(conn, items).await?;
@@ -400,14 +361,14 @@ macro_rules! refused {
     };
 }
 
-/// A new job for a key that had no live binding when `read_binding` read it,
+/// A new job for a key that had no live binding when `only_keyed` read it,
 /// for a request whose only key is its idempotency key: one statement that
 /// takes the key's lock (as `idemq.enqueue` does), checks the deadline
 /// against the clock of record, binds the key and inserts the job, with no
 /// PL/pgSQL (whose statements and helpers cost a keyed enqueue three times
 /// a keyless one). The key's binding is inserted first, and the job only if
 /// it went in: the primary key of `idemq.idempotency` decides a race with a
-/// binding committed since `read_binding` read (or still being written, which
+/// binding committed since `only_keyed` read (or still being written, which
 /// the insert waits for), and an expired binding is replaced as
 /// `idemq.bind_key` replaces it. A key bound meanwhile writes nothing and
 /// answers `None`: `idemq.enqueue` then decides the request (a replay or a
@@ -463,6 +424,7 @@ async fn keyed_new(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
     key: &PreparedKey,
+    fingerprint: &[u8],
 ) -> Result<Option<Result<EnqueueResult>>> {
     let id = uuid::Uuid::now_v7().to_string();
     let row = sqlx::query(KEYED_NEW)
@@ -480,7 +442,7 @@ async fn keyed_new(
         .bind(item.concurrency_key.as_deref())
         .bind(&item.tags)
         .bind(item.keep_ms)
-        .bind(item.fingerprint.compact())
+        .bind(fingerprint)
         .bind(&key.scope)
         .bind(hex(&key.hash))
         .bind(&key.hash[..])
