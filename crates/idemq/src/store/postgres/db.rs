@@ -55,15 +55,19 @@ impl Default for Net {
             bouncer: false,
             deadline: CALL_TIMEOUT,
             wakeup: None,
-            statements: default_statements(),
+            statements: DEFAULT_STATEMENTS,
         }
     }
 }
 
-/// The default of `enqueue_statements`: this machine's cores.
-fn default_statements() -> usize {
-    std::thread::available_parallelism().map_or(2, usize::from)
-}
+/// The default of `enqueue_statements`: one statement out at a time, so
+/// every call that comes while it runs shares the next one and its flush.
+/// A second statement out splits the callers waiting between two commits,
+/// each of which waits for its own flush: on 2 cores, 8 producers measured
+/// the same or fewer jobs/s with 2, and a fifth fewer through the HTTP API
+/// (docs/benchmarks.md, "Optimisations made"). A database whose inserts,
+/// not its flushes, bound a store's enqueues can be given more.
+const DEFAULT_STATEMENTS: usize = 1;
 
 /// Splits idemq's own parameters (`pgbouncer`, `call_timeout_ms`,
 /// `enqueue_statements`) off a PostgreSQL URL; the rest is the driver's.
@@ -567,6 +571,7 @@ mod tests {
         assert_eq!(url, "postgres://u@h/db");
         assert!(!net.bouncer);
         assert_eq!(net.deadline, CALL_TIMEOUT);
+        assert_eq!(net.statements, 1);
 
         let (url, net) =
             split_url("postgres://u@h:6432/db?sslmode=disable&pgbouncer=true&call_timeout_ms=5000")
