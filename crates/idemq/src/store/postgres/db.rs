@@ -64,7 +64,7 @@ impl Default for Net {
 /// every call that comes while it runs shares the next one and its flush.
 /// A second statement out splits the callers waiting between two commits,
 /// each of which waits for its own flush: on 2 cores, 8 producers measured
-/// the same or fewer jobs/s with 2, and a fifth fewer through the HTTP API
+/// the same or fewer jobs/s with 2, and about 15% fewer through the HTTP API
 /// (docs/benchmarks.md, "Optimisations made"). A database whose inserts,
 /// not its flushes, bound a store's enqueues can be given more.
 const DEFAULT_STATEMENTS: usize = 1;
