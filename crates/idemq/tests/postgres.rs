@@ -204,9 +204,10 @@ async fn waiter_behind_a_committed_holder_with_another_payload_conflicts() {
 
 /// A binding holds its request's compact fingerprint (`fp`, schema version
 /// 13), whether the statement of a single keyed request or `idemq.enqueue`
-/// (a batch) wrote it, and a repeat is answered from it. A binding without
-/// one, or with one that does not match, is decided from its JSON
-/// fingerprint: the same request replays, another conflicts.
+/// (a batch, a request with an explicit id) wrote it, and a repeat is
+/// answered from it. A binding without one, or with one that does not
+/// match, is decided from its JSON fingerprint: the same request replays,
+/// another conflicts, by either statement of a single request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_binding_keeps_the_compact_fingerprint_and_without_it_the_json_decides() {
     let h = Harness::postgres().await;
@@ -225,12 +226,18 @@ async fn a_binding_keeps_the_compact_fingerprint_and_without_it_the_json_decides
         .pop()
         .unwrap()
         .unwrap();
+    let with_id = |payload| keyed("fp-3", payload).job_id("fp-3-job");
+    let named = h
+        .queue
+        .enqueue_with_result(with_id(json!(3)))
+        .await
+        .unwrap();
     let with_fp: i64 =
         sqlx::query_scalar("SELECT count(*) FROM idemq.idempotency WHERE fp IS NOT NULL")
             .fetch_one(&mut conn)
             .await
             .unwrap();
-    assert_eq!(with_fp, 2, "both bindings hold the compact fingerprint");
+    assert_eq!(with_fp, 3, "every binding holds the compact fingerprint");
     let (job_fp, binding_fp): (Vec<u8>, Vec<u8>) = sqlx::query_as(
         "SELECT j.fingerprint, i.fp FROM idemq.jobs j
          JOIN idemq.idempotency i ON i.job_id = j.id WHERE j.id = $1",
@@ -249,14 +256,15 @@ async fn a_binding_keeps_the_compact_fingerprint_and_without_it_the_json_decides
         ),
     )
     .await;
-    for (key, payload, job) in [("fp-1", 1, &single.job_id), ("fp-2", 2, &batch.job_id)] {
-        let again = h
-            .queue
-            .enqueue_with_result(keyed(key, json!(payload)))
-            .await
-            .unwrap();
+    let requests: [(&dyn Fn(i64) -> EnqueueRequest, &String); 3] = [
+        (&|p| keyed("fp-1", json!(p)), &single.job_id),
+        (&|p| keyed("fp-2", json!(p)), &batch.job_id),
+        (&|p| with_id(json!(p)), &named.job_id),
+    ];
+    for (payload, (request, job)) in (1..).zip(requests) {
+        let again = h.queue.enqueue_with_result(request(payload)).await.unwrap();
         assert_eq!((again.outcome, &again.job_id), (Outcome::Replayed, job));
-        match h.queue.enqueue(keyed(key, json!(payload + 10))).await {
+        match h.queue.enqueue(request(payload + 10)).await {
             Err(Error::EnqueueIdempotencyConflict(c)) => {
                 assert_eq!(&c.job_id, job);
                 assert_eq!(c.fields, vec!["payload"]);
@@ -264,7 +272,7 @@ async fn a_binding_keeps_the_compact_fingerprint_and_without_it_the_json_decides
             other => panic!("expected a conflict, got {other:?}"),
         }
     }
-    assert_eq!(h.totals().await.0, 2);
+    assert_eq!(h.totals().await.0, 3);
 }
 
 /// Under REPEATABLE READ and SERIALIZABLE a key bound after the caller's

@@ -245,8 +245,8 @@ async fn decided(conn: &mut PgConnection, items: &[PreparedEnqueue]) -> Result<V
 }
 
 /// One request with an idempotency key and an explicit job id or a dedupe
-/// key. A repeat (a live binding of the key with the same fingerprint) is
-/// answered by a
+/// key. A repeat (a live binding of the key whose compact fingerprint is
+/// the request's, compared as bytes as in `only_keyed`) is answered by a
 /// plain read of the binding, as `idemq.enqueue` would answer it, without
 /// entering PL/pgSQL: the request's document travels as text and becomes
 /// `jsonb` only in the branch that calls `idemq.enqueue`, which a found
@@ -255,8 +255,9 @@ async fn decided(conn: &mut PgConnection, items: &[PreparedEnqueue]) -> Result<V
 /// generic plan (from its sixth execution on a connection) does not parse
 /// the document either: the custom plans before it fold the cast into a
 /// constant, which parses it. Anything else (a new key, a
-/// conflict, a binding of a transaction still running) is decided by
-/// `idemq.enqueue`, with the key's lock, in the same statement.
+/// conflict, a binding without the compact form, a binding of a
+/// transaction still running) is decided by `idemq.enqueue`, with the
+/// key's lock, in the same statement.
 async fn keyed_one(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
@@ -267,7 +268,7 @@ async fn keyed_one(
          hit AS MATERIALIZED (
              SELECT i.job_id FROM idemq.idempotency i, n
              WHERE i.scope = $1 AND i.key_hash = $2 AND i.expires_at > n.now
-               AND i.fingerprint = $3::text::jsonb)
+               AND i.fp = $3)
          SELECT 0 AS idx, h.job_id, 'replayed'::text AS outcome, NULL::text AS reason,
                 NULL::jsonb AS error
          FROM hit h
@@ -278,7 +279,7 @@ async fn keyed_one(
     )
     .bind(&key.scope)
     .bind(&key.hash[..])
-    .bind(to_json(&item.fingerprint)?)
+    .bind(&item.fingerprint.compact()[..])
     .bind(items_json(std::slice::from_ref(item))?)
     .persistent(db::prepared())
     .fetch_all(&mut *conn)
