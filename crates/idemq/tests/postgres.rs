@@ -247,7 +247,8 @@ async fn a_binding_keeps_the_compact_fingerprint_and_without_it_the_json_decides
     .await
     .unwrap();
     assert_eq!(binding_fp, job_fp, "the job row's compact form");
-    // No compact form on one, another on the other: the JSON decides both.
+    // No compact form on the first, another one on the other two: the
+    // JSON decides all three.
     exec(
         &mut conn,
         format!(
