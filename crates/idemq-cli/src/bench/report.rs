@@ -137,7 +137,7 @@ impl Printer {
                 figure,
                 r.limit,
                 limit_figure,
-                r.ratio.map_or("-".into(), |x| format!("{x:.2}x")),
+                r.ratio.map_or("-".into(), ratio_text),
                 r.target.as_deref().unwrap_or("-"),
                 r.met.map_or("-", |m| if m { "yes" } else { "NO" }),
                 r.peak_rss_kib
@@ -146,6 +146,15 @@ impl Printer {
             );
         }
     }
+}
+
+/// A ratio as the table prints it: cut to two decimals, never rounded up,
+/// so a ratio just under its target (0.799 against 0.8) never reads as the
+/// target itself beside a "NO". `--json` keeps the whole value.
+fn ratio_text(ratio: f64) -> String {
+    // The small term keeps a ratio stored a hair under its two-decimal
+    // value (0.29 is 0.28999… in binary) at that value.
+    format!("{:.2}x", (ratio * 100.0 + 1e-9).floor() / 100.0)
 }
 
 /// Resets the process's peak resident memory (VmHWM) so the next reading
@@ -159,4 +168,20 @@ pub(crate) fn peak_memory_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ratio_text;
+
+    #[test]
+    fn ratios_are_cut_never_rounded_up() {
+        assert_eq!(ratio_text(0.7985), "0.79x");
+        assert_eq!(ratio_text(0.79999), "0.79x");
+        assert_eq!(ratio_text(0.8), "0.80x");
+        assert_eq!(ratio_text(0.29), "0.29x");
+        assert_eq!(ratio_text(1.0), "1.00x");
+        assert_eq!(ratio_text(2.557), "2.55x");
+        assert_eq!(ratio_text(0.0), "0.00x");
+    }
 }
