@@ -571,6 +571,7 @@ DECLARE
     v_outcome text;
     v_reason text;
     v_stored jsonb;
+    v_queue  text;
 BEGIN
     -- 1. A live idempotency binding decides: replay or conflict.
     IF v_idem IS NOT NULL THEN
@@ -631,7 +632,8 @@ BEGIN
                             fingerprint = v_fpc,
                             updated_at = v_now
                         WHERE j.id = d.job_id AND j.state = 'waiting' AND j.attempt = 0
-                          AND j.run_at > v_now;
+                          AND j.run_at > v_now
+                        RETURNING j.queue INTO v_queue;
                         IF FOUND THEN
                             PERFORM idemq.event(d.job_id, 'replaced', v_now,
                                 jsonb_build_object('run_at', v_run_at));
@@ -640,7 +642,8 @@ BEGIN
                                 SET window_until = greatest(v_now + idemq.ms(d.ttl_ms), v_run_at)
                                 WHERE x.type = v_type AND x.key = v_dd ->> 'key';
                             END IF;
-                            PERFORM idemq.wake(it ->> 'queue');
+                            -- The job keeps its queue (SPEC 5): wake that one.
+                            PERFORM idemq.wake(v_queue);
                             v_outcome := 'replaced';
                         ELSE
                             -- Changed since it was read: say how, from a fresh

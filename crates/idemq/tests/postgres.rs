@@ -202,6 +202,49 @@ async fn waiter_behind_a_committed_holder_with_another_payload_conflicts() {
     assert_eq!(h.totals().await.0, 1);
 }
 
+/// The key is decided before the clock (SPEC 5): a repeat whose deadline
+/// passed while it waited for the key's lock, behind the transaction that
+/// binds the key, is answered `replayed` once that commits, not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_whose_deadline_passed_behind_a_committed_holder_is_replayed() {
+    let h = Harness::postgres().await;
+    let deadline = h.now().await + chrono::Duration::seconds(10);
+    let req = move || keyed("o-9", json!(9)).deadline(deadline);
+    let pool = orders_table(&h).await;
+    let mut tx = pool.begin().await.unwrap();
+    let held = h.queue.enqueue_in(&mut tx, req()).await.unwrap();
+    h.advance(Duration::from_secs(20));
+    let other = h.another_queue().await;
+    let waiter = tokio::spawn(async move { other.enqueue_with_result(req()).await });
+    // The race happened: the waiter found no committed binding and waits
+    // for the key's lock, with the deadline already behind the clock.
+    let mut admin = sqlx::PgConnection::connect(h.db_url.as_deref().unwrap())
+        .await
+        .unwrap();
+    let mut blocked = false;
+    for _ in 0..100 {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'
+               AND wait_event = 'advisory'",
+        )
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        if n > 0 {
+            blocked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(blocked, "the waiter blocks on the key's lock");
+    assert!(!waiter.is_finished());
+    tx.commit().await.unwrap();
+    let r = waiter.await.unwrap().unwrap();
+    assert_eq!((r.job_id, r.outcome), (held.job_id, Outcome::Replayed));
+    assert_eq!(h.totals().await.0, 1);
+}
+
 /// A binding holds its request's compact fingerprint (`fp`, schema version
 /// 13), whether the statement of a single keyed request or `idemq.enqueue`
 /// (a batch, a request with an explicit id) wrote it, and a repeat is
@@ -362,6 +405,36 @@ async fn notified(
         *seen.entry(n.unwrap().payload().to_owned()).or_insert(0) += 1;
     }
     seen
+}
+
+/// A landed replace keeps the job's queue (SPEC 5), so it wakes that queue,
+/// not the one the replacing request named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landed_replace_wakes_the_jobs_own_queue() {
+    let h = Harness::postgres().await;
+    let mut listener = wakeup_listener(&h).await;
+    let quiet = Duration::from_millis(500);
+    let req = |queue: &str| {
+        EnqueueRequest::new("t")
+            .queue(queue)
+            .delay(Duration::from_secs(60))
+            .dedupe(idemq::DedupeOptions::key("d-1").replace())
+    };
+    let first = h.queue.enqueue_with_result(req("first")).await.unwrap();
+    assert_eq!(
+        notified(&mut listener, quiet).await,
+        [("first".to_owned(), 1)].into()
+    );
+    let again = h.queue.enqueue_with_result(req("second")).await.unwrap();
+    assert_eq!(
+        (again.job_id.as_str(), again.outcome),
+        (first.job_id.as_str(), Outcome::Replaced)
+    );
+    assert_eq!(h.job(&first.job_id).await.queue, "first");
+    assert_eq!(
+        notified(&mut listener, quiet).await,
+        [("first".to_owned(), 1)].into()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -295,7 +295,7 @@ async fn keyed_one(
 /// inserted by `KEYED_NEW`. `idemq.enqueue` decides the rest: a binding
 /// with another fingerprint (it names the differing fields), one without
 /// the compact form (written before schema version 13, or by a redrive),
-/// or a key bound between the two statements.
+/// a key bound between the two statements, or a request the clock refuses.
 async fn only_keyed(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
@@ -325,7 +325,7 @@ async fn only_keyed(
         }
         None => {
             if let Some(answer) = keyed_new(conn, item, key, &fingerprint).await? {
-                return Ok(answer);
+                return Ok(Ok(answer));
             }
         }
     }
@@ -364,16 +364,19 @@ macro_rules! refused {
 
 /// A new job for a key that had no live binding when `only_keyed` read it,
 /// for a request whose only key is its idempotency key: one statement that
-/// takes the key's lock (as `idemq.enqueue` does), checks the deadline
-/// against the clock of record, binds the key and inserts the job, with no
-/// PL/pgSQL (whose statements and helpers cost a keyed enqueue three times
-/// a keyless one). The key's binding is inserted first, and the job only if
-/// it went in: the primary key of `idemq.idempotency` decides a race with a
-/// binding committed since `only_keyed` read (or still being written, which
-/// the insert waits for), and an expired binding is replaced as
-/// `idemq.bind_key` replaces it. A key bound meanwhile writes nothing and
-/// answers `None`: `idemq.enqueue` then decides the request (a replay or a
-/// conflict), reading the binding afresh.
+/// takes the key's lock (as `idemq.enqueue` does), reads the clock of
+/// record once it holds the lock, binds the key and inserts the job, with
+/// no PL/pgSQL (whose statements and helpers cost a keyed enqueue three
+/// times a keyless one). The key's binding is inserted first, and the job
+/// only if it went in: the primary key of `idemq.idempotency` decides a
+/// race with a binding committed since `only_keyed` read (or still being
+/// written, which the insert waits for), and an expired binding is replaced
+/// as `idemq.bind_key` replaces it. A key bound meanwhile writes nothing
+/// and answers `NULL`: `idemq.enqueue` then decides the request (a replay
+/// or a conflict), reading the binding afresh. So does a request the clock
+/// would refuse (its deadline passed, or due after it): the key is decided
+/// before the clock (SPEC 5), and a binding committed while this statement
+/// waited for the key's lock makes it a replay, not a refusal.
 const KEYED_NEW: &str = concat!(
     "
 WITH lk AS MATERIALIZED (
@@ -386,7 +389,7 @@ t AS MATERIALIZED (
     FROM (SELECT n.now, ",
     due!("$6::int8", "$7::int8", "n.now"),
     " AS due
-          FROM lk CROSS JOIN (SELECT idemq.now() AS now) n) c
+          FROM (SELECT idemq.now() AS now FROM lk) n) c
 ),
 bound AS (
     INSERT INTO idemq.idempotency AS i
@@ -414,19 +417,17 @@ job AS (
 )
 SELECT 'accepted'::text AS outcome FROM job
 UNION ALL
-SELECT t.refused FROM t WHERE t.refused IS NOT NULL
-UNION ALL
-SELECT NULL FROM t WHERE t.refused IS NULL AND NOT EXISTS (SELECT 1 FROM bound)"
+SELECT NULL FROM t WHERE NOT EXISTS (SELECT 1 FROM bound)"
 );
 
-/// Sends `KEYED_NEW`: the new job's answer, a refusal by the clock, or
-/// `None` when the key was bound meanwhile (nothing written).
+/// Sends `KEYED_NEW`: the new job's answer, or `None` when it wrote
+/// nothing (the key bound meanwhile, or a request the clock refuses).
 async fn keyed_new(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
     key: &PreparedKey,
     fingerprint: &[u8],
-) -> Result<Option<Result<EnqueueResult>>> {
+) -> Result<Option<EnqueueResult>> {
     let id = uuid::Uuid::now_v7().to_string();
     let row = sqlx::query(KEYED_NEW)
         .bind(&id)
@@ -455,14 +456,16 @@ async fn keyed_new(
         .await
         .map_err(db_err)?;
     let outcome: Option<String> = row.try_get("outcome").map_err(db_err)?;
-    Ok(match outcome.as_deref() {
-        None => None,
-        Some("accepted") => Some(Ok(EnqueueResult {
+    match outcome.as_deref() {
+        None => Ok(None),
+        Some("accepted") => Ok(Some(EnqueueResult {
             job_id: id,
             outcome: Outcome::Accepted,
         })),
-        Some(field) => Some(Err(refusal(field))),
-    })
+        Some(other) => Err(Error::Backend {
+            message: format!("a keyed enqueue answered {other:?}"),
+        }),
+    }
 }
 
 /// Why a statement has no answer.
