@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
+use axum::routing::{MethodRouter, get};
 use chrono::{DateTime, Utc};
 use idemq::{JobList, JobState, RedriveOptions};
 use serde::{Deserialize, Serialize};
@@ -169,6 +170,15 @@ pub(crate) async fn get_job(
             .ok_or_else(|| Problem::not_found(format_args!("job {id}")))?
     };
     Ok(axum::Json(job))
+}
+
+/// `GET /v1/jobs/{id}` of the job whose id is `id`, for the fixed path
+/// `/v1/jobs/<id>` (`batch`, `explain`, `bulk`, `complete`): the router
+/// matches such a path to the fixed route, not to `/v1/jobs/{id}`. The
+/// paths below a job id (`/v1/jobs/batch/events`, …) need nothing: no fixed
+/// route has segments after these names.
+pub(crate) fn get_job_named(id: &'static str) -> MethodRouter<ApiState> {
+    get(move |state, query| get_job(state, Path(id.to_owned()), query))
 }
 
 /// A page of jobs, newest first.

@@ -50,17 +50,28 @@ pub(crate) fn routes(state: AppState) -> Router {
         wakeups: Arc::new(worker::WakeHub::default()),
     };
     let router = Router::new()
-        // Enqueue.
+        // Enqueue. A fixed path beside `/v1/jobs/{id}` wins over it, and a
+        // job may have its name as id: each also serves that job's GET.
         .route("/v1/jobs", post(enqueue::enqueue).get(jobs::list))
         .route(
             "/v1/jobs/batch",
-            post(enqueue::batch).layer(DefaultBodyLimit::max(extract::BATCH_BODY_LIMIT)),
+            post(enqueue::batch)
+                .layer(DefaultBodyLimit::max(extract::BATCH_BODY_LIMIT))
+                .merge(jobs::get_job_named("batch")),
         )
-        .route("/v1/jobs/explain", post(enqueue::explain))
-        .route("/v1/jobs/bulk", post(jobs::bulk))
+        .route(
+            "/v1/jobs/explain",
+            post(enqueue::explain).merge(jobs::get_job_named("explain")),
+        )
+        .route(
+            "/v1/jobs/bulk",
+            post(jobs::bulk).merge(jobs::get_job_named("bulk")),
+        )
         .route(
             "/v1/jobs/complete",
-            post(worker::complete_many).layer(DefaultBodyLimit::max(extract::BATCH_BODY_LIMIT)),
+            post(worker::complete_many)
+                .layer(DefaultBodyLimit::max(extract::BATCH_BODY_LIMIT))
+                .merge(jobs::get_job_named("complete")),
         )
         // Jobs.
         .route("/v1/jobs/{id}", get(jobs::get_job))

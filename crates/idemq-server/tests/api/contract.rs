@@ -219,7 +219,11 @@ async fn wrong_method_is_405_with_allow(b: Backend) {
         (Method::GET, "/v1/claim", "POST"),
         (Method::POST, "/v1/queues", "GET,HEAD"),
         (Method::PATCH, "/v1/schedules/x", "PUT,DELETE"),
-        (Method::GET, "/v1/jobs/complete", "POST"),
+        // A fixed path beside `/v1/jobs/{id}` serves GET too (a job of that id).
+        (Method::DELETE, "/v1/jobs/complete", "GET,HEAD,POST"),
+        (Method::PUT, "/v1/jobs/batch", "GET,HEAD,POST"),
+        (Method::GET, "/v1/jobs/batch/cancel", "POST"),
+        (Method::DELETE, "/v1/jobs/x/checkpoints", "GET,HEAD"),
     ] {
         let a = s.send(method.clone(), path, None, &[]).await;
         a.problem(405, "method-not-allowed");

@@ -13,6 +13,7 @@ instantiate!(
     cancel_purge_promote,
     redrive_dead_jobs,
     bulk_actions,
+    ids_named_like_fixed_routes,
 );
 
 async fn get_and_list(b: Backend) {
@@ -383,5 +384,176 @@ async fn bulk_actions(b: Backend) {
     s.post("/v1/jobs/bulk", json!({"action": "explode"}))
         .await
         .problem(400, "bad-request");
+    s.stop().await;
+}
+
+/// A job whose id is the name of a fixed route beside `/v1/jobs/{id}`
+/// (`batch`, `explain`, `bulk`, `complete`) is reached by every route of a
+/// job id, and the fixed routes keep serving their POST.
+async fn ids_named_like_fixed_routes(b: Backend) {
+    let s = Server::start(b).await;
+    for word in ["batch", "explain", "bulk", "complete"] {
+        let ty = format!("t.{word}");
+        s.get(&format!("/v1/jobs/{word}"))
+            .await
+            .problem(404, "not-found");
+        s.get(&format!("/v1/jobs/{word}?wait_ms=50"))
+            .await
+            .problem(404, "not-found");
+        for sub in ["events", "runs", "checkpoints"] {
+            s.get(&format!("/v1/jobs/{word}/{sub}"))
+                .await
+                .problem(404, "not-found");
+        }
+        let id = s
+            .enqueue(json!({"type": ty, "job_id": word, "delay_ms": 600000}))
+            .await;
+        assert_eq!(id, word);
+        let job = s.get(&format!("/v1/jobs/{word}")).await.ok(200).clone();
+        assert_eq!(job["id"], word);
+        assert_eq!(job["state"], "scheduled");
+        let a = s.post(&format!("/v1/jobs/{word}/promote"), json!({})).await;
+        assert_eq!(a.ok(200)["promoted"], true, "{word}");
+
+        // The worker protocol.
+        let claim = json!({"worker": "w-1", "types": [ty]});
+        let a = s.post("/v1/claim", claim.clone()).await;
+        assert_eq!(a.ok(200)["jobs"][0]["id"], word);
+        let token = a.body["jobs"][0]["lease_token"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let a = s
+            .post(
+                &format!("/v1/jobs/{word}/heartbeat"),
+                json!({"lease_token": token}),
+            )
+            .await;
+        assert_eq!(a.ok(200)["cancel_requested"], false, "{word}");
+        let a = s
+            .put(
+                &format!("/v1/jobs/{word}/checkpoints/step-1"),
+                json!({"lease_token": token, "value": word}),
+            )
+            .await;
+        assert_eq!(a.ok(200)["stored"], true, "{word}");
+        let a = s
+            .post(
+                &format!("/v1/jobs/{word}/release"),
+                json!({"lease_token": token}),
+            )
+            .await;
+        assert_eq!(a.ok(200)["state"], "ready", "{word}");
+        let a = s.post("/v1/claim", claim.clone()).await;
+        let token = a.ok(200)["jobs"][0]["lease_token"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let a = s
+            .post(
+                &format!("/v1/jobs/{word}/fail"),
+                json!({"lease_token": token, "error": "boom", "retryable": false}),
+            )
+            .await;
+        assert_eq!(a.ok(200)["state"], "dead", "{word}");
+
+        // The job's history.
+        let events = s
+            .get(&format!("/v1/jobs/{word}/events"))
+            .await
+            .ok(200)
+            .clone();
+        assert_eq!(events["events"][0]["kind"], "accepted", "{word}");
+        let runs = s
+            .get(&format!("/v1/jobs/{word}/runs"))
+            .await
+            .ok(200)
+            .clone();
+        assert_eq!(runs["runs"].as_array().unwrap().len(), 2, "{word}");
+        let cps = s
+            .get(&format!("/v1/jobs/{word}/checkpoints"))
+            .await
+            .ok(200)
+            .clone();
+        assert_eq!(cps["checkpoints"], json!({"step-1": word}));
+
+        // Operator actions, then the last attempt.
+        let a = s.post(&format!("/v1/jobs/{word}/redrive"), json!({})).await;
+        assert_eq!(
+            a.ok(200).clone(),
+            json!({"job_id": word, "outcome": "accepted"})
+        );
+        let a = s.post("/v1/claim", claim.clone()).await;
+        let token = a.ok(200)["jobs"][0]["lease_token"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let a = s.post(&format!("/v1/jobs/{word}/cancel"), json!({})).await;
+        assert_eq!(
+            a.ok(200).clone(),
+            json!({"cancelled": true, "state": "active"})
+        );
+        let a = s
+            .post(
+                &format!("/v1/jobs/{word}/complete"),
+                json!({"lease_token": token, "result": {"w": word}}),
+            )
+            .await;
+        assert_eq!(a.ok(200)["state"], "completed", "{word}");
+        let job = s
+            .get(&format!("/v1/jobs/{word}?wait_ms=100"))
+            .await
+            .ok(200)
+            .clone();
+        assert_eq!(job["state"], "completed");
+        assert_eq!(job["result"], json!({"w": word}));
+        let a = s.post(&format!("/v1/jobs/{word}/purge"), json!({})).await;
+        assert_eq!(a.ok(200)["purged"], true, "{word}");
+        s.get(&format!("/v1/jobs/{word}"))
+            .await
+            .problem(404, "not-found");
+    }
+
+    // The fixed routes still serve their POST.
+    let a = s
+        .post(
+            "/v1/jobs/batch",
+            json!({"jobs": [{"type": "x", "job_id": "complete"}]}),
+        )
+        .await;
+    assert_eq!(a.ok(200)["results"][0]["outcome"], "accepted");
+    let a = s
+        .post(
+            "/v1/jobs/explain",
+            json!({"type": "x", "job_id": "complete"}),
+        )
+        .await;
+    assert_eq!(a.ok(200)["outcome"], "replayed");
+    let a = s.post("/v1/claim", json!({"types": ["x"]})).await;
+    let token = a.ok(200)["jobs"][0]["lease_token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let a = s
+        .post(
+            "/v1/jobs/complete",
+            json!({"jobs": [{"id": "complete", "lease_token": token}]}),
+        )
+        .await;
+    assert_eq!(
+        a.ok(200).clone(),
+        json!({"results": [{"state": "completed"}]})
+    );
+    assert_eq!(
+        s.get("/v1/jobs/complete").await.ok(200)["state"],
+        "completed"
+    );
+    let a = s
+        .post(
+            "/v1/jobs/bulk",
+            json!({"action": "purge", "filter": {"type": "x"}}),
+        )
+        .await;
+    assert_eq!(a.ok(200).clone(), json!({"matched": 1, "done": 1}));
     s.stop().await;
 }
