@@ -315,6 +315,12 @@ impl Queue {
         self.counters.add(Counter::Completions, n);
     }
 
+    /// Counts jobs sent to the dead letters by a call that does not say so
+    /// (a heartbeat past the deadline, asked by the worker runtime).
+    pub(crate) fn count_dead(&self, n: u64) {
+        self.counters.add(Counter::Dead, n);
+    }
+
     /// What this queue and its clones did in this process: claims,
     /// completions, retries, dead letters, reaped leases, purges and
     /// retention deletes, whichever surface (API, worker, maintenance) acted.

@@ -6,6 +6,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -664,17 +665,29 @@ async fn supervise(
         signals: signals.clone(),
     };
     // The timeout counts from the claim, as the store counts it (a job may
-    // have waited for its slot); the deadline is measured on the store's
-    // clock: the claim happened at lease_expires_at - lease.
+    // have waited for its slot).
     let timeout = claimed + Duration::from_millis(u64::try_from(job.timeout_ms).unwrap_or(0));
-    // A deadline beyond what the monotonic clock can name is none.
-    let deadline = job.deadline.and_then(|d| {
-        let claimed_at =
-            job.lease_expires_at - chrono::Duration::from_std(lease).unwrap_or_default();
-        claimed.checked_add((d - claimed_at).to_std().unwrap_or(Duration::ZERO))
-    });
-    // Cancelled, timed out or past its deadline while it waited for its
-    // slot: the attempt ends so, and the handler never runs.
+    // The deadline is the store's to enforce, on its clock of record: this
+    // worker's timer only says when to ask the store (docs/worker.md). The
+    // claim happened at lease_expires_at - lease on that clock.
+    let mut deadline = job
+        .deadline
+        .and_then(|d| on_this_clock(claimed, job.lease_expires_at - store_lease(lease), d));
+    // Past its deadline while it waited for its slot: the store ends the
+    // attempt (`dead`, `deadline`) and the handler never runs, unless the
+    // store's clock is not there yet.
+    if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+        let give_up = tokio::time::Instant::now() + lease;
+        match ask_deadline(&queue, &job, &signals, lease, Some(give_up)).await {
+            Asked::Ended => return ended_by_store(&queue, &ctx).await,
+            Asked::NotYet(next) => deadline = next,
+            // Unanswered for as long as the lease lasts: the lease runs
+            // out, and the store records the expiry when it is back.
+            Asked::Unanswered => return Ended::Lost,
+        }
+    }
+    // Cancelled or timed out while it waited for its slot: the attempt ends
+    // so, and the handler never runs.
     let now = tokio::time::Instant::now();
     let unrun = if signals.is_cancelled() {
         Some(JobError::retryable("cancelled"))
@@ -683,8 +696,6 @@ async fn supervise(
             "timed out after {} ms",
             job.timeout_ms
         )))
-    } else if deadline.is_some_and(|d| now >= d) {
-        Some(JobError::retryable("deadline passed"))
     } else {
         None
     };
@@ -698,8 +709,9 @@ async fn supervise(
         () = tokio::time::sleep_until(timeout) => {
             Err(JobError::retryable(format!("timed out after {} ms", job.timeout_ms)))
         }
-        () = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
-            Err(JobError::retryable("deadline passed"))
+        // The store ended the attempt at its deadline: nothing to record.
+        () = deadline_passes(&queue, &job, &signals, lease, deadline) => {
+            return ended_by_store(&queue, &ctx).await;
         }
         () = ctx.cancelled() => {
             Err(JobError::retryable("cancelled"))
@@ -734,6 +746,135 @@ async fn supervise(
         Err(e) => e,
     };
     record_failure(&queue, &ctx, &job, e, lease).await
+}
+
+/// The lease as the store counts it: the claim sent it in whole
+/// milliseconds.
+fn store_lease(lease: Duration) -> chrono::Duration {
+    let ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+    chrono::Duration::try_milliseconds(ms).unwrap_or_default()
+}
+
+/// The instant on this worker's monotonic clock at which the store's clock
+/// should read `at`, given that it read `store_now` at `local_now`; `None`
+/// beyond what the monotonic clock can name.
+fn on_this_clock(
+    local_now: tokio::time::Instant,
+    store_now: DateTime<Utc>,
+    at: DateTime<Utc>,
+) -> Option<tokio::time::Instant> {
+    local_now.checked_add((at - store_now).to_std().unwrap_or(Duration::ZERO))
+}
+
+/// The shortest wait before the store is asked about a deadline again, when
+/// it said "not yet" but its clock should be there already.
+const DEADLINE_RECHECK: Duration = Duration::from_millis(10);
+
+/// What the store answers when this worker's clock says a job's deadline
+/// has come.
+enum Asked {
+    /// The attempt is no longer this worker's: the store ended it (at its
+    /// deadline, its timeout) or it was lost before.
+    Ended,
+    /// The store's clock has not reached the deadline: when it should, on
+    /// this worker's clock (`None`: never, as far as this clock can tell).
+    NotYet(Option<tokio::time::Instant>),
+    /// The store did not answer before `give_up`.
+    Unanswered,
+}
+
+/// Asks the store whether the attempt's deadline has passed, on its clock
+/// of record, by the call that decides it for workers the server cannot
+/// interrupt: a heartbeat. Past the deadline, the store ends the attempt
+/// there and then (`dead`, reason `deadline`; the run `failed`, whatever the
+/// retry policy and the budget) and answers `LeaseLost`; before it, it
+/// renews the lease and its answer tells its clock (the renewed expiry less
+/// the lease). While the backend is unavailable, asks again with backoff,
+/// until `give_up` if given.
+async fn ask_deadline(
+    queue: &Queue,
+    job: &ClaimedJob,
+    signals: &Signals,
+    lease: Duration,
+    give_up: Option<tokio::time::Instant>,
+) -> Asked {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match queue.heartbeat(&job.id, &job.lease_token).await {
+            Err(Error::LeaseLost { .. }) => return Asked::Ended,
+            Ok(hb) => {
+                if hb.cancel_requested {
+                    signals.cancel();
+                }
+                let Some(deadline) = job.deadline else {
+                    return Asked::NotYet(None);
+                };
+                let now = tokio::time::Instant::now();
+                let store_now = hb.lease_expires_at - store_lease(lease);
+                let next = on_this_clock(now, store_now, deadline)
+                    .map(|at| at.max(now + DEADLINE_RECHECK));
+                return Asked::NotYet(next);
+            }
+            Err(e) => {
+                if give_up.is_some_and(|g| tokio::time::Instant::now() + backoff >= g) {
+                    return Asked::Unanswered;
+                }
+                tracing::debug!(job_id = %job.id, error = %e, "the deadline check failed; asking again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// Resolves once the store has ended the attempt at its deadline: asks it
+/// when this worker's clock says the deadline has come, and again when the
+/// store's answer says it will have, for as long as the store's clock is
+/// not there. A handler that completed its job in its own transaction is
+/// left to finish (the completion counts even past the deadline; on
+/// PostgreSQL its transaction holds the row the store would wait for).
+async fn deadline_passes(
+    queue: &Queue,
+    job: &ClaimedJob,
+    signals: &Signals,
+    lease: Duration,
+    mut at: Option<tokio::time::Instant>,
+) {
+    while let Some(d) = at {
+        tokio::time::sleep_until(d).await;
+        if signals.completed_in_tx() {
+            break;
+        }
+        match ask_deadline(queue, job, signals, lease, None).await {
+            Asked::Ended => return,
+            Asked::NotYet(next) => at = next,
+            // Not without a `give_up`: asked until the store answers.
+            Asked::Unanswered => {}
+        }
+    }
+    std::future::pending().await
+}
+
+/// An attempt the store ended when asked at its deadline (its lease is
+/// gone): completed when the handler's own transaction completed it, failed
+/// when the store recorded this attempt's end (at the deadline, or at its
+/// timeout, as a heartbeat then records it), lost otherwise.
+async fn ended_by_store(queue: &Queue, ctx: &HandlerContext) -> Ended {
+    if ctx.completed_in_tx() {
+        return lost_or_completed_in_tx(queue, ctx).await;
+    }
+    match queue.get(&ctx.job.id).await {
+        Ok(Some(j))
+            if j.attempt == ctx.job.attempt
+                && !matches!(j.state, JobState::Active | JobState::Completed) =>
+        {
+            if j.state == JobState::Dead {
+                queue.count_dead(1);
+            }
+            Ended::Failed
+        }
+        _ => Ended::Lost,
+    }
 }
 
 /// A handler's future, run in its supervisor's task as it would run in a

@@ -18,6 +18,7 @@ idemq_testkit::instantiate!(
     jobs_waiting_for_a_slot_are_released_at_shutdown_unrun,
     a_job_cancelled_while_it_waits_ends_cancelled_unrun,
     a_waiting_jobs_timeout_counts_from_its_claim,
+    a_waiting_jobs_deadline_is_the_stores_to_decide,
     without_prefetch_no_job_waits,
 );
 
@@ -223,6 +224,54 @@ async fn a_waiting_jobs_timeout_counts_from_its_claim(h: Harness) {
         job.last_error
     );
     assert_eq!(job.attempts_used, 1, "a timed-out attempt is consumed");
+}
+
+async fn a_waiting_jobs_deadline_is_the_stores_to_decide(h: Harness) {
+    let slow = Slow::default();
+    let deadline = h.now().await + chrono::Duration::milliseconds(300);
+    let mut jobs = slow_jobs(1);
+    // Budget left and a retry 1 ms later: only the deadline rule makes it
+    // dead.
+    jobs.push(
+        EnqueueRequest::new("slow")
+            .deadline(deadline)
+            .max_attempts(5)
+            .retry(RetryPolicy::Fixed { delay_ms: 1 }),
+    );
+    let (ids, stop, run) = start_with(&h, one_slot(&h, &slow, 8), jobs, |jobs| {
+        jobs.len() == 2 && jobs.iter().all(|j| j.state == JobState::Active)
+    })
+    .await;
+    // The second job waits past its deadline on the worker's clock, not on
+    // the clock of record, which stands still: once the slot frees, the
+    // store says it is not there yet, so the handler starts.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    slow.go.notify_one();
+    let start = tokio::time::Instant::now();
+    while slow.started.load(Ordering::SeqCst) < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the waiting job did not start: {:?}",
+            h.event_kinds(&ids[1]).await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The clock of record reaches the deadline: the attempt ends there.
+    h.advance(Duration::from_millis(300));
+    wait_until(&h, |jobs| {
+        jobs.iter()
+            .any(|j| j.id == ids[1] && j.state == JobState::Dead)
+    })
+    .await;
+    let _ = stop.send(());
+    run.await.expect("worker task").expect("worker run");
+    let events = h.queue.events(&ids[1]).await.expect("events");
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert!(!kinds.contains(&"retry_scheduled"), "{kinds:?}");
+    let dead = events.iter().find(|e| e.kind == "dead").expect("dead");
+    assert_eq!(dead.data["reason"], "deadline");
+    let job = h.job(&ids[1]).await;
+    assert_eq!((job.attempt, job.attempts_used), (1, 1));
 }
 
 async fn without_prefetch_no_job_waits(h: Harness) {

@@ -345,19 +345,91 @@ async fn a_handler_that_panics_when_interrupted_fails_only_its_attempt(h: Harnes
 
 async fn deadline_interrupts_the_handler(h: Harness) {
     let deadline = h.now().await + chrono::Duration::milliseconds(300);
+    // Budget left and a policy that would retry 1 ms later, well before the
+    // deadline: an interruption recorded as a retryable failure would
+    // schedule a retry here, never a `dead` (`deadline`).
     let id = h
         .put(
             EnqueueRequest::new("t")
                 .deadline(deadline)
-                .retry(no_retry_soon()),
+                .max_attempts(5)
+                .retry(RetryPolicy::Fixed { delay_ms: 1 }),
         )
         .await;
-    let w = worker(&h).handle("t", |_c: HandlerContext, _p: Value| async move {
-        tokio::time::sleep(Duration::from_secs(20)).await;
-        Ok::<_, JobError>(())
+    let starts = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s, d, f) = (starts.clone(), dropped.clone(), finished.clone());
+    let w = worker(&h).handle("t", move |_c: HandlerContext, _p: Value| {
+        let (s, d, f) = (s.clone(), d.clone(), f.clone());
+        async move {
+            s.fetch_add(1, Ordering::SeqCst);
+            let _flag = DropFlag(d);
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            f.store(true, Ordering::SeqCst);
+            Ok::<_, JobError>(())
+        }
     });
-    run_until(w, || async { state(&h, &id).await == JobState::Dead }).await;
-    assert!(h.event_kinds(&id).await.contains(&"dead".to_string()));
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(w.run(async move {
+        let _ = rx.await;
+    }));
+    let start = tokio::time::Instant::now();
+    while starts.load(Ordering::SeqCst) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the handler did not start in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The worker's own timer passes the deadline, but the clock of record
+    // stands still: the store decides, so the attempt goes on untouched.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(state(&h, &id).await, JobState::Active);
+    assert!(
+        !dropped.load(Ordering::SeqCst),
+        "interrupted before the deadline"
+    );
+    // The clock of record reaches the deadline: the running attempt is
+    // interrupted and the job goes straight to the dead letters.
+    h.advance(Duration::from_millis(300));
+    while state(&h, &id).await != JobState::Dead {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the job was not dead in 30 s: {:?}",
+            h.event_kinds(&id).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = tx.send(());
+    let report = handle.await.expect("worker task").expect("worker run");
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the handler was not stopped"
+    );
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "the handler ran to its end"
+    );
+    assert_eq!(starts.load(Ordering::SeqCst), 1, "one attempt only");
+    assert_eq!((report.completed, report.failed, report.lost), (0, 1, 0));
+    let events = h.queue.events(&id).await.expect("events");
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert!(!kinds.contains(&"retry_scheduled"), "a retry: {kinds:?}");
+    let dead: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.kind == "dead")
+        .map(|e| &e.data)
+        .collect();
+    assert_eq!(dead.len(), 1, "{kinds:?}");
+    assert_eq!(dead[0]["reason"], "deadline");
+    let job = h.job(&id).await;
+    assert_eq!((job.attempt, job.attempts_used), (1, 1));
+    assert_eq!(job.finished_at, Some(deadline));
+    let runs = h.queue.runs(&id).await.expect("runs");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].outcome.as_deref(), Some("failed"));
+    assert_eq!(runs[0].error.as_deref(), Some("deadline passed"));
 }
 
 async fn cancel_of_a_running_job_stops_it_at_the_next_heartbeat(h: Harness) {
