@@ -33,9 +33,20 @@ fn write_canonical(v: &Value, out: &mut String) {
                 out.push_str(&i.to_string());
             } else if let Some(u) = n.as_u64() {
                 out.push_str(&u.to_string());
-            } else if let Some(f) = n.as_f64() {
-                let mut buf = ryu_js::Buffer::new();
-                out.push_str(buf.format_finite(f));
+            } else {
+                // serde_json keeps each number's text: an integer beyond 64
+                // bits is written with every digit, anything else in
+                // ECMAScript form (a number beyond a double's range, which
+                // a request cannot carry, as its text).
+                let text = n.to_string();
+                if is_integer_text(&text) {
+                    out.push_str(&text);
+                } else if let Some(f) = n.as_f64() {
+                    let mut buf = ryu_js::Buffer::new();
+                    out.push_str(buf.format_finite(f));
+                } else {
+                    out.push_str(&text);
+                }
             }
         }
         Value::String(s) => write_string(s, out),
@@ -67,6 +78,13 @@ fn write_canonical(v: &Value, out: &mut String) {
             out.push('}');
         }
     }
+}
+
+/// Whether a JSON number's text is an integer: digits, after an optional
+/// minus sign, with no fraction or exponent.
+pub(crate) fn is_integer_text(text: &str) -> bool {
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
 fn write_string(s: &str, out: &mut String) {
@@ -629,6 +647,16 @@ mod tests {
         assert_eq!(
             canonical_json(&v),
             "[9007199254740993,-9007199254740993,18446744073709551615,1,0]"
+        );
+        // Beyond 64 bits too: the parser keeps the text, and two integers
+        // a double cannot tell apart keep different fingerprints.
+        let v: Value = serde_json::from_str(
+            "[18446744073709551616,18446744073709551617,-99999999999999999999999,1e2,10.50,1E-7]",
+        )
+        .unwrap();
+        assert_eq!(
+            canonical_json(&v),
+            "[18446744073709551616,18446744073709551617,-99999999999999999999999,100,10.5,1e-7]"
         );
     }
 

@@ -142,7 +142,7 @@ macro_rules! null_is {
 }
 null_is!(
     null_initial: i64 = d_initial via crate::wire::opt_int,
-    null_factor: f64 = d_factor via Option::<f64>::deserialize,
+    null_factor: f64 = d_factor via crate::wire::opt_float,
     null_max: i64 = d_max via crate::wire::opt_int,
     null_jitter: bool = d_jitter via Option::<bool>::deserialize,
 );
@@ -679,12 +679,35 @@ pub(crate) fn has_nul(v: &Value) -> bool {
     }
 }
 
-/// Serializes a JSON value under a size limit, refusing U+0000.
+/// Whether `v` holds a number with a fraction or an exponent beyond the
+/// range of a double (`1e400`): JSON's grammar allows it, but neither its
+/// fingerprint (RFC 8785) nor most readers can hold it. Integers of any
+/// length are kept exactly.
+fn has_unbounded_number(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => {
+            n.as_f64().is_none() && !crate::fingerprint::is_integer_text(&n.to_string())
+        }
+        Value::Array(a) => a.iter().any(has_unbounded_number),
+        Value::Object(o) => o.values().any(has_unbounded_number),
+        _ => false,
+    }
+}
+
+/// Serializes a JSON value under a size limit, refusing U+0000 and numbers
+/// beyond a double's range that are not integers.
 pub(crate) fn encode_json(field: &str, v: &Value, limit: usize) -> Result<String> {
     if has_nul(v) {
         return Err(Error::validation(
             field,
             "must not contain U+0000 in any string",
+        ));
+    }
+    if has_unbounded_number(v) {
+        return Err(Error::validation(
+            field,
+            "must not contain a number with a fraction or an exponent beyond the range of a \
+             64-bit float (integers of any length are kept exactly)",
         ));
     }
     let s = serde_json::to_string(v).map_err(|e| Error::validation(field, e.to_string()))?;

@@ -41,6 +41,69 @@ impl<'de, T: TryFrom<i128>> serde::de::Visitor<'de> for IntVisitor<T> {
             Err(E::invalid_type(serde::de::Unexpected::Float(v), &self))
         }
     }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        let text = number_text(map)?;
+        match text.parse::<i128>() {
+            Ok(v) => T::try_from(v)
+                .map_err(|_| serde::de::Error::custom(format!("integer {text} is out of range"))),
+            Err(_) => self.visit_f64(text.parse::<f64>().unwrap_or(f64::INFINITY)),
+        }
+    }
+}
+
+/// The text of a JSON number that serde_json (which keeps every number's
+/// digits: its `arbitrary_precision` feature) hands to a visitor as a map:
+/// one with a fraction or an exponent, or an integer beyond 64 bits. That
+/// is how such a number reaches a member read through serde's buffering
+/// (an internally tagged enum such as the retry policy), and how a
+/// `deserialize_any` sees it.
+fn number_text<'de, A: serde::de::MapAccess<'de>>(map: A) -> Result<String, A::Error> {
+    serde_json::Number::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        .map(|n| n.to_string())
+}
+
+/// A float member: any JSON number, as the nearest `f64`.
+struct FloatVisitor;
+
+impl<'de> serde::de::Visitor<'de> for FloatVisitor {
+    type Value = Option<f64>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a number or null")
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<Option<f64>, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Option<f64>, E> {
+        Ok(None)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<f64>, D::Error> {
+        d.deserialize_any(self)
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Option<f64>, E> {
+        Ok(Some(v as f64))
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Option<f64>, E> {
+        Ok(Some(v as f64))
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Option<f64>, E> {
+        Ok(Some(v))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Option<f64>, A::Error> {
+        let text = number_text(map)?;
+        match text.parse::<f64>() {
+            Ok(v) if v.is_finite() => Ok(Some(v)),
+            _ => Err(serde::de::Error::custom(format!(
+                "number {text} is out of range"
+            ))),
+        }
+    }
+}
+
+/// Reads an optional float member: `null` or any JSON number.
+pub fn opt_float<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    d.deserialize_option(FloatVisitor)
 }
 
 /// Reads a required integer member (see [`opt_int`]).

@@ -14,6 +14,7 @@ instantiate!(
     batch_atomic,
     explain_writes_nothing,
     wire_forms_the_document_states,
+    numbers_keep_their_digits,
 );
 
 async fn enqueue_outcomes(b: Backend) {
@@ -450,5 +451,43 @@ async fn wire_forms_the_document_states(b: Backend) {
         let a = s.get(&format!("/v1/jobs?cursor={bad}")).await;
         assert_eq!(a.problem(422, "validation")["field"], "cursor");
     }
+    s.stop().await;
+}
+
+async fn numbers_keep_their_digits(b: Backend) {
+    let s = Server::start(b).await;
+    let body = |n: &str| -> serde_json::Value {
+        serde_json::from_str(&format!(
+            r#"{{"type": "x", "payload": {{"n": {n}}}, "idempotency": {{"key": "big"}},
+                "retry": {{"kind": "exponential", "factor": 2.5}}}}"#
+        ))
+        .expect("a body")
+    };
+    let id = s
+        .post("/v1/jobs", body("18446744073709551617123"))
+        .await
+        .ok(201)["job_id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let job = s.get(&format!("/v1/jobs/{id}")).await.ok(200).clone();
+    assert_eq!(job["payload"]["n"].to_string(), "18446744073709551617123");
+    assert_eq!(job["retry"]["factor"].as_f64(), Some(2.5));
+    // One more in the last digit, which a double cannot tell apart: a
+    // conflict over the payload, not a replay.
+    let a = s.post("/v1/jobs", body("18446744073709551617124")).await;
+    assert_eq!(
+        a.problem(409, "idempotency-conflict")["fields"],
+        json!(["payload"])
+    );
+    assert_eq!(
+        s.post("/v1/jobs", body("18446744073709551617123"))
+            .await
+            .ok(200)["outcome"],
+        "replayed"
+    );
+    // A number beyond a double's range that is not an integer is refused.
+    let a = s.post("/v1/jobs", body("1e400")).await;
+    assert_eq!(a.problem(422, "validation")["field"], "payload");
     s.stop().await;
 }

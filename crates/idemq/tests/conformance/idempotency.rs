@@ -129,6 +129,24 @@ async fn payload_number_forms_are_canonical(h: Harness) {
     h.put(req(big1)).await;
     let err = h.queue.enqueue(req(big2)).await.unwrap_err();
     assert_eq!(err.conflict().unwrap().fields, vec!["payload"]);
+    // And beyond 64 bits, where a double would make these two one number:
+    // they conflict, and the job keeps every digit.
+    let text = r#"{"n":18446744073709551617123,"m":-18446744073709551617}"#;
+    let huge1: serde_json::Value = serde_json::from_str(text).unwrap();
+    let huge2: serde_json::Value =
+        serde_json::from_str(r#"{"n":18446744073709551617124,"m":-18446744073709551617}"#).unwrap();
+    let req = |p| EnqueueRequest::new("t").payload(p).idempotency_key("huge");
+    let id = h.put(req(huge1.clone())).await;
+    let err = h.queue.enqueue(req(huge2)).await.unwrap_err();
+    assert_eq!(err.conflict().unwrap().fields, vec!["payload"]);
+    let again = h.queue.enqueue_with_result(req(huge1)).await.unwrap();
+    assert_eq!(
+        (again.job_id.as_str(), again.outcome),
+        (id.as_str(), Outcome::Replayed)
+    );
+    let stored = serde_json::to_string(&h.job(&id).await.payload).unwrap();
+    assert!(stored.contains("18446744073709551617123"), "{stored}");
+    assert!(stored.contains("-18446744073709551617"), "{stored}");
 }
 
 async fn defaults_are_resolved_before_the_fingerprint(h: Harness) {

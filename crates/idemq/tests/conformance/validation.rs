@@ -18,6 +18,7 @@ idemq_testkit::instantiate!(
     payload_limit_is_configurable,
     payload_nul_in_strings_is_refused,
     payload_nul_in_object_keys_is_refused,
+    payload_numbers_beyond_a_double_are_refused_unless_integers,
     queue_bounds,
     job_id_bounds,
     priority_fits_i16,
@@ -216,6 +217,23 @@ async fn payload_nul_in_strings_is_refused(h: Harness) {
     // Other control characters and the escaped text `\u0000` are fine.
     let j = accepted(&h, t().payload(json!({"a": "\u{1}\t\n", "b": "\\u0000"}))).await;
     assert_eq!(j.payload, json!({"a": "\u{1}\t\n", "b": "\\u0000"}));
+}
+
+async fn payload_numbers_beyond_a_double_are_refused_unless_integers(h: Harness) {
+    let parse = |text: &str| serde_json::from_str::<serde_json::Value>(text).unwrap();
+    refused(&h, t().payload(parse("1e400")), "payload").await;
+    refused(&h, t().payload(parse(r#"{"a":[1,-2.5E999]}"#)), "payload").await;
+    assert_eq!(h.totals().await.0, 0, "nothing written");
+    let j = accepted(
+        &h,
+        t().payload(parse(r#"{"a":1e308,"b":123456789012345678901234567890}"#)),
+    )
+    .await;
+    let stored = serde_json::to_string(&j.payload).unwrap();
+    assert!(
+        stored.contains("123456789012345678901234567890"),
+        "{stored}"
+    );
 }
 
 async fn payload_nul_in_object_keys_is_refused(h: Harness) {
