@@ -64,7 +64,7 @@ async fn admin_exec(sql: String) -> Result<(), String> {
 fn template() -> &'static str {
     static TEMPLATE: OnceLock<String> = OnceLock::new();
     TEMPLATE.get_or_init(|| {
-        let mut all = String::new();
+        let mut all = String::from(idemq::store::postgres::BOOKKEEPING);
         for (_, _, sql) in idemq::store::postgres::MIGRATIONS {
             all.push_str(sql);
         }

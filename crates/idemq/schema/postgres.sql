@@ -1392,7 +1392,8 @@ CREATE TABLE idemq.schema_functions (
 CREATE TABLE idemq.schema_migrations (
     version bigint NOT NULL,
     name text NOT NULL,
-    applied_at timestamp with time zone DEFAULT now() NOT NULL
+    applied_at timestamp with time zone DEFAULT now() NOT NULL,
+    idemq_version text
 );
 
 CREATE TABLE idemq.test_clocks (

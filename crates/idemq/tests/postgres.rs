@@ -578,6 +578,50 @@ async fn unmigrated_database_is_refused_with_what_to_do() {
     exec(&mut conn, format!("DROP DATABASE {db} WITH (FORCE)")).await;
 }
 
+/// Each schema version records the idemq that applied it, and a binary
+/// meeting a newer schema refuses it, naming the idemq to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused_naming_the_idemq_that_wrote_it() {
+    let h = Harness::postgres().await;
+    let url = h.db_url.clone().expect("postgres");
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let unrecorded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM idemq.schema_migrations
+         WHERE idemq_version IS DISTINCT FROM $1",
+    )
+    .bind(env!("CARGO_PKG_VERSION"))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        unrecorded, 0,
+        "every version names the idemq that applied it"
+    );
+    exec(
+        &mut conn,
+        "INSERT INTO idemq.schema_migrations (version, name, idemq_version)
+         VALUES (9999, 'from_the_future', '9.9.9')"
+            .into(),
+    )
+    .await;
+    for err in [
+        Queue::connect(&url).await.unwrap_err(),
+        idemq::store::postgres::migrate_url(&url).await.unwrap_err(),
+    ] {
+        let text = err.to_string();
+        assert!(text.contains("version 9999"), "{text}");
+        assert!(text.contains("run idemq 9.9.9"), "{text}");
+    }
+    // A newer schema whose writer recorded no version: still what to run.
+    exec(
+        &mut conn,
+        "UPDATE idemq.schema_migrations SET idemq_version = NULL WHERE version = 9999".into(),
+    )
+    .await;
+    let text = Queue::connect(&url).await.unwrap_err().to_string();
+    assert!(text.contains("schema is version 9999 or later"), "{text}");
+}
+
 /// The migrated schema, as pg_dump prints it, is committed in
 /// `crates/idemq/schema/postgres.sql` so every change to it is reviewed.
 /// `IDEMQ_UPDATE_SCHEMA=1` rewrites the file.

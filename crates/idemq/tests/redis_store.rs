@@ -154,6 +154,31 @@ async fn migrate_records_the_version_and_connect_refuses_other_versions() {
     RedisStore::connect(&url, RedisOptions::default())
         .await
         .expect("connect after migrate");
+
+    // A layout newer than this binary's is refused, naming the idemq that
+    // recorded it.
+    let recorded: String = redis::cmd("GET")
+        .arg("app1:idemq")
+        .query_async(&mut conn)
+        .await
+        .expect("get");
+    assert_eq!(recorded, env!("CARGO_PKG_VERSION"));
+    let _: () = redis::pipe()
+        .set("app1:layout", idemq::store::redis::LAYOUT + 1)
+        .set("app1:idemq", "9.9.9")
+        .query_async(&mut conn)
+        .await
+        .expect("set");
+    for err in [
+        RedisStore::connect(&url, RedisOptions::default())
+            .await
+            .expect_err("newer layout"),
+        idemq::store::redis::migrate(&url)
+            .await
+            .expect_err("newer layout"),
+    ] {
+        assert!(err.to_string().contains("run idemq 9.9.9"), "{err}");
+    }
 }
 
 /// An installation of layout 1 (an index of every job, `P jobs`, and a

@@ -246,3 +246,41 @@ async fn migrate_keeps_every_history_and_derives_the_new_one() {
     assert!(events.windows(2).all(|w| w[0].0 < w[1].0));
     assert_eq!(runs, [(1, Some("completed".into()))]);
 }
+
+/// Each schema version records the idemq that applied it (an earlier
+/// database gains the column at its next migrate), and a binary meeting a
+/// newer schema refuses it, naming the idemq to run.
+#[tokio::test]
+async fn a_newer_schema_is_refused_naming_the_idemq_that_wrote_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("newer.db");
+    drop(old_database(&path));
+    idemq::store::sqlite::migrate_file(&path).expect("migrate");
+    let conn = Connection::open(&path).expect("open");
+    let recorded: Vec<(i64, Option<String>)> = conn
+        .prepare("SELECT version, idemq_version FROM idemq_migrations ORDER BY version")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for (version, by) in &recorded {
+        let expected = (*version > OLD_VERSION).then_some(env!("CARGO_PKG_VERSION"));
+        assert_eq!(by.as_deref(), expected, "version {version}");
+    }
+    conn.execute(
+        "INSERT INTO idemq_migrations (version, name, applied_at, idemq_version)
+         VALUES (9999, 'from_the_future', ?1, '9.9.9')",
+        params![T0],
+    )
+    .unwrap();
+    let url = format!("sqlite://{}", path.display());
+    for err in [
+        Queue::connect(&url).await.expect_err("newer"),
+        idemq::store::sqlite::migrate_file(&path).expect_err("newer"),
+    ] {
+        let text = err.to_string();
+        assert!(text.contains("version 9999"), "{text}");
+        assert!(text.contains("run idemq 9.9.9"), "{text}");
+    }
+}

@@ -49,6 +49,31 @@ pub fn is_cursor(cursor: &str) -> bool {
     (1..=19).contains(&cursor.len()) && cursor.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// This library's version, recorded beside each schema version it writes
+/// so that an older binary can say which one to run.
+pub(crate) const IDEMQ_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The refusal of a schema (`what`) at version `found`, newer than the
+/// `known` this binary has, recorded by the idemq `written_by` (none when
+/// the binary that wrote it did not record its version).
+pub(crate) fn newer_schema(
+    what: &str,
+    found: i64,
+    known: i64,
+    written_by: Option<&str>,
+) -> crate::Error {
+    let run = match written_by {
+        Some(v) => format!("run idemq {v} (which wrote it) or later"),
+        None => format!("run an idemq whose schema is version {found} or later"),
+    };
+    crate::Error::Backend {
+        message: format!(
+            "{what} is version {found}, newer than this idemq {IDEMQ_VERSION} knows ({known}): \
+             {run}"
+        ),
+    }
+}
+
 /// `job_enqueue`: one or many prepared requests, decided in order.
 #[derive(Clone, Debug)]
 pub struct JobEnqueue {

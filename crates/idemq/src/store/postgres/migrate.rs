@@ -11,7 +11,7 @@ use sqlx::{Connection, PgPool};
 
 use super::db_err;
 use crate::error::{Error, Result};
-use crate::store::MigrationStatus;
+use crate::store::{IDEMQ_VERSION, MigrationStatus, newer_schema};
 
 /// (version, name, SQL), in order.
 pub const MIGRATIONS: &[(i64, &str, &str)] = &[
@@ -155,22 +155,27 @@ pub async fn migrate(pool: &PgPool) -> Result<Vec<i64>> {
     Ok(applied)
 }
 
+/// The tables `idemq migrate` keeps its records in, made (or brought
+/// forward) before any migration: which versions were applied, by which
+/// idemq, and the digest of the functions installed.
+pub const BOOKKEEPING: &str = "
+    CREATE SCHEMA IF NOT EXISTS idemq;
+    CREATE TABLE IF NOT EXISTS idemq.schema_migrations (
+        version bigint PRIMARY KEY, name text NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT now());
+    ALTER TABLE idemq.schema_migrations ADD COLUMN IF NOT EXISTS idemq_version text;
+    CREATE TABLE IF NOT EXISTS idemq.schema_functions (
+        one boolean PRIMARY KEY DEFAULT true CHECK (one), digest text NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT now())";
+
 async fn apply(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>> {
-    sqlx::raw_sql(
-        "CREATE SCHEMA IF NOT EXISTS idemq;
-         CREATE TABLE IF NOT EXISTS idemq.schema_migrations (
-             version bigint PRIMARY KEY, name text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now());
-         CREATE TABLE IF NOT EXISTS idemq.schema_functions (
-             one boolean PRIMARY KEY DEFAULT true CHECK (one), digest text NOT NULL,
-             applied_at timestamptz NOT NULL DEFAULT now())",
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(db_err)?;
+    sqlx::raw_sql(BOOKKEEPING)
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err)?;
     let current = current_version(conn).await?;
     if current > latest() {
-        return Err(newer(current));
+        return Err(newer(conn, current).await);
     }
     let pending: Vec<_> = MIGRATIONS.iter().filter(|m| m.0 > current).collect();
     let mut applied = Vec::new();
@@ -182,12 +187,16 @@ async fn apply(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>> {
             .map_err(|e| Error::Backend {
                 message: format!("migration {version} ({name}) failed: {e}"),
             })?;
-        sqlx::query("INSERT INTO idemq.schema_migrations (version, name) VALUES ($1, $2)")
-            .bind(version)
-            .bind(name)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err)?;
+        sqlx::query(
+            "INSERT INTO idemq.schema_migrations (version, name, idemq_version)
+             VALUES ($1, $2, $3)",
+        )
+        .bind(version)
+        .bind(name)
+        .bind(IDEMQ_VERSION)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err)?;
         // The functions go with the last migration: no moment where the
         // tables are new and the functions old.
         if i + 1 == pending.len() {
@@ -284,13 +293,21 @@ pub async fn status(pool: &PgPool) -> Result<MigrationStatus> {
     })
 }
 
-fn newer(current: i64) -> Error {
-    Error::Backend {
-        message: format!(
-            "the idemq schema is version {current}, newer than this idemq ({}): upgrade idemq",
-            latest()
-        ),
-    }
+/// The refusal of a schema newer than this binary's, naming the idemq
+/// that wrote it when the database recorded one (the column is read by
+/// name from the row, so a database without it answers none).
+async fn newer(conn: &mut sqlx::PgConnection, current: i64) -> Error {
+    let written_by: Option<String> = sqlx::query_scalar(
+        "SELECT to_jsonb(m) ->> 'idemq_version' FROM idemq.schema_migrations m
+         ORDER BY version DESC LIMIT 1",
+    )
+    .persistent(false)
+    .fetch_optional(&mut *conn)
+    .await
+    .ok()
+    .flatten()
+    .flatten();
+    newer_schema("the idemq schema", current, latest(), written_by.as_deref())
 }
 
 /// Refuses to run on a database without this binary's schema and
@@ -298,7 +315,8 @@ fn newer(current: i64) -> Error {
 pub(crate) async fn check(pool: &PgPool) -> Result<()> {
     let s = status(pool).await?;
     if s.current > s.latest {
-        return Err(newer(s.current));
+        let mut conn = pool.acquire().await.map_err(db_err)?;
+        return Err(newer(&mut conn, s.current).await);
     }
     if s.current < s.latest || !s.functions_current {
         return Err(Error::Backend {

@@ -30,7 +30,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
 
 pub use migrate::{
-    FUNCTIONS, MIGRATIONS, latest as schema_version, migrate, migrate_url,
+    BOOKKEEPING, FUNCTIONS, MIGRATIONS, latest as schema_version, migrate, migrate_url,
     status as migration_status, status_url as migration_status_url,
 };
 

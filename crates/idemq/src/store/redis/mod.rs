@@ -267,7 +267,7 @@ pub async fn migrate(url: &str) -> Result<Vec<i64>> {
     }
     let (layout, _) = installed(&mut conn, &url.prefix).await?;
     if layout > LAYOUT {
-        return Err(newer(&url.prefix, layout));
+        return Err(newer(&mut conn, &url.prefix, layout).await);
     }
     let _: Value = ::redis::cmd("FUNCTION")
         .arg("LOAD")
@@ -293,6 +293,7 @@ pub async fn migrate(url: &str) -> Result<Vec<i64>> {
         .atomic()
         .set(format!("{}layout", url.prefix), LAYOUT)
         .set(format!("{}version", url.prefix), &LIBRARY.version)
+        .set(format!("{}idemq", url.prefix), IDEMQ_VERSION)
         .query_async(&mut conn)
         .await
         .map_err(redis_err)?;
@@ -322,13 +323,21 @@ pub async fn migration_status(url: &str) -> Result<MigrationStatus> {
     })
 }
 
-fn newer(prefix: &str, layout: i64) -> Error {
-    Error::Backend {
-        message: format!(
-            "the idemq data under the key prefix {prefix:?} has layout {layout}, newer than this \
-             idemq ({LAYOUT}): upgrade idemq"
-        ),
-    }
+/// The refusal of a layout newer than this binary's, naming the idemq
+/// that recorded it when it did.
+async fn newer(conn: &mut ConnectionManager, prefix: &str, layout: i64) -> Error {
+    let written_by: Option<String> = ::redis::cmd("GET")
+        .arg(format!("{prefix}idemq"))
+        .query_async(conn)
+        .await
+        .ok()
+        .flatten();
+    newer_schema(
+        &format!("the idemq data layout under the key prefix {prefix:?}"),
+        layout,
+        LAYOUT,
+        written_by.as_deref(),
+    )
 }
 
 impl RedisStore {
@@ -344,7 +353,7 @@ impl RedisStore {
         }
         let (layout, version) = installed(&mut conn, &url.prefix).await?;
         if layout > LAYOUT {
-            return Err(newer(&url.prefix, layout));
+            return Err(newer(&mut conn, &url.prefix, layout).await);
         }
         match version {
             None => return Err(not_current(&url.prefix, "is not set up")),

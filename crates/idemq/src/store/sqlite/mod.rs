@@ -457,6 +457,17 @@ fn migrate(conn: &mut Connection) -> Result<Vec<i64>> {
             version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
     )?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // Which idemq applied each version, so an older binary can say which
+    // one to run (a column of the bookkeeping table, not a migration).
+    let recorded: bool = tx.query_row(
+        "SELECT count(*) > 0 FROM pragma_table_info('idemq_migrations')
+         WHERE name = 'idemq_version'",
+        [],
+        |r| r.get(0),
+    )?;
+    if !recorded {
+        tx.execute_batch("ALTER TABLE idemq_migrations ADD COLUMN idemq_version TEXT")?;
+    }
     let current: i64 = tx.query_row(
         "SELECT coalesce(max(version), 0) FROM idemq_migrations",
         [],
@@ -464,18 +475,30 @@ fn migrate(conn: &mut Connection) -> Result<Vec<i64>> {
     )?;
     let latest = MIGRATIONS.last().map_or(0, |m| m.0);
     if current > latest {
-        return Err(Error::Backend {
-            message: format!(
-                "the database schema is version {current}, newer than this idemq ({latest}): upgrade idemq"
-            ),
-        });
+        let written_by: Option<String> = tx.query_row(
+            "SELECT idemq_version FROM idemq_migrations ORDER BY version DESC LIMIT 1",
+            [],
+            |r| r.get(0),
+        )?;
+        return Err(crate::store::newer_schema(
+            "the database schema",
+            current,
+            latest,
+            written_by.as_deref(),
+        ));
     }
     let mut applied = Vec::new();
     for (version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
         tx.execute_batch(sql)?;
         tx.execute(
-            "INSERT INTO idemq_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
-            params![version, name, Utc::now().timestamp_micros()],
+            "INSERT INTO idemq_migrations (version, name, applied_at, idemq_version)
+             VALUES (?1, ?2, ?3, ?4)",
+            params![
+                version,
+                name,
+                Utc::now().timestamp_micros(),
+                crate::store::IDEMQ_VERSION
+            ],
         )?;
         applied.push(*version);
     }
