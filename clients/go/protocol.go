@@ -118,7 +118,8 @@ var (
 	ErrJobCancelled = errors.New("idemq: the job was cancelled")
 	// ErrJobTimeout: the attempt ran past the job's timeout; it was failed.
 	ErrJobTimeout = errors.New("idemq: the attempt timed out")
-	// ErrJobDeadline: the job's deadline passed; it was failed for good.
+	// ErrJobDeadline: the job's deadline passed, on the server's clock, and
+	// the server ended the attempt (dead, reason deadline; never a retry).
 	ErrJobDeadline = errors.New("idemq: the job's deadline passed")
 	// ErrShutdown: the worker shut down and released the lease.
 	ErrShutdown = errors.New("idemq: the worker is shutting down")

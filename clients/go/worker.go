@@ -117,6 +117,16 @@ type Worker struct {
 // time, which carries it in the same round trip.
 const completionDelay = 10 * time.Millisecond
 
+const (
+	// deadlineRecheck is the shortest wait before the server is asked about
+	// a deadline again, when it said "not yet".
+	deadlineRecheck = 10 * time.Millisecond
+	// deadlineBackoff and deadlineBackoffMax bound the wait before a
+	// deadline question the server did not answer is asked again.
+	deadlineBackoff    = 50 * time.Millisecond
+	deadlineBackoffMax = 2 * time.Second
+)
+
 type ack struct {
 	c     Completion
 	reply chan error
@@ -361,17 +371,13 @@ func (w *Worker) runJob(job *ClaimedJob, claimed time.Time, freeSlot func()) {
 		done <- handlerResult{v, err}
 	}()
 
-	// Local enforcement of the timeout and the deadline.
-	var timeoutC, deadlineC <-chan time.Time
+	// Local enforcement of the timeout. The deadline is the server's to
+	// enforce, on its clock: the heartbeater asks it when the deadline has come.
+	var timeoutC <-chan time.Time
 	if t := job.Timeout(); t > 0 {
 		timer := time.NewTimer(t)
 		defer timer.Stop()
 		timeoutC = timer.C
-	}
-	if job.Deadline != nil {
-		timer := time.NewTimer(time.Until(*job.Deadline))
-		defer timer.Stop()
-		deadlineC = timer.C
 	}
 	beat := newHeartbeater(w, job, claimed)
 	defer beat.stop()
@@ -379,6 +385,7 @@ func (w *Worker) runJob(job *ClaimedJob, claimed time.Time, freeSlot func()) {
 	for {
 		select {
 		case r := <-done:
+			beat.handlerReturned()
 			w.finish(job, beat, lost, r, freeSlot)
 			return
 		case <-lost:
@@ -388,9 +395,11 @@ func (w *Worker) runJob(job *ClaimedJob, claimed time.Time, freeSlot func()) {
 			job.setStop(ErrJobTimeout)
 			w.fail(job, FailOptions{Error: fmt.Sprintf("timed out after %v", job.Timeout())})
 			return
-		case <-deadlineC:
+		case <-beat.passed:
+			// The server ended the attempt at the job's deadline (dead,
+			// reason deadline): nothing more to record.
 			job.setStop(ErrJobDeadline)
-			w.fail(job, FailOptions{Error: "the deadline passed", Permanent: true})
+			atomic.AddInt64(&w.failed, 1)
 			return
 		case <-w.abort:
 			job.setStop(ErrShutdown)
@@ -473,6 +482,17 @@ func (w *Worker) finish(job *ClaimedJob, beat *heartbeater, lost <-chan struct{}
 			return
 		}
 	}
+}
+
+// endedByServer reports whether the server ended job's attempt when a
+// heartbeat at its deadline found the lease gone (at the deadline, or at its
+// timeout, as a heartbeat then records it), rather than the attempt being
+// another's already.
+func (w *Worker) endedByServer(job *ClaimedJob) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	now, err := w.c.GetJob(ctx, job.ID)
+	return err == nil && now.Attempt == job.Attempt && now.State != StateActive && now.State != StateCompleted
 }
 
 func (w *Worker) fail(job *ClaimedJob, opts FailOptions) {
@@ -657,23 +677,44 @@ func (w *Worker) sendBatch(batch []*ack) {
 	}
 }
 
-// heartbeater renews one job's lease every HeartbeatInterval.
+// heartbeater renews one job's lease every HeartbeatInterval and, while the
+// handler runs, asks the server about the job's deadline when it has come.
 type heartbeater struct {
-	w      *Worker
-	job    *ClaimedJob
-	quit   chan struct{}
-	done   chan struct{}
-	mu     sync.Mutex
-	lastOK time.Time
+	w    *Worker
+	job  *ClaimedJob
+	quit chan struct{}
+	done chan struct{}
+	// passed is closed when the server ended the attempt at its deadline.
+	passed chan struct{}
+	// returned is 1 once the handler returned: the deadline is not asked
+	// about after (a completion counts even past it).
+	returned int32
+	mu       sync.Mutex
+	lastOK   time.Time
 }
 
 func newHeartbeater(w *Worker, job *ClaimedJob, since time.Time) *heartbeater {
-	h := &heartbeater{w: w, job: job, quit: make(chan struct{}), done: make(chan struct{}), lastOK: since}
+	h := &heartbeater{w: w, job: job, quit: make(chan struct{}), done: make(chan struct{}), passed: make(chan struct{}), lastOK: since}
 	go h.loop()
 	return h
 }
 
 func (h *heartbeater) stop() { close(h.quit); <-h.done }
+
+func (h *heartbeater) handlerReturned() { atomic.StoreInt32(&h.returned, 1) }
+
+// untilDeadline is how long until the server's clock reads the job's
+// deadline, given the lease expiry it answered just now (the claim's or a
+// heartbeat's): its clock read that less the lease. Without one, this
+// machine's clock stands in for the server's.
+func (h *heartbeater) untilDeadline(leaseExpiresAt time.Time) time.Duration {
+	if leaseExpiresAt.IsZero() {
+		return time.Until(*h.job.Deadline)
+	}
+	// The claim sent the lease in whole milliseconds.
+	lease := time.Duration(ms(h.w.opts.Lease)) * time.Millisecond
+	return h.job.Deadline.Sub(leaseExpiresAt.Add(-lease))
+}
 
 // alive reports whether the lease may still be this worker's.
 func (h *heartbeater) alive() bool {
@@ -691,7 +732,21 @@ func (h *heartbeater) loop() {
 	// job may belong to another worker already, so the handler is stopped.
 	expiry := time.NewTimer(h.w.opts.Lease - time.Since(h.lastOK))
 	defer expiry.Stop()
+	// The deadline is the server's to decide, on its clock: this timer only
+	// says when to ask, by the attempt's heartbeat. Past the deadline the
+	// server ends the attempt (dead, reason deadline) and answers
+	// lease-lost; before it, it renews the lease, and its answer says when
+	// its clock will be there.
+	var ask *time.Timer
+	var askC <-chan time.Time
+	if h.job.Deadline != nil {
+		ask = time.NewTimer(h.untilDeadline(h.job.LeaseExpiresAt))
+		defer ask.Stop()
+		askC = ask.C
+	}
+	backoff := deadlineBackoff
 	for {
+		asking := false
 		select {
 		case <-h.quit:
 			return
@@ -699,6 +754,12 @@ func (h *heartbeater) loop() {
 			h.job.setStop(ErrLeaseLost)
 			return
 		case <-tick.C:
+		case <-askC:
+			if atomic.LoadInt32(&h.returned) == 1 {
+				askC = nil
+				continue
+			}
+			asking = true
 		}
 		sent := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), interval)
@@ -706,10 +767,22 @@ func (h *heartbeater) loop() {
 		cancel()
 		if err != nil {
 			if errors.Is(err, ErrLeaseLost) {
+				if asking && h.w.endedByServer(h.job) {
+					close(h.passed)
+					return
+				}
 				h.job.setStop(ErrLeaseLost)
 				return
 			}
 			h.w.report(err)
+			if asking {
+				// The server cannot be asked: the handler goes on, and the
+				// question is asked again.
+				ask.Reset(backoff)
+				if backoff *= 2; backoff > deadlineBackoffMax {
+					backoff = deadlineBackoffMax
+				}
+			}
 			continue
 		}
 		h.mu.Lock()
@@ -719,6 +792,15 @@ func (h *heartbeater) loop() {
 			<-expiry.C
 		}
 		expiry.Reset(h.w.opts.Lease - time.Since(sent))
+		if asking {
+			// Not yet on the server's clock: ask again when it will be.
+			backoff = deadlineBackoff
+			next := h.untilDeadline(r.LeaseExpiresAt)
+			if next < deadlineRecheck {
+				next = deadlineRecheck
+			}
+			ask.Reset(next)
+		}
 		if r.CancelRequested {
 			h.job.setStop(ErrJobCancelled)
 		}

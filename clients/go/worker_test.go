@@ -389,7 +389,7 @@ func TestCheckpointsSurviveARetry(t *testing.T) {
 	}
 }
 
-func TestWorkerEnforcesTimeoutAndDeadlineLocally(t *testing.T) {
+func TestWorkerEnforcesTimeoutLocally(t *testing.T) {
 	c := newTestClient()
 	ctx := ctxT(t)
 	q, slow := uniq("limits"), uniq("slow")
@@ -404,20 +404,329 @@ func TestWorkerEnforcesTimeoutAndDeadlineLocally(t *testing.T) {
 		}},
 	})
 	timeoutID, _ := c.Enqueue(ctx, slow, nil, &EnqueueOptions{Queue: q, Timeout: 300 * time.Millisecond, MaxAttempts: 1})
-	deadlineID, _ := c.Enqueue(ctx, slow, nil, &EnqueueOptions{Queue: q, Deadline: time.Now().Add(1200 * time.Millisecond)})
 	start := time.Now()
 	runWorker(t, w)
 	job := waitState(t, c, timeoutID, StateDead, 10*time.Second)
 	if time.Since(start) > 5*time.Second || job.LastError == nil || !strings.Contains(*job.LastError, "timed out") {
 		t.Fatalf("timeout recorded after %v: %+v", time.Since(start), job)
 	}
-	job = waitState(t, c, deadlineID, StateDead, 10*time.Second)
-	if time.Since(start) > 6*time.Second || job.LastError == nil || !strings.Contains(*job.LastError, "deadline") {
-		t.Fatalf("deadline recorded after %v: %+v", time.Since(start), job)
+	if got := <-reasons; got != ErrJobTimeout {
+		t.Fatalf("stop reason %v", got)
 	}
-	got := map[error]bool{<-reasons: true, <-reasons: true}
-	if !got[ErrJobTimeout] || !got[ErrJobDeadline] {
-		t.Fatalf("stop reasons %v", got)
+}
+
+// wouldRetry has budget left and a policy that would retry 1 ms later: a
+// worker that failed the attempt itself would leave a retry, or a death of
+// its own (reason permanent).
+func wouldRetry(q string, deadline time.Time) *EnqueueOptions {
+	return &EnqueueOptions{Queue: q, Deadline: deadline, MaxAttempts: 5, Retry: FixedBackoff(time.Millisecond)}
+}
+
+// endedAtDeadline checks that the server ended the job's one attempt at its
+// deadline: dead with reason deadline, the run recorded by the server, and
+// no retry scheduled.
+func endedAtDeadline(t *testing.T, c *Client, id string) {
+	t.Helper()
+	ctx := ctxT(t)
+	events, err := c.JobEvents(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reasons []string
+	for _, e := range events {
+		switch e.Kind {
+		case "retry_scheduled":
+			t.Fatalf("a retry was scheduled: %+v", events)
+		case "dead":
+			var d struct {
+				Reason string `json:"reason"`
+			}
+			if err := json.Unmarshal(e.Data, &d); err != nil {
+				t.Fatal(err)
+			}
+			reasons = append(reasons, d.Reason)
+		}
+	}
+	if len(reasons) != 1 || reasons[0] != "deadline" {
+		t.Fatalf("dead with reasons %q, want [deadline]", reasons)
+	}
+	job, err := c.GetJob(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.State != StateDead || job.Attempt != 1 || job.AttemptsUsed != 1 || job.LastError == nil || *job.LastError != "deadline passed" {
+		t.Fatalf("job %+v", job)
+	}
+	runs, err := c.JobRuns(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 1 || runs[0].Outcome == nil || *runs[0].Outcome != "failed" || runs[0].Error == nil || *runs[0].Error != "deadline passed" {
+		t.Fatalf("runs %+v", runs)
+	}
+}
+
+// stopSeen is why and when a handler's ctx was cancelled.
+type stopSeen struct {
+	reason error
+	at     time.Time
+}
+
+func TestDeadlineEndsTheJobDeadOnTheServer(t *testing.T) {
+	c := newTestClient()
+	ctx := ctxT(t)
+	q, slow := uniq("deadline"), uniq("slow")
+	stops := make(chan stopSeen, 1)
+	w := NewWorker(c, WorkerOptions{
+		Queues: []string{q}, PollWait: 200 * time.Millisecond,
+		Handlers: map[string]HandlerFunc{slow: func(ctx context.Context, job *ClaimedJob) (any, error) {
+			<-ctx.Done()
+			stops <- stopSeen{job.StopReason(), time.Now()}
+			time.Sleep(8 * time.Second) // a handler slow to give up: the worker does not wait for it
+			return "too late", nil
+		}},
+	})
+	// In whole milliseconds, as the server keeps it.
+	deadline := time.Now().Add(1500 * time.Millisecond).Truncate(time.Millisecond)
+	id, err := c.Enqueue(ctx, slow, nil, wouldRetry(q, deadline))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWorker(t, w)
+	waitState(t, c, id, StateDead, 10*time.Second)
+	endedAtDeadline(t, c, id)
+	// Stopped once the server's clock (this machine's) was past the deadline.
+	if s := <-stops; s.reason != ErrJobDeadline || s.at.Before(deadline) {
+		t.Fatalf("stopped with %v, %v after the deadline", s.reason, s.at.Sub(deadline))
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.Stats(); st.Failed != 1 || st.Lost != 0 || st.Completed != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// skewed makes a worker's clock disagree with the server's: claim answers
+// say the lease expires ahead later than it does (the server's clock seems
+// ahead), and heartbeats cannot reach the server until downUntil. It records
+// every heartbeat's answer.
+type skewed struct {
+	ahead     time.Duration
+	downUntil time.Time
+	mu        sync.Mutex
+	beats     []beatSeen
+}
+
+// beatSeen is one heartbeat: its job, its status (0: unreachable) and when.
+type beatSeen struct {
+	id     string
+	status int
+	at     time.Time
+}
+
+func (s *skewed) RoundTrip(r *http.Request) (*http.Response, error) {
+	path := r.URL.Path
+	heartbeat := strings.HasSuffix(path, "/heartbeat")
+	var id string
+	if heartbeat {
+		parts := strings.Split(path, "/")
+		id = parts[len(parts)-2]
+		if time.Now().Before(s.downUntil) {
+			s.record(id, 0)
+			return nil, errors.New("connection refused (a test's transport)")
+		}
+	}
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err != nil {
+		return nil, err
+	}
+	if heartbeat {
+		s.record(id, resp.StatusCode)
+	}
+	if path == "/v1/claim" && resp.StatusCode == http.StatusOK && s.ahead != 0 {
+		raw, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		var body map[string]any
+		if err := json.Unmarshal(raw, &body); err != nil {
+			return nil, err
+		}
+		for _, j := range body["jobs"].([]any) {
+			job := j.(map[string]any)
+			at, err := time.Parse(time.RFC3339Nano, job["lease_expires_at"].(string))
+			if err != nil {
+				return nil, err
+			}
+			job["lease_expires_at"] = at.Add(s.ahead).Format(time.RFC3339Nano)
+		}
+		if raw, err = json.Marshal(body); err != nil {
+			return nil, err
+		}
+		resp.Body = io.NopCloser(bytes.NewReader(raw))
+		resp.ContentLength = int64(len(raw))
+		resp.Header.Del("Content-Length")
+	}
+	return resp, nil
+}
+
+func (s *skewed) record(id string, status int) {
+	s.mu.Lock()
+	s.beats = append(s.beats, beatSeen{id, status, time.Now()})
+	s.mu.Unlock()
+}
+
+func (s *skewed) of(id string) []beatSeen {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []beatSeen
+	for _, b := range s.beats {
+		if b.id == id {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+func statuses(beats []beatSeen) []int {
+	out := make([]int, len(beats))
+	for i, b := range beats {
+		out[i] = b.status
+	}
+	return out
+}
+
+func TestDeadlineWaitsForTheServersClock(t *testing.T) {
+	c := newTestClient()
+	ctx := ctxT(t)
+	q, hang, finish := uniq("skew"), uniq("hang"), uniq("finish")
+	var mu sync.Mutex
+	stops := map[string]stopSeen{}
+	seen := func(job *ClaimedJob) {
+		mu.Lock()
+		stops[job.ID] = stopSeen{job.StopReason(), time.Now()}
+		mu.Unlock()
+	}
+	// The worker believes the server's clock 2 s ahead: it asks about the
+	// deadline about 1 s after the claim, 2 s before the server says yes.
+	skew := &skewed{ahead: 2 * time.Second}
+	w := NewWorker(newTestClient(WithHTTPClient(&http.Client{Transport: skew})), WorkerOptions{
+		Queues: []string{q}, PollWait: 200 * time.Millisecond,
+		Lease: 30 * time.Second, // no heartbeat but the deadline's comes before it
+		Handlers: map[string]HandlerFunc{
+			hang: func(ctx context.Context, job *ClaimedJob) (any, error) {
+				<-ctx.Done()
+				seen(job)
+				return "too late", nil
+			},
+			// Ends after the worker's timer says "deadline", before the server's clock does.
+			finish: func(ctx context.Context, job *ClaimedJob) (any, error) {
+				select {
+				case <-ctx.Done():
+					seen(job)
+				case <-time.After(2 * time.Second):
+				}
+				return "in time", nil
+			},
+		},
+	})
+	deadline := time.Now().Add(3 * time.Second).Truncate(time.Millisecond)
+	hung, err := c.Enqueue(ctx, hang, nil, wouldRetry(q, deadline))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := c.Enqueue(ctx, finish, nil, wouldRetry(q, deadline))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWorker(t, w)
+	if job := waitState(t, c, done, StateCompleted, 10*time.Second); string(job.Result) != `"in time"` {
+		t.Fatalf("result %s", job.Result)
+	}
+	waitState(t, c, hung, StateDead, 10*time.Second)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	endedAtDeadline(t, c, hung)
+	mu.Lock()
+	defer mu.Unlock()
+	if s, ok := stops[done]; ok {
+		t.Fatalf("the handler that finished in time was stopped: %v", s.reason)
+	}
+	if got := statuses(skew.of(done)); len(got) != 1 || got[0] != http.StatusOK {
+		t.Fatalf("heartbeats of the job that finished in time: %v", got)
+	}
+	if s := stops[hung]; s.reason != ErrJobDeadline || s.at.Before(deadline) {
+		t.Fatalf("stopped with %v, %v after the deadline", s.reason, s.at.Sub(deadline))
+	}
+	// Asked early ("not yet": the lease renewed), then again at the deadline.
+	if got := statuses(skew.of(hung)); len(got) < 2 || got[0] != http.StatusOK || got[len(got)-1] != http.StatusConflict {
+		t.Fatalf("heartbeats of the job that ran past its deadline: %v", got)
+	}
+	if st := w.Stats(); st.Completed != 1 || st.Failed != 1 || st.Lost != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestDeadlineIsAskedAgainWhileTheServerIsUnreachable(t *testing.T) {
+	c := newTestClient()
+	ctx := ctxT(t)
+	q, hang := uniq("unreachable"), uniq("hang")
+	stops := make(chan error, 1)
+	deadline := time.Now().Add(time.Second).Truncate(time.Millisecond)
+	// Heartbeats fail from the start until 1.2 s after the deadline.
+	skew := &skewed{downUntil: deadline.Add(1200 * time.Millisecond)}
+	var reported int64
+	w := NewWorker(newTestClient(WithHTTPClient(&http.Client{Transport: skew}), WithoutRetries()), WorkerOptions{
+		Queues: []string{q}, PollWait: 200 * time.Millisecond, Lease: 30 * time.Second,
+		OnError: func(error) { atomic.AddInt64(&reported, 1) },
+		Handlers: map[string]HandlerFunc{hang: func(ctx context.Context, job *ClaimedJob) (any, error) {
+			<-ctx.Done()
+			stops <- job.StopReason()
+			return "too late", nil
+		}},
+	})
+	id, err := c.Enqueue(ctx, hang, nil, wouldRetry(q, deadline))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWorker(t, w)
+	waitState(t, c, id, StateDead, 10*time.Second)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	endedAtDeadline(t, c, id)
+	// The handler went on while the question could not be answered, asked
+	// again with a growing backoff, and stopped once the server ended the attempt.
+	if got := <-stops; got != ErrJobDeadline {
+		t.Fatalf("stop reason %v", got)
+	}
+	beats := skew.of(id)
+	var down []time.Time
+	for _, b := range beats {
+		if b.status == 0 {
+			down = append(down, b.at)
+		}
+	}
+	if len(down) < 3 || len(down) > 8 || beats[len(beats)-1].status != http.StatusConflict {
+		t.Fatalf("heartbeats %v", statuses(beats))
+	}
+	first, last := down[1].Sub(down[0]), down[len(down)-1].Sub(down[len(down)-2])
+	for i := 1; i < len(down); i++ {
+		if gap := down[i].Sub(down[i-1]); gap < 40*time.Millisecond {
+			t.Fatalf("asked again after %v", gap)
+		}
+	}
+	if last <= first {
+		t.Fatalf("the backoff did not grow: %v then %v", first, last)
+	}
+	if st := w.Stats(); st.Failed != 1 || st.Lost != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	if n := atomic.LoadInt64(&reported); n < int64(len(down)) {
+		t.Fatalf("%d errors reported for %d failed questions", n, len(down))
 	}
 }
 

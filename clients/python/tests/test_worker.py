@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import threading
 import time
@@ -366,28 +367,174 @@ def test_worker_respects_concurrency_and_batches_completions(server: Server, cli
     assert rec.singles() == [] and 1 <= len(carrying) + len(acks) <= 40
 
 
-def test_deadline_is_enforced_locally(client: idemq.Client, uniq: Callable[[str], str]) -> None:
-    import datetime as dt
+def _in_ms(d: dt.timedelta) -> dt.datetime:
+    """An instant ``d`` from now, in whole milliseconds, as the server keeps a deadline."""
+    at = dt.datetime.now(dt.timezone.utc) + d
+    return at.replace(microsecond=at.microsecond // 1000 * 1000)
 
+
+def _ended_at_deadline(client: idemq.Client, jid: str) -> None:
+    """The server ended the job's one attempt at its deadline: dead with reason
+    ``deadline``, the run recorded by the server, and no retry scheduled."""
+    events = client.events(jid)
+    kinds = [e.kind for e in events]
+    assert "retry_scheduled" not in kinds, kinds
+    assert [e.data.get("reason") for e in events if e.kind == "dead"] == ["deadline"], events
+    job = client.get_job(jid)
+    assert (job.state, job.result, job.attempt, job.attempts_used) == ("dead", None, 1, 1), job
+    assert job.last_error == "deadline passed", job
+    assert [(r.outcome, r.error) for r in client.runs(jid)] == [("failed", "deadline passed")]
+
+
+def test_deadline_ends_the_job_dead_on_the_server(client: idemq.Client, uniq: Callable[[str], str]) -> None:
     q = uniq("deadline")
-    reasons: List[Any] = []
+    stops: List[Tuple[Any, dt.datetime]] = []
 
     def slow(ctx: idemq.JobContext) -> str:
         ctx.wait_cancelled(10)
-        reasons.append(ctx.stop_reason)
+        stops.append((ctx.stop_reason, dt.datetime.now(dt.timezone.utc)))
         return "late"
 
-    deadline = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1.5)
-    jid = client.enqueue("slow", None, queue=q, deadline=deadline)
+    deadline = _in_ms(dt.timedelta(seconds=1.5))
+    # Budget left and a policy that would retry 1 ms later: a worker that
+    # failed the attempt itself would leave a `retry_scheduled`, or a `dead`
+    # with another reason (`permanent`).
+    jid = client.enqueue("slow", None, queue=q, deadline=deadline, max_attempts=5, retry=idemq.FixedRetry(delay_ms=1))
     w = _worker(client, q, {"slow": slow}, lease_ms=30_000)
     t = run_worker(w)
     try:
         job = _terminal(client, jid)
+        wait_for(lambda: len(stops) == 1)
     finally:
         w.stop()
         t.join(20)
-    assert reasons == ["deadline"]
-    assert job.state == "dead" and job.result is None
+    assert job.state == "dead"
+    _ended_at_deadline(client, jid)
+    # Stopped once the server's clock (this machine's) was past the deadline.
+    assert stops[0][0] == "deadline" and stops[0][1] >= deadline, stops
+    assert (w.report.failed, w.report.lost, w.report.completed) == (1, 0, 0)
+
+
+class Skewed(httpx.BaseTransport):
+    """Makes a worker's clock disagree with the server's: claim answers say the
+    lease expires ``ahead`` seconds later than it does (the server's clock seems
+    ahead), and heartbeats fail as unreachable until ``down_until`` (monotonic).
+    Records every heartbeat: (job id, status or "down", monotonic instant)."""
+
+    def __init__(self, ahead: float = 0.0, down_until: float = 0.0) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.ahead = ahead
+        self.down_until = down_until
+        self.beats: List[Tuple[str, Any, float]] = []
+        self.lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        beat = path.endswith("/heartbeat")
+        job_id = path.split("/")[-2] if beat else ""
+        if beat and time.monotonic() < self.down_until:
+            with self.lock:
+                self.beats.append((job_id, "down", time.monotonic()))
+            raise httpx.ConnectError("the server cannot be reached", request=request)
+        resp = self.inner.handle_request(request)
+        if beat:
+            with self.lock:
+                self.beats.append((job_id, resp.status_code, time.monotonic()))
+        if path == "/v1/claim" and resp.status_code == 200 and self.ahead:
+            body = json.loads(resp.read())
+            for j in body["jobs"]:
+                at = dt.datetime.fromisoformat(j["lease_expires_at"])
+                j["lease_expires_at"] = (at + dt.timedelta(seconds=self.ahead)).isoformat()
+            return httpx.Response(200, headers={"content-type": "application/json"}, content=json.dumps(body).encode())
+        return resp
+
+    def of(self, job_id: str) -> List[Tuple[Any, float]]:
+        with self.lock:
+            return [(status, at) for j, status, at in self.beats if j == job_id]
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_deadline_waits_for_the_servers_clock(server: Server, client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("skew")
+    stops: Dict[str, Tuple[Any, dt.datetime]] = {}
+
+    def hang(ctx: idemq.JobContext) -> str:
+        ctx.wait_cancelled(10)
+        stops[ctx.id] = (ctx.stop_reason, dt.datetime.now(dt.timezone.utc))
+        return "late"
+
+    def finish(ctx: idemq.JobContext) -> str:
+        # Ends after the worker's timer says "deadline", before the server's clock does.
+        if ctx.wait_cancelled(2.0):
+            stops[ctx.id] = (ctx.stop_reason, dt.datetime.now(dt.timezone.utc))
+        return "in time"
+
+    deadline = _in_ms(dt.timedelta(seconds=3))
+    retry = idemq.FixedRetry(delay_ms=1)
+    hung = client.enqueue("hang", None, queue=q, deadline=deadline, max_attempts=5, retry=retry)
+    done = client.enqueue("finish", None, queue=q, deadline=deadline, max_attempts=5, retry=retry)
+    # The worker believes the server's clock 2 s ahead: it asks about the
+    # deadline about 1 s after the claim, 2 s before the server says yes.
+    skew = Skewed(ahead=2.0)
+    with idemq.Client(server.url, transport=skew) as c:
+        # A lease of 30 s: no heartbeat but the deadline's comes before it.
+        w = _worker(c, q, {"hang": hang, "finish": finish}, lease_ms=30_000)
+        t = run_worker(w)
+        try:
+            completed = _terminal(client, done)
+            dead = _terminal(client, hung)
+            wait_for(lambda: hung in stops)
+        finally:
+            w.stop()
+            t.join(20)
+    assert (completed.state, completed.result) == ("completed", "in time"), completed
+    assert done not in stops, stops
+    assert [s for s, _ in skew.of(done)] == [200], skew.of(done)
+    assert dead.state == "dead"
+    _ended_at_deadline(client, hung)
+    assert stops[hung][0] == "deadline" and stops[hung][1] >= deadline, stops
+    # Asked early ("not yet": the lease renewed), then again at the deadline.
+    statuses = [s for s, _ in skew.of(hung)]
+    assert statuses[0] == 200 and statuses[-1] == 409, statuses
+    assert (w.report.completed, w.report.failed, w.report.lost) == (1, 1, 0)
+
+
+def test_deadline_is_asked_again_while_the_server_is_unreachable(server: Server, client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("unreachable")
+    stops: List[Any] = []
+
+    def hang(ctx: idemq.JobContext) -> str:
+        ctx.wait_cancelled(10)
+        stops.append(ctx.stop_reason)
+        return "late"
+
+    deadline = _in_ms(dt.timedelta(seconds=1))
+    jid = client.enqueue("hang", None, queue=q, deadline=deadline, max_attempts=5, retry=idemq.FixedRetry(delay_ms=1))
+    # Heartbeats fail from the start until 1.2 s after the deadline.
+    skew = Skewed(down_until=time.monotonic() + 2.2)
+    with idemq.Client(server.url, transport=skew, retries=0) as c:
+        w = _worker(c, q, {"hang": hang}, lease_ms=30_000)
+        t = run_worker(w)
+        try:
+            job = _terminal(client, jid)
+            wait_for(lambda: len(stops) == 1)
+        finally:
+            w.stop()
+            t.join(20)
+    assert job.state == "dead"
+    _ended_at_deadline(client, jid)
+    # The handler went on while the question could not be answered, asked
+    # again with a growing backoff, and stopped once the server ended the attempt.
+    assert stops == ["deadline"]
+    beats = skew.of(jid)
+    down = [at for s, at in beats if s == "down"]
+    assert 3 <= len(down) <= 8, beats
+    gaps = [b - a for a, b in zip(down, down[1:])]
+    assert all(g >= 0.04 for g in gaps) and gaps[-1] > gaps[0], gaps
+    assert beats[-1][0] == 409, beats
+    assert (w.report.failed, w.report.lost) == (1, 0)
 
 
 def test_checkpoint_keeps_the_first_stored_value(client: idemq.Client, uniq: Callable[[str], str]) -> None:

@@ -185,6 +185,10 @@ interface PendingCompletion {
 
 const MAX_TIMER = 2_147_483_647;
 const EMPTY_CLAIM_PAUSE_MS = 100;
+/** The shortest wait before the server is asked about a deadline again, when it said "not yet". */
+const DEADLINE_RECHECK_MS = 10;
+/** The first and the longest wait before a deadline question the server did not answer is asked again. */
+const DEADLINE_BACKOFF_MS = [50, 2_000] as const;
 
 function wait(ms: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve) => {
@@ -216,8 +220,9 @@ const refusedResult = (err: unknown) =>
 
 /**
  * Runs handlers for claimed jobs: long-polls for as many jobs as it has free
- * slots, heartbeats each every lease/3, enforces the timeout and the deadline
- * locally, acknowledges completions in batches and, on shutdown, releases
+ * slots, heartbeats each every lease/3, enforces the timeout locally, asks
+ * the server at a job's deadline (the server ends the attempt there, on its
+ * clock), acknowledges completions in batches and, on shutdown, releases
  * the leases it cannot finish.
  */
 export class Worker {
@@ -401,6 +406,7 @@ export class Worker {
   }
 
   async #execute(job: ClaimedJob, expose: (stop: (r: InterruptReason) => void) => void, handlerDone: () => void): Promise<void> {
+    const claimedAt = Date.now();
     const controller = new AbortController();
     let reason: InterruptReason | undefined;
     let onStop: (r: InterruptReason) => void = () => {};
@@ -448,11 +454,51 @@ export class Worker {
     const heartbeats = setInterval(() => void beat(), this.#o.heartbeatIntervalMs);
     const timers: NodeJS.Timeout[] = [];
     if (job.timeoutMs > 0 && job.timeoutMs <= MAX_TIMER) timers.push(setTimeout(() => stop("timeout"), job.timeoutMs));
-    if (job.deadline) {
-      const left = Date.parse(job.deadline) - Date.now();
-      if (left <= 0) stop("deadline");
-      else if (left <= MAX_TIMER) timers.push(setTimeout(() => stop("deadline"), left));
-    }
+
+    // The deadline is the server's to enforce, on its clock: this worker's
+    // timer only says when to ask, by the attempt's heartbeat. Past the
+    // deadline the server ends the attempt (dead, reason deadline) and
+    // answers lease-lost; before it, the lease is renewed, and the answer
+    // says when the server's clock will be there.
+    let asking = job.deadline !== null;
+    let askTimer: NodeJS.Timeout | undefined;
+    let backoff: number = DEADLINE_BACKOFF_MS[0];
+    const askIn = (ms: number) => {
+      clearTimeout(askTimer);
+      if (asking) askTimer = setTimeout(() => void ask(), Math.min(MAX_TIMER, Math.max(0, ms)));
+    };
+    /** How long until the server's clock reads the deadline, given its lease expiry as of now. */
+    const untilDeadline = (leaseExpiresAt: string | null | undefined, now: number) => {
+      const expires = leaseExpiresAt ? Date.parse(leaseExpiresAt) : NaN;
+      const serverNow = Number.isFinite(expires) ? expires - this.#o.leaseMs : now;
+      return Date.parse(job.deadline!) - serverNow;
+    };
+    const ask = async () => {
+      if (!asking) return;
+      const sent = Date.now();
+      try {
+        const hb = await this.client.heartbeat(job.id, job.leaseToken);
+        if (!asking) return;
+        armWatchdog(sent);
+        backoff = DEADLINE_BACKOFF_MS[0];
+        if (hb.cancelRequested) stop("cancelled");
+        // Not yet on the server's clock: ask again when it will be.
+        askIn(Math.max(DEADLINE_RECHECK_MS, untilDeadline(hb.leaseExpiresAt, Date.now())));
+      } catch (err) {
+        if (!asking) return;
+        if (err instanceof LeaseLostError) {
+          // The server ended the attempt (at its deadline), or it was no longer ours.
+          if (await this.#endedByServer(job)) stop("deadline");
+          else loseLease();
+        } else {
+          // The server cannot be asked: the handler goes on, and the question is asked again.
+          this.#onError(err, job);
+          askIn(backoff);
+          backoff = Math.min(backoff * 2, DEADLINE_BACKOFF_MS[1]);
+        }
+      }
+    };
+    if (asking) askIn(untilDeadline(job.leaseExpiresAt, claimedAt) - (Date.now() - claimedAt));
 
     const ctx = new JobContext(this.client, job, controller.signal, beat);
     try {
@@ -474,6 +520,8 @@ export class Worker {
         ]);
       }
       for (const t of timers) clearTimeout(t);
+      asking = false;
+      clearTimeout(askTimer);
       handlerDone();
       if (leaseLost) {
         this.#report.lost++;
@@ -503,7 +551,8 @@ export class Worker {
             await this.#sendFail(job, { error: `timeout: the attempt ran past ${job.timeoutMs} ms`, retryable: true });
             return;
           case "deadline":
-            await this.#sendFail(job, { error: "deadline: the job ran past its deadline", retryable: true });
+            // The server recorded the attempt's end: nothing more to record.
+            this.#report.failed++;
             return;
           case "lease_lost":
             this.#report.lost++;
@@ -525,9 +574,25 @@ export class Worker {
       }
     } finally {
       beating = false;
+      asking = false;
       clearInterval(heartbeats);
       clearTimeout(watchdog);
+      clearTimeout(askTimer);
       for (const t of timers) clearTimeout(t);
+    }
+  }
+
+  /**
+   * Whether the server ended this attempt when a heartbeat at its deadline
+   * found the lease gone (at the deadline, or at its timeout, as a heartbeat
+   * then records it), rather than the attempt being another's already.
+   */
+  async #endedByServer(job: ClaimedJob): Promise<boolean> {
+    try {
+      const now = await this.client.getJob(job.id);
+      return now.attempt === job.attempt && now.state !== "active" && now.state !== "completed";
+    } catch {
+      return false;
     }
   }
 

@@ -311,15 +311,13 @@ test("checkpoints survive a retry: the step runs once, first writer wins", async
   await client.complete(other, jobs[0]!.leaseToken);
 });
 
-test("the timeout and the deadline are enforced by the worker itself", async () => {
+test("the timeout is enforced by the worker itself", async () => {
   const queue = `timeout-${uid()}`;
   const slow = await client.enqueue("hang", null, { queue, timeoutMs: 300, maxAttempts: 1 });
-  const late = await client.enqueue("hang", null, { queue, deadline: new Date(Date.now() + 1_000) });
   const reasons = new Map<string, unknown>();
   const began = Date.now();
   const w = startWorker({
     queues: [queue],
-    concurrency: 2,
     handlers: {
       hang: async (ctx) => {
         ctx.signal.addEventListener("abort", () => reasons.set(ctx.id, (ctx.signal.reason as JobInterrupted).reason));
@@ -328,15 +326,177 @@ test("the timeout and the deadline are enforced by the worker itself", async () 
       },
     },
   });
-  const [a, b] = await Promise.all([terminal(slow, 10_000), terminal(late, 10_000)]);
+  const a = await terminal(slow, 10_000);
   const elapsed = Date.now() - began;
   await w.stop();
   assert.ok(elapsed < 5_000, `took ${elapsed} ms`);
   assert.equal(a.state, "dead");
   assert.match(a.lastError ?? "", /timeout/);
   assert.equal(reasons.get(slow), "timeout");
-  assert.equal(b.state, "dead");
-  assert.equal(reasons.get(late), "deadline");
+});
+
+/** Budget left and a policy that would retry 1 ms later: a worker that failed the attempt itself would leave a retry, or a death of its own. */
+const wouldRetry = { maxAttempts: 5, retry: { kind: "fixed" as const, delayMs: 1 } };
+
+/** The server ended the job's one attempt at its deadline: dead (`deadline`), recorded by the server, no retry. */
+async function endedAtDeadline(id: string): Promise<void> {
+  const events = await client.jobEvents(id);
+  const kinds = events.map((e) => e.kind);
+  assert.ok(!kinds.includes("retry_scheduled"), `a retry: ${kinds.join(", ")}`);
+  assert.deepEqual(
+    events.filter((e) => e.kind === "dead").map((e) => (e.data as { reason?: string }).reason),
+    ["deadline"],
+  );
+  const job = await client.getJob(id);
+  assert.deepEqual([job.state, job.result, job.attempt, job.attemptsUsed], ["dead", null, 1, 1]);
+  assert.equal(job.lastError, "deadline passed");
+  assert.deepEqual(
+    (await client.jobRuns(id)).map((r) => [r.outcome, r.error]),
+    [["failed", "deadline passed"]],
+  );
+}
+
+/**
+ * A fetch that makes the worker's clock disagree with the server's: claim
+ * answers say the lease expires `aheadMs` later than it does (the server's
+ * clock seems ahead), and heartbeats cannot reach the server until
+ * `downUntil` (a Date.now() instant). Records every heartbeat's answer.
+ */
+function skewed(o: { aheadMs?: number; downUntil?: number } = {}) {
+  const beats: { id: string; status: number | "down"; at: number }[] = [];
+  const f: typeof fetch = async (input, init) => {
+    const path = new URL(input instanceof Request ? input.url : String(input)).pathname;
+    const heartbeat = path.endsWith("/heartbeat");
+    const id = heartbeat ? decodeURIComponent(path.split("/").at(-2)!) : "";
+    if (heartbeat && Date.now() < (o.downUntil ?? 0)) {
+      beats.push({ id, status: "down", at: Date.now() });
+      throw new TypeError("fetch failed", { cause: { code: "ECONNREFUSED" } });
+    }
+    const res = await fetch(input, init);
+    if (heartbeat) beats.push({ id, status: res.status, at: Date.now() });
+    if (path === "/v1/claim" && res.ok && o.aheadMs) {
+      const body = (await res.json()) as { jobs: { lease_expires_at: string }[] };
+      for (const j of body.jobs) j.lease_expires_at = new Date(Date.parse(j.lease_expires_at) + o.aheadMs).toISOString();
+      return new Response(JSON.stringify(body), { status: res.status, headers: { "content-type": "application/json" } });
+    }
+    return res;
+  };
+  return { fetch: f, of: (id: string) => beats.filter((b) => b.id === id) };
+}
+
+test("a deadline ends the job dead (deadline) on the server, never a retry", async () => {
+  const queue = `deadline-${uid()}`;
+  const deadline = new Date(Date.now() + 1_500);
+  const late = await client.enqueue("hang", null, { queue, deadline, ...wouldRetry });
+  const stops = new Map<string, { reason: unknown; at: number }>();
+  const w = startWorker({
+    queues: [queue],
+    handlers: {
+      hang: async (ctx) => {
+        ctx.signal.addEventListener("abort", () =>
+          stops.set(ctx.id, { reason: (ctx.signal.reason as JobInterrupted).reason, at: Date.now() }),
+        );
+        await idle(6_000); // ignores its signal
+        return "too late";
+      },
+    },
+  });
+  const job = await terminal(late, 10_000);
+  const report = await w.stop();
+  assert.equal(job.state, "dead");
+  await endedAtDeadline(late);
+  // Stopped once the server's clock (this machine's) was past the deadline.
+  assert.equal(stops.get(late)?.reason, "deadline");
+  assert.ok(stops.get(late)!.at >= deadline.getTime(), `stopped ${deadline.getTime() - stops.get(late)!.at} ms early`);
+  assert.deepEqual([report.failed, report.lost, report.completed], [1, 0, 0]);
+});
+
+test("at the deadline the worker waits for the server's clock", async () => {
+  const queue = `skew-${uid()}`;
+  const deadline = new Date(Date.now() + 3_000);
+  const hung = await client.enqueue("hang", null, { queue, deadline, ...wouldRetry });
+  const done = await client.enqueue("finish", null, { queue, deadline, ...wouldRetry });
+  const stops = new Map<string, { reason: unknown; at: number }>();
+  const watch = (ctx: { id: string; signal: AbortSignal }) =>
+    ctx.signal.addEventListener("abort", () =>
+      stops.set(ctx.id, { reason: (ctx.signal.reason as JobInterrupted).reason, at: Date.now() }),
+    );
+  // The worker believes the server's clock 2 s ahead: it asks about the
+  // deadline about 1 s after the claim, 2 s before the server says yes.
+  const skew = skewed({ aheadMs: 2_000 });
+  const w = startWorker(
+    {
+      queues: [queue],
+      leaseMs: 30_000, // no heartbeat but the deadline's comes before it
+      handlers: {
+        hang: async (ctx) => {
+          watch(ctx);
+          await idle(8_000);
+          return "too late";
+        },
+        // Ends after the worker's timer says "deadline", before the server's clock does.
+        finish: async (ctx) => {
+          watch(ctx);
+          await idle(2_000);
+          return "in time";
+        },
+      },
+    },
+    new Client({ baseUrl: server.url, fetch: skew.fetch }),
+  );
+  const completed = await terminal(done, 10_000);
+  const dead = await terminal(hung, 10_000);
+  const report = await w.stop();
+  assert.deepEqual([completed.state, completed.result], ["completed", "in time"]);
+  assert.equal(stops.get(done), undefined);
+  assert.deepEqual(skew.of(done).map((b) => b.status), [200]);
+  assert.equal(dead.state, "dead");
+  await endedAtDeadline(hung);
+  assert.equal(stops.get(hung)?.reason, "deadline");
+  assert.ok(stops.get(hung)!.at >= deadline.getTime(), `stopped ${deadline.getTime() - stops.get(hung)!.at} ms early`);
+  // Asked early ("not yet": the lease renewed), then again at the deadline.
+  const statuses = skew.of(hung).map((b) => b.status);
+  assert.equal(statuses[0], 200, statuses.join());
+  assert.equal(statuses.at(-1), 409, statuses.join());
+  assert.deepEqual([report.completed, report.failed, report.lost], [1, 1, 0]);
+});
+
+test("while the server cannot be reached the deadline is asked again with backoff", async () => {
+  const queue = `unreachable-${uid()}`;
+  const deadline = new Date(Date.now() + 1_000);
+  const id = await client.enqueue("hang", null, { queue, deadline, ...wouldRetry });
+  const reasons: unknown[] = [];
+  // Heartbeats fail from the start until 1.2 s after the deadline.
+  const skew = skewed({ downUntil: deadline.getTime() + 1_200 });
+  const w = startWorker(
+    {
+      queues: [queue],
+      leaseMs: 30_000,
+      handlers: {
+        hang: async (ctx) => {
+          ctx.signal.addEventListener("abort", () => reasons.push((ctx.signal.reason as JobInterrupted).reason));
+          await idle(8_000);
+          return "too late";
+        },
+      },
+    },
+    new Client({ baseUrl: server.url, fetch: skew.fetch, retry: false }),
+  );
+  const job = await terminal(id, 10_000);
+  const report = await w.stop();
+  assert.equal(job.state, "dead");
+  await endedAtDeadline(id);
+  // The handler went on while the question could not be answered, asked
+  // again with a growing backoff, and stopped once the server ended the attempt.
+  assert.deepEqual(reasons, ["deadline"]);
+  const beats = skew.of(id);
+  const down = beats.filter((b) => b.status === "down").map((b) => b.at);
+  assert.ok(down.length >= 3 && down.length <= 8, JSON.stringify(beats));
+  const gaps = down.slice(1).map((at, i) => at - down[i]!);
+  assert.ok(gaps.every((g) => g >= 40) && gaps.at(-1)! > gaps[0]!, gaps.join());
+  assert.equal(beats.at(-1)!.status, 409);
+  assert.deepEqual([report.failed, report.lost], [1, 0]);
+  assert.ok(w.errors.length >= down.length, "each failed question is reported to onError");
 });
 
 test("graceful shutdown lets short handlers finish and releases the rest", async () => {

@@ -45,6 +45,12 @@ log = logging.getLogger("idemq.worker")
 _COMPLETION_DELAY = 0.01
 #: The most completions one call carries (the server's batch bound).
 _MAX_COMPLETIONS = 1000
+#: The shortest wait before the server is asked about a deadline again, when it
+#: said "not yet" but its clock should be there already.
+_DEADLINE_RECHECK = 0.01
+#: The first and the longest wait before a deadline question the server did not
+#: answer (it could not be reached) is asked again.
+_DEADLINE_BACKOFF = (0.05, 2.0)
 
 Handler = Callable[["JobContext"], Any]
 
@@ -407,10 +413,10 @@ class Worker:
         lease_until = claimed_at + lease_s
         next_beat = start + every
         timeout_at = start + job.timeout_ms / 1000.0 if job.timeout_ms else None
-        deadline_at: Optional[float] = None
-        if job.deadline is not None:
-            left = (job.deadline - _dt.datetime.now(_dt.timezone.utc)).total_seconds()
-            deadline_at = start + left
+        # The deadline is the server's to enforce, on its clock: this timer only
+        # says when to ask it (by a heartbeat, which past the deadline ends the attempt).
+        ask_at = self._deadline_at(job, claimed_at, job.lease_expires_at)
+        ask_backoff = _DEADLINE_BACKOFF[0]
         reason: Optional[str] = None
 
         while True:
@@ -421,21 +427,35 @@ class Worker:
                 reason = "shutdown"
             elif timeout_at is not None and now >= timeout_at:
                 reason = "timeout"
-            elif deadline_at is not None and now >= deadline_at:
-                reason = "deadline"
             elif now >= lease_until:
                 reason = "lease_lost"  # no heartbeat got through in time
-            elif now >= next_beat:
+            elif now >= next_beat or (ask_at is not None and now >= ask_at):
+                asking = ask_at is not None and now >= ask_at
                 try:
                     beat = self.client.heartbeat(job.id, job.lease_token)
                 except (LeaseLostError, NotFoundError):
-                    reason = "lease_lost"  # another attempt owns it, or it was purged
+                    # Another attempt owns it, it was purged, or (asked at the
+                    # deadline) the server ended this attempt there.
+                    reason = self._lease_gone_reason(job) if asking else "lease_lost"
                 except IdemqError as exc:
-                    log.warning("job %s: heartbeat failed: %s", job.id, exc)
-                    next_beat = now + min(1.0, every)
+                    if asking:
+                        # The server decides, and cannot be asked: the handler
+                        # goes on, and the question is asked again.
+                        log.debug("job %s: the deadline check failed (%s); asking again", job.id, exc)
+                        ask_at = now + ask_backoff
+                        ask_backoff = min(ask_backoff * 2, _DEADLINE_BACKOFF[1])
+                    if now >= next_beat:
+                        log.warning("job %s: heartbeat failed: %s", job.id, exc)
+                        next_beat = now + min(1.0, every)
                 else:
                     lease_until = now + lease_s
                     next_beat = now + every
+                    if asking:
+                        # Not yet on the server's clock: ask again when it says it will be.
+                        ask_backoff = _DEADLINE_BACKOFF[0]
+                        ask_at = self._deadline_at(job, time.monotonic(), beat.lease_expires_at)
+                        if ask_at is not None:
+                            ask_at = max(ask_at, time.monotonic() + _DEADLINE_RECHECK)
                     if beat.cancel_requested:
                         reason = "cancelled"
             if reason is not None:
@@ -459,9 +479,39 @@ class Worker:
             self._fail(job, f"timeout: the attempt ran past {job.timeout_ms} ms", retryable=True)
             self._count("timed_out")
         elif reason == "deadline":
-            self._fail(job, "deadline: the job ran past its deadline", retryable=False)
+            # The server recorded the attempt's end (dead, reason deadline): nothing more to record.
+            log.info("job %s: its deadline passed; the server ended the attempt", job.id)
+            self._count("failed")
         else:
             self._release(job)
+
+    def _deadline_at(
+        self, job: ClaimedJob, local_now: float, lease_expires_at: Optional[_dt.datetime]
+    ) -> Optional[float]:
+        """The instant on this worker's monotonic clock when the server's clock should
+        read the job's deadline (``None``: no deadline). The server's clock read
+        ``lease_expires_at - lease`` (of the claim, or of a heartbeat's answer) at
+        ``local_now``; without one, this machine's wall clock stands in for it."""
+        if job.deadline is None:
+            return None
+        if lease_expires_at is not None:
+            server_now = lease_expires_at - _dt.timedelta(milliseconds=self.lease_ms)
+        else:
+            server_now = _dt.datetime.now(_dt.timezone.utc)
+        return local_now + max(0.0, (job.deadline - server_now).total_seconds())
+
+    def _lease_gone_reason(self, job: ClaimedJob) -> str:
+        """Why a heartbeat sent at the job's deadline found the lease gone:
+        ``deadline`` when the server ended this attempt there (or at its timeout,
+        as a heartbeat then records it), ``lease_lost`` when the attempt was no
+        longer this worker's."""
+        try:
+            now = self.client.get_job(job.id)
+        except IdemqError:
+            return "lease_lost"
+        if now.attempt == job.attempt and now.state not in ("active", "completed"):
+            return "deadline"
+        return "lease_lost"
 
     def _finish(self, job: ClaimedJob, ctx: JobContext, out: _Outcome, lease_until: float) -> None:
         err = out.error
