@@ -172,6 +172,10 @@ pub(crate) async fn get_job(
     Ok(axum::Json(job))
 }
 
+/// The fixed paths beside `/v1/jobs/{id}` (each `POST`), which a job id
+/// may also be: each serves that job's `GET` too ([`get_job_named`]).
+pub(crate) const FIXED_NAMES: [&str; 4] = ["batch", "explain", "bulk", "complete"];
+
 /// `GET /v1/jobs/{id}` of the job whose id is `id`, for the fixed path
 /// `/v1/jobs/<id>` (`batch`, `explain`, `bulk`, `complete`): the router
 /// matches such a path to the fixed route, not to `/v1/jobs/{id}`. The

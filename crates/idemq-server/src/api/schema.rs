@@ -64,6 +64,37 @@ impl Modify for BearerToken {
     }
 }
 
+/// Documents the `GET` of the fixed paths `/v1/jobs/{batch,explain,bulk,
+/// complete}`, which the router matches before `/v1/jobs/{id}` and which
+/// therefore answer the job of that id themselves: the operation of
+/// `/v1/jobs/{id}`, without its `id` parameter.
+struct FixedNameJobs;
+
+impl Modify for FixedNameJobs {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let Some(get) = openapi
+            .paths
+            .paths
+            .get("/v1/jobs/{id}")
+            .and_then(|item| item.get.clone())
+        else {
+            return;
+        };
+        for name in super::jobs::FIXED_NAMES {
+            let Some(item) = openapi.paths.paths.get_mut(&format!("/v1/jobs/{name}")) else {
+                continue;
+            };
+            let mut op = get.clone();
+            op.operation_id = Some(format!("get_job_named_{name}"));
+            op.summary = Some(format!("The job whose id is `{name}`"));
+            if let Some(params) = op.parameters.as_mut() {
+                params.retain(|p| !matches!(p, RefOr::T(p) if p.name == "id"));
+            }
+            item.get = Some(op);
+        }
+    }
+}
+
 /// Adds to every operation the problem responses every route can answer:
 /// the token and Host checks (401, 403), another method on the path (405),
 /// a body the server cannot read or accept (400, 413, 422), a path or query
@@ -173,7 +204,7 @@ impl Modify for CommonResponses {
             Every error is an RFC 9457 problem document. With a token configured, every request \
             but GET /healthz needs `Authorization: Bearer <token>`."
     ),
-    modifiers(&BearerToken, &CommonResponses),
+    modifiers(&BearerToken, &FixedNameJobs, &CommonResponses),
     // The schemas of path and query parameters (bodies register their own).
     components(schemas(
         WaitMs,
