@@ -338,7 +338,15 @@ func TestDriftAgainstTheCommittedOpenAPIDocument(t *testing.T) {
 			if !strings.HasPrefix(tmpl, "/v1/") && tmpl != "/healthz" {
 				continue
 			}
-			for method := range ops {
+			for method, op := range ops {
+				// The GET of a fixed path (/v1/jobs/batch, ...) is GET
+				// /v1/jobs/{id} for a job whose id is that name, which the
+				// client sends as such.
+				if m, ok := op.(map[string]any); ok {
+					if id, _ := m["operationId"].(string); strings.HasPrefix(id, "get_job_named_") {
+						continue
+					}
+				}
 				if !seen[method+" "+tmpl] {
 					problems = append(problems, fmt.Sprintf("%s %s: documented but never called by the client", method, tmpl))
 				}
