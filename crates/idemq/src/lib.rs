@@ -77,7 +77,7 @@ pub use report::{
 };
 pub use request::{DedupeMode, DedupeOptions, EnqueueRequest, IdempotencyOptions, RetryPolicy};
 pub use schedule::{Schedule, ScheduleDefinition, ScheduleSpec};
-pub use stats::Stats;
+pub use stats::{EnqueueCounts, LATENCY_BOUNDS_SECONDS, Latency, Stats};
 pub use worker::{HandlerContext, JobError, Worker};
 
 /// The PostgreSQL driver idemq uses, for [`Queue::enqueue_in`] on your own transactions.

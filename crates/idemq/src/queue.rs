@@ -366,7 +366,18 @@ impl Queue {
 
     /// Enqueues (a request or a typed job) and says what happened.
     pub async fn enqueue_with_result(&self, req: impl IntoEnqueueRequest) -> Result<EnqueueResult> {
-        let item = self.prepare(&req.into_request()?)?;
+        let started = std::time::Instant::now();
+        let answer = async {
+            let item = self.prepare(&req.into_request()?)?;
+            self.enqueue_one(item).await
+        }
+        .await;
+        self.counters.enqueue(&answer, started.elapsed());
+        answer
+    }
+
+    /// Enqueues one prepared request.
+    async fn enqueue_one(&self, item: PreparedEnqueue) -> Result<EnqueueResult> {
         let mut results = self
             .store
             .job_enqueue(JobEnqueue {
@@ -386,6 +397,29 @@ impl Queue {
     /// order; one result per request. Without `atomic`, a failing item is
     /// reported for that item and the others stand.
     pub async fn enqueue_many(
+        &self,
+        reqs: Vec<EnqueueRequest>,
+        options: BatchOptions,
+    ) -> Result<Vec<Result<EnqueueResult>>> {
+        let started = std::time::Instant::now();
+        let answer = self.enqueue_batch(reqs, options).await;
+        let took = started.elapsed();
+        match &answer {
+            Ok(each) => {
+                for item in each {
+                    self.counters.enqueue(item, took);
+                }
+            }
+            // An all-or-nothing batch refused for one item: that item.
+            Err(e @ Error::BatchItem { .. }) => self.counters.enqueue_refused(e),
+            // The call was refused or failed as a whole: no request was
+            // answered on its own.
+            Err(_) => {}
+        }
+        answer
+    }
+
+    async fn enqueue_batch(
         &self,
         reqs: Vec<EnqueueRequest>,
         options: BatchOptions,
@@ -739,7 +773,10 @@ impl Queue {
     /// Claims up to `limit` due jobs under a lease.
     pub async fn claim(&self, options: ClaimOptions) -> Result<Vec<ClaimedJob>> {
         options.validate()?;
-        let jobs = self.store.job_claim(Self::claim_params(options)).await?;
+        let started = std::time::Instant::now();
+        let jobs = self.store.job_claim(Self::claim_params(options)).await;
+        self.counters.claim(started.elapsed());
+        let jobs = jobs?;
         self.counters.add(Counter::Claims, jobs.len() as u64);
         Ok(jobs)
     }
@@ -767,10 +804,16 @@ impl Queue {
             options.validate()?;
         }
         let (slots, sent) = self.completions(completed)?;
-        let (stored, claimed) = self
+        let claims = options.limit > 0;
+        let started = std::time::Instant::now();
+        let answer = self
             .store
             .job_complete_and_claim(JobCompleteMany { items: sent }, Self::claim_params(options))
-            .await?;
+            .await;
+        if claims {
+            self.counters.claim(started.elapsed());
+        }
+        let (stored, claimed) = answer?;
         let results = self.completion_results(slots, stored);
         if let Ok(jobs) = &claimed {
             self.counters.add(Counter::Claims, jobs.len() as u64);
@@ -957,8 +1000,10 @@ impl Queue {
         Ok(outcome)
     }
 
-    /// Gives a lease back: the job is ready at once and the attempt is not counted.
-    pub async fn release(&self, job_id: &str, lease_token: &LeaseToken) -> Result<()> {
+    /// Gives a lease back: the job is ready at once and the attempt is not
+    /// counted. Returns the state the release left the job in: `Ready`, or
+    /// `Cancelled` when a cancel had been requested.
+    pub async fn release(&self, job_id: &str, lease_token: &LeaseToken) -> Result<JobState> {
         Self::lease_text(job_id, lease_token)?;
         self.store
             .job_release(Self::lease(job_id, lease_token))
@@ -1158,21 +1203,14 @@ impl Queue {
         schedule: &crate::schedule::Schedule,
         tick: DateTime<Utc>,
     ) -> Result<bool> {
-        let item = crate::schedule::tick_request(schedule, tick, &self.hasher, self.payload_limit)?;
-        let result = self
-            .store
-            .job_enqueue(JobEnqueue {
-                items: vec![item],
-                atomic: false,
-                dry_run: false,
-            })
-            .await?
-            .pop()
-            .unwrap_or_else(|| {
-                Err(Error::Backend {
-                    message: "no result".into(),
-                })
-            });
+        let started = std::time::Instant::now();
+        let result = async {
+            let item =
+                crate::schedule::tick_request(schedule, tick, &self.hasher, self.payload_limit)?;
+            self.enqueue_one(item).await
+        }
+        .await;
+        self.counters.enqueue(&result, started.elapsed());
         match result {
             Ok(r) => Ok(r.outcome != crate::Outcome::Replayed),
             // Another scheduler fired this tick with the template as it

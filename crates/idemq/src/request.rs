@@ -668,42 +668,60 @@ fn check_ms(field: &str, v: i64, min: i64, max: i64, words: &str) -> Result<()> 
     Ok(())
 }
 
-/// True when any string (or object key) inside `v` holds U+0000, which
-/// PostgreSQL's `jsonb` cannot store; refused on every backend alike.
-pub(crate) fn has_nul(v: &Value) -> bool {
-    match v {
-        Value::String(s) => s.contains('\0'),
-        Value::Array(a) => a.iter().any(has_nul),
-        Value::Object(o) => o.iter().any(|(k, v)| k.contains('\0') || has_nul(v)),
-        _ => false,
-    }
+/// What a stored JSON value may not hold, found in one walk: U+0000 in a
+/// string or a key (PostgreSQL's `jsonb` cannot store it; refused on every
+/// backend alike), and a number with a fraction or an exponent beyond the
+/// range of a double (`1e400`), which JSON's grammar allows but neither its
+/// fingerprint (RFC 8785) nor most readers can hold. Integers of any length
+/// are kept exactly.
+#[derive(Default)]
+struct Refusals {
+    nul: bool,
+    unbounded: bool,
 }
 
-/// Whether `v` holds a number with a fraction or an exponent beyond the
-/// range of a double (`1e400`): JSON's grammar allows it, but neither its
-/// fingerprint (RFC 8785) nor most readers can hold it. Integers of any
-/// length are kept exactly.
-fn has_unbounded_number(v: &Value) -> bool {
-    match v {
-        Value::Number(n) => {
-            n.as_f64().is_none() && !crate::fingerprint::is_integer_text(&n.to_string())
+impl Refusals {
+    fn of(v: &Value) -> Self {
+        let mut r = Self::default();
+        r.scan(v);
+        r
+    }
+
+    fn scan(&mut self, v: &Value) {
+        if self.nul && self.unbounded {
+            return;
         }
-        Value::Array(a) => a.iter().any(has_unbounded_number),
-        Value::Object(o) => o.values().any(has_unbounded_number),
-        _ => false,
+        match v {
+            Value::String(s) => self.nul |= s.contains('\0'),
+            Value::Number(n) if !self.unbounded => {
+                // The text, as written (serde_json's arbitrary precision):
+                // an integer needs no parse.
+                self.unbounded =
+                    !crate::fingerprint::is_integer_text(n.as_str()) && n.as_f64().is_none();
+            }
+            Value::Array(a) => a.iter().for_each(|x| self.scan(x)),
+            Value::Object(o) => {
+                for (k, x) in o {
+                    self.nul |= k.contains('\0');
+                    self.scan(x);
+                }
+            }
+            _ => {}
+        }
     }
 }
 
 /// Serializes a JSON value under a size limit, refusing U+0000 and numbers
 /// beyond a double's range that are not integers.
 pub(crate) fn encode_json(field: &str, v: &Value, limit: usize) -> Result<String> {
-    if has_nul(v) {
+    let refusals = Refusals::of(v);
+    if refusals.nul {
         return Err(Error::validation(
             field,
             "must not contain U+0000 in any string",
         ));
     }
-    if has_unbounded_number(v) {
+    if refusals.unbounded {
         return Err(Error::validation(
             field,
             "must not contain a number with a fraction or an exponent beyond the range of a \

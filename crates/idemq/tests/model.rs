@@ -1482,7 +1482,7 @@ impl Backend<'_> {
             }
             Step::Release(t) => {
                 let (id, tok) = &self.tokens[*t];
-                Obs::Unit(q.release(id, tok).await.map_err(|e| err_obs(&e)))
+                Obs::Unit(q.release(id, tok).await.map(drop).map_err(|e| err_obs(&e)))
             }
             Step::Cancel(id) => Obs::Cancel(
                 q.cancel(&self.b(id))

@@ -1,7 +1,5 @@
 //! `POST /v1/jobs`, `POST /v1/jobs/batch` and `POST /v1/jobs/explain`.
 
-use std::time::Instant;
-
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -140,15 +138,7 @@ fn request(headers: &HeaderMap, body: &[u8]) -> ApiResult<EnqueueRequest> {
     from_value(value)
 }
 
-/// The wire name of an enqueue error, for the outcome counter.
-fn error_outcome(e: &idemq::Error) -> &'static str {
-    match e {
-        idemq::Error::EnqueueIdempotencyConflict(_) => "conflict",
-        idemq::Error::Validation { .. } | idemq::Error::PayloadTooLarge { .. } => "invalid",
-        _ => "error",
-    }
-}
-
+/// The answer of an enqueue: 201 for a new job, 200 otherwise.
 fn enqueued(result: &EnqueueResult) -> Response {
     let status = if result.outcome == Outcome::Accepted {
         StatusCode::CREATED
@@ -183,18 +173,8 @@ pub(crate) async fn enqueue(
 ) -> ApiResult<Response> {
     let req = request(&headers, &body)?;
     drop(body);
-    let started = Instant::now();
-    match s.queue().enqueue_with_result(req).await {
-        Ok(result) => {
-            s.metrics
-                .enqueue(result.outcome.as_str(), Some(started.elapsed()));
-            Ok(enqueued(&result))
-        }
-        Err(e) => {
-            s.metrics.enqueue(error_outcome(&e), None);
-            Err(e.into())
-        }
-    }
+    let result = s.queue().enqueue_with_result(req).await?;
+    Ok(enqueued(&result))
 }
 
 /// Enqueues up to 1,000 jobs, decided in order.
@@ -247,7 +227,6 @@ pub(crate) async fn batch(
             Err(p) => slots.push(Some(p)),
         }
     }
-    let started = Instant::now();
     let mut stored = if reqs.is_empty() {
         Vec::new()
     } else {
@@ -256,7 +235,6 @@ pub(crate) async fn batch(
             .await?
     }
     .into_iter();
-    let took = started.elapsed();
     let results: Vec<BatchItem> = slots
         .into_iter()
         .map(|slot| {
@@ -264,18 +242,12 @@ pub(crate) async fn batch(
                 Some(p) => Err(p),
                 None => match stored.next() {
                     Some(Ok(r)) => Ok(r),
-                    Some(Err(e)) => {
-                        s.metrics.enqueue(error_outcome(&e), None);
-                        Err(Problem::from(e))
-                    }
+                    Some(Err(e)) => Err(Problem::from(e)),
                     None => Err(Problem::new("internal", "a batch result is missing")),
                 },
             };
             match item {
-                Ok(r) => {
-                    s.metrics.enqueue(r.outcome.as_str(), Some(took));
-                    BatchItem::Result(r)
-                }
+                Ok(r) => BatchItem::Result(r),
                 Err(p) => BatchItem::Error { error: p },
             }
         })
@@ -316,35 +288,19 @@ async fn atomic(s: &ApiState, parsed: Vec<Result<EnqueueRequest, Problem>>) -> A
         };
         return Err(err.into());
     }
-    let started = Instant::now();
-    match s
+    let results: Vec<BatchItem> = s
         .queue()
         .enqueue_many(reqs, BatchOptions { atomic: true })
-        .await
-    {
-        Ok(results) => {
-            let took = started.elapsed();
-            let results: Vec<BatchItem> = results
-                .into_iter()
-                .map(|r| match r {
-                    Ok(r) => {
-                        s.metrics.enqueue(r.outcome.as_str(), Some(took));
-                        BatchItem::Result(r)
-                    }
-                    Err(e) => BatchItem::Error {
-                        error: Problem::from(e),
-                    },
-                })
-                .collect();
-            Ok(axum::Json(BatchResults { results }).into_response())
-        }
-        Err(e) => {
-            if let idemq::Error::BatchItem { error, .. } = &e {
-                s.metrics.enqueue(error_outcome(error), None);
-            }
-            Err(e.into())
-        }
-    }
+        .await?
+        .into_iter()
+        .map(|r| match r {
+            Ok(r) => BatchItem::Result(r),
+            Err(e) => BatchItem::Error {
+                error: Problem::from(e),
+            },
+        })
+        .collect();
+    Ok(axum::Json(BatchResults { results }).into_response())
 }
 
 /// Says what an enqueue would do now, and why. Writes nothing.

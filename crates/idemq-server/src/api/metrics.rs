@@ -1,22 +1,27 @@
 //! The server's Prometheus metrics, on a recorder of the router's own (no
 //! global recorder: an application embedding the router keeps its own, and
-//! several servers in one process stay apart). Enqueue outcomes and the
-//! latency histograms are counted by the handlers; claims, completions,
-//! retries, dead letters, reaped leases and purges are read from the
-//! queue's own counters ([`idemq::Queue::stats`]) at scrape time, so they
-//! include what this process's built-in worker and maintenance did.
+//! several servers in one process stay apart). Every count and latency is
+//! read from the queue's own counters ([`idemq::Queue::stats`]) at scrape
+//! time, so they include what this process's built-in worker, maintenance
+//! and schedule ticks did, not only its HTTP handlers; the queue depths are
+//! read from the store.
 
-use std::time::Duration;
+use std::fmt::Write as _;
 
-use idemq::QueueInfo;
-use metrics::{
-    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
-};
+use idemq::{LATENCY_BOUNDS_SECONDS, Latency, QueueInfo};
+use metrics::{counter, describe_counter, describe_gauge, gauge};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
-/// Histogram buckets in seconds, from 1 ms to 10 s.
-const BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+/// The latency histograms: name, help text, and which reading.
+const HISTOGRAMS: [(&str, &str); 2] = [
+    (
+        "idemq_enqueue_duration_seconds",
+        "Time to answer an enqueue request (for each item of a batch, the batch's call)",
+    ),
+    (
+        "idemq_claim_duration_seconds",
+        "Time of one claim round trip (long-poll waiting excluded)",
+    ),
 ];
 
 /// The recorder and what renders it.
@@ -34,17 +39,15 @@ impl std::fmt::Debug for Metrics {
 impl Metrics {
     /// A fresh recorder with every metric described.
     pub(crate) fn new() -> Self {
-        let builder = PrometheusBuilder::new()
-            .set_buckets(BUCKETS)
-            .unwrap_or_else(|_| PrometheusBuilder::new());
-        let recorder = builder.build_recorder();
+        let recorder = PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         let metrics = Self { recorder, handle };
         metrics.record(|| {
             describe_counter!(
                 "idemq_enqueue_total",
-                "Enqueue requests answered, by outcome (accepted, replayed, coalesced, \
-                 replaced, non_replaceable, conflict)"
+                "Enqueue requests answered (single, batch items and schedule ticks), by \
+                 outcome (accepted, replayed, coalesced, replaced, non_replaceable, conflict, \
+                 invalid, error)"
             );
             describe_counter!(
                 "idemq_idempotency_conflicts_total",
@@ -83,16 +86,6 @@ impl Metrics {
                 "idemq_queue_depth",
                 "Jobs per queue and state at scrape time"
             );
-            describe_histogram!(
-                "idemq_enqueue_duration_seconds",
-                Unit::Seconds,
-                "Time to answer an enqueue (one backend round trip)"
-            );
-            describe_histogram!(
-                "idemq_claim_duration_seconds",
-                Unit::Seconds,
-                "Time of one claim round trip (long-poll waiting excluded)"
-            );
         });
         metrics
     }
@@ -100,26 +93,6 @@ impl Metrics {
     /// Runs `f` with this recorder as the current one.
     fn record<T>(&self, f: impl FnOnce() -> T) -> T {
         metrics::with_local_recorder(&self.recorder, f)
-    }
-
-    /// One enqueue answered with `outcome` after `took`.
-    pub(crate) fn enqueue(&self, outcome: &'static str, took: Option<Duration>) {
-        self.record(|| {
-            counter!("idemq_enqueue_total", "outcome" => outcome).increment(1);
-            if outcome == "conflict" {
-                counter!("idemq_idempotency_conflicts_total").increment(1);
-            }
-            if let Some(took) = took {
-                histogram!("idemq_enqueue_duration_seconds").record(took.as_secs_f64());
-            }
-        });
-    }
-
-    /// The time of one claim round trip.
-    pub(crate) fn claim(&self, took: Duration) {
-        self.record(|| {
-            histogram!("idemq_claim_duration_seconds").record(took.as_secs_f64());
-        });
     }
 
     /// The text exposition, with the queue depths of `queues`, the
@@ -133,6 +106,10 @@ impl Metrics {
     ) -> String {
         self.record(|| {
             gauge!("idemq_durability_relaxed").set(if relaxed { 1.0 } else { 0.0 });
+            for (outcome, n) in stats.enqueues.by_outcome() {
+                counter!("idemq_enqueue_total", "outcome" => outcome).absolute(n);
+            }
+            counter!("idemq_idempotency_conflicts_total").absolute(stats.enqueues.conflict);
             counter!("idemq_claims_total").absolute(stats.claims);
             counter!("idemq_completions_total").absolute(stats.completions);
             counter!("idemq_retries_total").absolute(stats.retries);
@@ -157,6 +134,31 @@ impl Metrics {
             }
         });
         self.handle.run_upkeep();
-        self.handle.render()
+        let mut text = self.handle.render();
+        for ((name, help), latency) in HISTOGRAMS
+            .iter()
+            .zip([stats.enqueue_latency, stats.claim_latency])
+        {
+            histogram(&mut text, name, help, &latency);
+        }
+        text
     }
+}
+
+/// Appends one histogram in the Prometheus text format: cumulative buckets,
+/// `+Inf`, the sum in seconds and the count.
+fn histogram(out: &mut String, name: &str, help: &str, latency: &Latency) {
+    if !out.is_empty() && !out.ends_with("\n\n") {
+        out.push('\n');
+    }
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    let mut below = 0;
+    for (bound, n) in LATENCY_BOUNDS_SECONDS.iter().zip(latency.buckets) {
+        below += n;
+        let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {below}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", latency.count);
+    let _ = writeln!(out, "{name}_sum {}", latency.sum.as_secs_f64());
+    let _ = writeln!(out, "{name}_count {}", latency.count);
 }

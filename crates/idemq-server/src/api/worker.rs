@@ -311,7 +311,6 @@ pub(crate) async fn claim(
         if let Some(n) = notified.as_mut().as_pin_mut() {
             n.enable();
         }
-        let started = Instant::now();
         let jobs = match done.take() {
             Some(items) => {
                 let (results, claimed) =
@@ -321,7 +320,6 @@ pub(crate) async fn claim(
             }
             None => s.queue().claim(options.clone()).await?,
         };
-        s.metrics.claim(started.elapsed());
         let now = Instant::now();
         if !jobs.is_empty() || now >= until {
             return Ok(axum::Json(Claimed { jobs, completed }));
@@ -505,13 +503,9 @@ pub(crate) async fn release(
     Path(id): Path<String>,
     Json(body): Json<LeaseBody>,
 ) -> ApiResult<axum::Json<StateAnswer>> {
-    let r = s.queue().release(&id, &body.lease_token).await;
-    lease(r)?;
-    // A job whose cancel was requested turns cancelled, not ready: say so.
-    let state = match s.queue().get(&id).await? {
-        Some(job) if job.state == idemq::JobState::Cancelled => idemq::JobState::Cancelled,
-        _ => idemq::JobState::Ready,
-    };
+    // A job whose cancel was requested turns cancelled, not ready; the
+    // store says which, in the release's own transaction.
+    let state = lease(s.queue().release(&id, &body.lease_token).await)?;
     Ok(axum::Json(StateAnswer { state }))
 }
 

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use crate::harness::{Backend, Server};
 
 instantiate!(
+    enqueues_count_api_library_and_schedule_ticks,
     claims_count_api_and_worker_claims,
     completions_count_api_and_worker_completions,
     retries_count_worker_retries,
@@ -66,6 +67,37 @@ async fn claims_count_api_and_worker_claims(b: Backend) {
     });
     run_worker_until(&s, w, async || state(&s, &id).await == "completed").await;
     assert_eq!(sample(&s, "idemq_claims_total").await, 2.0);
+    // The API's claim and at least one of the worker's calls.
+    assert!(sample(&s, "idemq_claim_duration_seconds_count").await >= 2.0);
+}
+
+async fn enqueues_count_api_library_and_schedule_ticks(b: Backend) {
+    let s = Server::start(b).await;
+    let accepted = "idemq_enqueue_total{outcome=\"accepted\"}";
+    let replayed = "idemq_enqueue_total{outcome=\"replayed\"}";
+    s.enqueue(json!({"type": "api", "idempotency": {"key": "k"}}))
+        .await;
+    // The same request through the library the server runs on (an
+    // embedding application's call, or the built-in worker's).
+    let again = idemq::EnqueueRequest::new("api").idempotency_key("k");
+    s.queue.enqueue(again).await.expect("replay");
+    // A schedule's tick, fired as the server's maintenance fires them.
+    let every = idemq::ScheduleDefinition::every(
+        Duration::from_secs(1),
+        idemq::EnqueueRequest::new("tick"),
+    );
+    assert!(s.queue.schedule_set("s.every", every).await.expect("set"));
+    let start = Instant::now();
+    while s.queue.fire_schedules(10).await.expect("fire") == 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "no tick fired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(sample(&s, accepted).await, 2.0);
+    assert_eq!(sample(&s, replayed).await, 1.0);
+    assert_eq!(
+        sample(&s, "idemq_enqueue_duration_seconds_count").await,
+        3.0
+    );
 }
 
 async fn completions_count_api_and_worker_completions(b: Backend) {

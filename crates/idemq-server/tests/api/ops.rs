@@ -97,8 +97,12 @@ async fn metrics_counted(b: Backend) {
         "idemq_dead_total 1",
         "idemq_queue_depth{queue=\"m\",state=\"completed\"} 1",
         "idemq_queue_depth{queue=\"m\",state=\"dead\"} 1",
-        "idemq_enqueue_duration_seconds_bucket",
-        "idemq_claim_duration_seconds_bucket",
+        "# TYPE idemq_enqueue_duration_seconds histogram",
+        "idemq_enqueue_duration_seconds_bucket{le=\"+Inf\"} 3",
+        "idemq_enqueue_duration_seconds_count 3",
+        "idemq_enqueue_duration_seconds_sum ",
+        "idemq_claim_duration_seconds_bucket{le=\"0.001\"} ",
+        "idemq_claim_duration_seconds_count 2",
         "# HELP idemq_enqueue_total",
     ] {
         assert!(text.contains(needle), "missing {needle} in\n{text}");

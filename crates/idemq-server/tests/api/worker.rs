@@ -87,6 +87,22 @@ async fn claim_and_finish(b: Backend) {
     let job = s.get(&format!("/v1/jobs/{other}")).await.ok(200).clone();
     assert_eq!(job["state"], "ready");
     assert_eq!(job["attempts_used"], 0);
+    // A release of a cancel-requested attempt cancels the job, and says so.
+    let other = s.enqueue(json!({"type": "c"})).await;
+    let a = s
+        .post("/v1/claim", json!({"worker": "w", "types": ["c"]}))
+        .await;
+    let token = a.ok(200)["jobs"][0]["lease_token"].clone();
+    s.post(&format!("/v1/jobs/{other}/cancel"), json!({}))
+        .await
+        .ok(200);
+    let a = s
+        .post(
+            &format!("/v1/jobs/{other}/release"),
+            json!({"lease_token": token}),
+        )
+        .await;
+    assert_eq!(a.ok(200).clone(), json!({"state": "cancelled"}));
     // Claim bounds.
     s.post("/v1/claim", json!({"worker": "w", "limit": 0}))
         .await

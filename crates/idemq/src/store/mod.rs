@@ -508,8 +508,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     }
     /// Finish an attempt with an error (or a snooze).
     async fn job_fail(&self, p: JobFail) -> Result<FailOutcome>;
-    /// Give a lease back without consuming the attempt.
-    async fn job_release(&self, p: LeaseRef) -> Result<()>;
+    /// Give a lease back without consuming the attempt; the state it left
+    /// the job in (`Ready`, or `Cancelled` when a cancel was requested).
+    async fn job_release(&self, p: LeaseRef) -> Result<crate::job::JobState>;
     /// Store a step result; the first stored value wins.
     async fn checkpoint_put(&self, p: CheckpointPut) -> Result<bool>;
     /// A stored step result.

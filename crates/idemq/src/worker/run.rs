@@ -719,7 +719,7 @@ async fn supervise(
         stop = signals.until(|s| Some(s.stopped()).filter(|&s| s != Stop::Running)) => {
             return match stop {
                 Stop::Shutdown => match queue.release(&job.id, &job.lease_token).await {
-                    Ok(()) => Ended::Released,
+                    Ok(_) => Ended::Released,
                     Err(_) => lost_or_completed_in_tx(&queue, &ctx).await,
                 },
                 _ => lost_or_completed_in_tx(&queue, &ctx).await,

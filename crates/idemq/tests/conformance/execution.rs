@@ -1509,7 +1509,8 @@ async fn release_makes_the_job_ready_at_once(h: Harness) {
     let c = claim_id(&h, &id).await;
     h.advance_ms(700);
     let now = h.now().await;
-    h.queue.release(&id, &c.lease_token).await.unwrap();
+    let released = h.queue.release(&id, &c.lease_token).await.unwrap();
+    assert_eq!(released, JobState::Ready);
     let j = h.job(&id).await;
     assert_eq!(j.state, JobState::Ready);
     assert_eq!(j.run_at, now);
@@ -1643,7 +1644,12 @@ async fn cancel_then_release_cancels(h: Harness) {
     let id = h.put(job("t")).await;
     let c = claim_id(&h, &id).await;
     h.queue.cancel(&id).await.unwrap();
-    h.queue.release(&id, &c.lease_token).await.unwrap();
+    let released = h.queue.release(&id, &c.lease_token).await.unwrap();
+    assert_eq!(
+        released,
+        JobState::Cancelled,
+        "the release says what it did"
+    );
     let j = h.job(&id).await;
     assert_eq!(j.state, JobState::Cancelled);
     assert_eq!(j.attempts_used, 0, "a released attempt is not consumed");

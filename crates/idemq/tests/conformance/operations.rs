@@ -56,6 +56,7 @@ idemq_testkit::instantiate!(
     sweep_bindings_limit_bounds_one_pass,
     sweep_bindings_limit_counts_both_kinds,
     sweep_bindings_removes_dedupe_bindings_no_longer_live,
+    stats_count_every_enqueue_and_claim,
 );
 
 const HOUR_MS: u64 = 3600 * 1000;
@@ -1220,4 +1221,91 @@ async fn sweep_bindings_limit_counts_both_kinds(h: Harness) {
     assert_eq!(h.queue.sweep_bindings(3).await.unwrap(), 3);
     assert_eq!(h.queue.sweep_bindings(3).await.unwrap(), 1);
     assert_eq!(h.queue.sweep_bindings(3).await.unwrap(), 0);
+}
+
+/// The process's counters (`/metrics` renders them) see every enqueue
+/// request, whichever path made it: single calls, the items of a batch (of
+/// an all-or-nothing batch refused for one item, that item), and schedule
+/// ticks; and every claim call, a worker's combined call included, but not
+/// a call that only records completions.
+async fn stats_count_every_enqueue_and_claim(h: Harness) {
+    let q = &h.queue;
+    let keyed = || t().idempotency_key("k");
+    q.enqueue(keyed()).await.unwrap();
+    q.enqueue(keyed()).await.unwrap();
+    let conflict = q.enqueue(keyed().payload(json!(2))).await;
+    assert!(matches!(
+        conflict,
+        Err(Error::EnqueueIdempotencyConflict(_))
+    ));
+    let invalid = q.enqueue(EnqueueRequest::new("")).await;
+    assert!(matches!(invalid, Err(Error::Validation { .. })));
+    let each = q
+        .enqueue_many(
+            vec![t(), keyed(), EnqueueRequest::new("")],
+            idemq::BatchOptions { atomic: false },
+        )
+        .await
+        .unwrap();
+    assert_eq!(each.len(), 3);
+    let refused = q
+        .enqueue_many(
+            vec![t(), keyed().payload(json!(3))],
+            idemq::BatchOptions { atomic: true },
+        )
+        .await;
+    assert!(matches!(refused, Err(Error::BatchItem { index: 1, .. })));
+    let every = idemq::ScheduleDefinition::every(Duration::from_secs(90), t().queue("ticks"));
+    assert!(q.schedule_set("s.every", every).await.unwrap());
+    h.advance_ms(90_000);
+    assert_eq!(q.fire_schedules(10).await.unwrap(), 1, "one tick fired");
+
+    let counts = q.stats().enqueues;
+    assert_eq!(
+        counts,
+        idemq::EnqueueCounts {
+            accepted: 3,
+            replayed: 2,
+            conflict: 2,
+            invalid: 2,
+            ..idemq::EnqueueCounts::default()
+        }
+    );
+    let latency = q.stats().enqueue_latency;
+    assert_eq!(latency.count, 5, "one reading per answered request");
+    assert!(latency.buckets.iter().sum::<u64>() <= latency.count);
+    assert!(latency.sum > Duration::ZERO);
+    assert_eq!(q.stats().claim_latency.count, 0);
+
+    let claimed = h.claim(1).await;
+    assert_eq!(claimed.len(), 1);
+    let done = |c: &idemq::ClaimedJob| idemq::Completion {
+        job_id: c.id.clone(),
+        lease_token: c.lease_token.clone(),
+        result: None,
+    };
+    let options = |limit| idemq::ClaimOptions {
+        limit,
+        worker: "w-1".into(),
+        ..idemq::ClaimOptions::default()
+    };
+    let (completed, more) = q
+        .complete_and_claim(vec![done(&claimed[0])], options(1))
+        .await
+        .unwrap();
+    assert!(completed.iter().all(Result::is_ok));
+    let more = more.unwrap();
+    assert_eq!(more.len(), 1);
+    let (completed, none) = q
+        .complete_and_claim(vec![done(&more[0])], options(0))
+        .await
+        .unwrap();
+    assert!(completed.iter().all(Result::is_ok));
+    assert!(none.unwrap().is_empty());
+    let stats = q.stats();
+    assert_eq!(
+        stats.claim_latency.count, 2,
+        "the completions alone are no claim"
+    );
+    assert_eq!((stats.claims, stats.completions), (2, 2));
 }

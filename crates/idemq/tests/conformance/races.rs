@@ -1076,7 +1076,7 @@ async fn cancel_racing_release_or_snooze_cancels(h: Harness) {
                     };
                     q.fail(&id, &token, opts).await.map(|o| Some(o.state))
                 } else {
-                    q.release(&id, &token).await.map(|()| None)
+                    q.release(&id, &token).await.map(Some)
                 }
             })
         };
@@ -1097,9 +1097,7 @@ async fn cancel_racing_release_or_snooze_cancels(h: Harness) {
         assert_eq!(runs.len(), 1);
         let way = if cancelled.state == JobState::Active {
             assert!(cancelled.cancelled);
-            if snooze {
-                assert_eq!(ended, Some(JobState::Cancelled), "round {round}");
-            }
+            assert_eq!(ended, Some(JobState::Cancelled), "round {round}");
             assert_eq!(runs[0].outcome.as_deref(), Some("cancelled"));
             assert_eq!(
                 kinds,
@@ -1120,6 +1118,7 @@ async fn cancel_racing_release_or_snooze_cancels(h: Harness) {
                 assert_eq!(ended, Some(JobState::Scheduled), "round {round}");
                 ("snoozed", "retry_scheduled")
             } else {
+                assert_eq!(ended, Some(JobState::Ready), "round {round}");
                 ("released", "released")
             };
             assert_eq!(runs[0].outcome.as_deref(), Some(outcome));

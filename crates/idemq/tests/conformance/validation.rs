@@ -859,7 +859,7 @@ async fn nul_in_ids_and_names_matches_nothing(h: Harness) {
     for lost in [
         q.heartbeat(bad, &token).await.map(|_| ()),
         q.complete(bad, &token, None).await,
-        q.release("id", &nul_token).await,
+        q.release("id", &nul_token).await.map(|_| ()),
         q.checkpoint_put(bad, &token, "step", &serde_json::json!(1))
             .await
             .map(|_| ()),

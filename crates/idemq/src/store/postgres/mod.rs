@@ -702,10 +702,11 @@ impl Store for PgStore {
         .await
     }
 
-    async fn job_release(&self, p: LeaseRef) -> Result<()> {
-        self.finish(&p, "released", None, true, None, None, None)
-            .await?;
-        Ok(())
+    async fn job_release(&self, p: LeaseRef) -> Result<JobState> {
+        Ok(self
+            .finish(&p, "released", None, true, None, None, None)
+            .await?
+            .state)
     }
 
     async fn checkpoint_put(&self, p: CheckpointPut) -> Result<bool> {

@@ -363,13 +363,14 @@ impl Store for RedisStore {
         }
     }
 
-    async fn job_release(&self, p: LeaseRef) -> Result<()> {
+    async fn job_release(&self, p: LeaseRef) -> Result<JobState> {
         let mut cmd = self.fcall("release");
         cmd.arg(&p.job_id).arg(&p.lease_token);
-        match status(&self.run(cmd).await?)?.0.as_str() {
-            "ok" => Ok(()),
-            "lease_lost" => Err(lease_lost(&p)),
-            other => Err(codec::corrupt(other)),
+        let v = self.run(cmd).await?;
+        match status(&v)? {
+            (s, r) if s == "ok" => codec::state(&string(at(r, 1)?)?, "release", &p.job_id),
+            (s, _) if s == "lease_lost" => Err(lease_lost(&p)),
+            (s, _) => Err(codec::corrupt(s)),
         }
     }
 

@@ -578,12 +578,11 @@ pub(super) fn fail(cx: &Cx, p: &JobFail) -> Result<Result<FailOutcome>> {
     Ok(Ok(end_attempt(cx, &a, end)?))
 }
 
-pub(super) fn release(cx: &Cx, lease: &LeaseRef) -> Result<Result<()>> {
+pub(super) fn release(cx: &Cx, lease: &LeaseRef) -> Result<Result<JobState>> {
     let Some(a) = load_active(cx, lease)? else {
         return Ok(Err(lease_lost(lease)));
     };
-    end_attempt(cx, &a, End::Released)?;
-    Ok(Ok(()))
+    Ok(Ok(end_attempt(cx, &a, End::Released)?.state))
 }
 
 pub(super) fn checkpoint_put(cx: &Cx, p: &CheckpointPut) -> Result<Result<bool>> {

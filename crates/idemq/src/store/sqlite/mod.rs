@@ -982,10 +982,10 @@ impl Store for SqliteStore {
         Ok(r)
     }
 
-    async fn job_release(&self, p: LeaseRef) -> Result<()> {
-        flatten(self.write(move |cx| exec::release(cx, &p)).await)?;
+    async fn job_release(&self, p: LeaseRef) -> Result<crate::job::JobState> {
+        let state = flatten(self.write(move |cx| exec::release(cx, &p)).await)?;
         self.wake();
-        Ok(())
+        Ok(state)
     }
 
     async fn checkpoint_put(&self, p: CheckpointPut) -> Result<bool> {

@@ -377,8 +377,8 @@ reg('release', function(args)
   if not j then
     return { 'lease_lost' }
   end
-  end_attempt(j, { kind = 'released' })
-  return { 'ok' }
+  local r = end_attempt(j, { kind = 'released' })
+  return { 'ok', r[1] }
 end)
 
 reg('checkpoint_put', function(args)
