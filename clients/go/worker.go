@@ -433,28 +433,41 @@ func (w *Worker) finish(job *ClaimedJob, beat *heartbeater, lost <-chan struct{}
 		}
 		result = raw
 	}
-	// The heartbeat goes on until the completion is answered, so the lease
-	// cannot lapse while it waits for a claim or a batch. It is queued before
-	// the slot is freed, so that the claim the free slot starts carries it.
-	for {
-		a := &ack{c: Completion{ID: job.ID, LeaseToken: job.LeaseToken}, reply: make(chan error, 1)}
-		if result != nil {
-			a.c.Result = result
-		}
-		w.handOver(a)
+	// Without a deadline the heartbeat goes on until the completion is
+	// answered, so the lease cannot lapse while it waits for a claim or a
+	// batch; the completion is queued before the slot is freed, so that the
+	// claim the free slot starts carries it. A job with a deadline gets no
+	// heartbeat once its handler returned (one that reached the server past
+	// the deadline would end the attempt there, and the completion would be
+	// refused): its completion goes at once, in a call of its own, within
+	// the lease left from the last renewal.
+	direct := job.Deadline != nil
+	if direct {
 		freeSlot()
+	}
+	for {
 		var err error
-		select {
-		case err = <-a.reply:
-		case <-lost:
-			if w.withdraw(a) {
-				atomic.AddInt64(&w.lost, 1)
-				return
+		if direct {
+			err = w.completeNow(job, result)
+		} else {
+			a := &ack{c: Completion{ID: job.ID, LeaseToken: job.LeaseToken}, reply: make(chan error, 1)}
+			if result != nil {
+				a.c.Result = result
 			}
-			// Already sent: a carried completion may be recorded while the
-			// claim still waits for work, and a heartbeat then answers
-			// lease-lost. The server's answer says which it was.
-			err = <-a.reply
+			w.handOver(a)
+			freeSlot()
+			select {
+			case err = <-a.reply:
+			case <-lost:
+				if w.withdraw(a) {
+					atomic.AddInt64(&w.lost, 1)
+					return
+				}
+				// Already sent: a carried completion may be recorded while the
+				// claim still waits for work, and a heartbeat then answers
+				// lease-lost. The server's answer says which it was.
+				err = <-a.reply
+			}
 		}
 		if err == nil {
 			atomic.AddInt64(&w.completed, 1)
@@ -484,10 +497,22 @@ func (w *Worker) finish(job *ClaimedJob, beat *heartbeater, lost <-chan struct{}
 	}
 }
 
+// completeNow records job's completion in a call of its own.
+func (w *Worker) completeNow(job *ClaimedJob, result json.RawMessage) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var value any
+	if result != nil {
+		value = result
+	}
+	_, err := w.c.Complete(ctx, job.ID, job.LeaseToken, value)
+	return err
+}
+
 // endedByServer reports whether the server ended job's attempt when a
-// heartbeat at its deadline found the lease gone (at the deadline, or at its
-// timeout, as a heartbeat then records it), rather than the attempt being
-// another's already.
+// heartbeat of a job with a deadline found the lease gone (at the deadline,
+// or at its timeout, as a heartbeat then records it), rather than the
+// attempt being another's already.
 func (w *Worker) endedByServer(job *ClaimedJob) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -679,6 +704,7 @@ func (w *Worker) sendBatch(batch []*ack) {
 
 // heartbeater renews one job's lease every HeartbeatInterval and, while the
 // handler runs, asks the server about the job's deadline when it has come.
+// A job with a deadline is renewed only while its handler runs.
 type heartbeater struct {
 	w    *Worker
 	job  *ClaimedJob
@@ -687,7 +713,9 @@ type heartbeater struct {
 	// passed is closed when the server ended the attempt at its deadline.
 	passed chan struct{}
 	// returned is 1 once the handler returned: the deadline is not asked
-	// about after (a completion counts even past it).
+	// about after (a completion counts even past it), and a job with a
+	// deadline is not renewed after (past the deadline on the server's
+	// clock, a heartbeat would end the attempt the handler finished).
 	returned int32
 	mu       sync.Mutex
 	lastOK   time.Time
@@ -754,6 +782,9 @@ func (h *heartbeater) loop() {
 			h.job.setStop(ErrLeaseLost)
 			return
 		case <-tick.C:
+			if h.job.Deadline != nil && atomic.LoadInt32(&h.returned) == 1 {
+				continue
+			}
 		case <-askC:
 			if atomic.LoadInt32(&h.returned) == 1 {
 				askC = nil
@@ -767,7 +798,10 @@ func (h *heartbeater) loop() {
 		cancel()
 		if err != nil {
 			if errors.Is(err, ErrLeaseLost) {
-				if asking && h.w.endedByServer(h.job) {
+				// With a deadline, any heartbeat may find the attempt ended
+				// by the server: its clock may be past the deadline before
+				// this worker's estimate says so.
+				if h.job.Deadline != nil && h.w.endedByServer(h.job) {
 					close(h.passed)
 					return
 				}

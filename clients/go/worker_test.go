@@ -730,6 +730,177 @@ func TestDeadlineIsAskedAgainWhileTheServerIsUnreachable(t *testing.T) {
 	}
 }
 
+// slowCompletions holds every request that carries a completion (a claim
+// carrying some, a batch, a completion of its own) for hold before it goes
+// to the server, as a busy network or a long claim queue would. It records
+// every heartbeat with the instant it was sent and its answer.
+type slowCompletions struct {
+	hold  time.Duration
+	mu    sync.Mutex
+	beats []beatSeen
+	held  int
+}
+
+func (s *slowCompletions) RoundTrip(r *http.Request) (*http.Response, error) {
+	path := r.URL.Path
+	carries := strings.HasSuffix(path, "/complete")
+	if path == "/v1/claim" && r.Body != nil {
+		raw, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		var body struct {
+			Complete []json.RawMessage `json:"complete"`
+		}
+		if err := json.Unmarshal(raw, &body); err != nil {
+			return nil, err
+		}
+		carries = len(body.Complete) > 0
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+	}
+	if carries {
+		s.mu.Lock()
+		s.held++
+		s.mu.Unlock()
+		time.Sleep(s.hold)
+	}
+	sent := time.Now()
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if strings.HasSuffix(path, "/heartbeat") {
+		parts := strings.Split(path, "/")
+		status := 0
+		if err == nil {
+			status = resp.StatusCode
+		}
+		s.mu.Lock()
+		s.beats = append(s.beats, beatSeen{parts[len(parts)-2], status, sent})
+		s.mu.Unlock()
+	}
+	return resp, err
+}
+
+// TestNoHeartbeatEndsACompletedAttemptPastTheDeadline: the handler returns
+// just before the deadline and its completion is slow to reach the server.
+// A heartbeat sent meanwhile would reach the server past the deadline and
+// end the attempt there (dead, deadline), and the completion would be
+// refused; the worker sends none, and the completion is recorded.
+func TestNoHeartbeatEndsACompletedAttemptPastTheDeadline(t *testing.T) {
+	c := newTestClient()
+	ctx := ctxT(t)
+	q, finish := uniq("late-beat"), uniq("finish")
+	deadline := time.Now().Add(1500 * time.Millisecond).Truncate(time.Millisecond)
+	id, err := c.Enqueue(ctx, finish, nil, wouldRetry(q, deadline))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Held for more than two heartbeat intervals: without care, a heartbeat
+	// goes out while it waits, past the deadline.
+	slow := &slowCompletions{hold: 700 * time.Millisecond}
+	var returned int64
+	w := NewWorker(newTestClient(WithHTTPClient(&http.Client{Transport: slow})), WorkerOptions{
+		Queues: []string{q}, PollWait: 200 * time.Millisecond,
+		Lease: 4 * time.Second, HeartbeatInterval: 300 * time.Millisecond,
+		Handlers: map[string]HandlerFunc{finish: func(ctx context.Context, job *ClaimedJob) (any, error) {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Until(deadline.Add(-100 * time.Millisecond))):
+			}
+			atomic.StoreInt64(&returned, time.Now().UnixNano())
+			return "in time", nil
+		}},
+	})
+	stop := runWorker(t, w)
+	var job *Job
+	for until := time.Now().Add(10 * time.Second); ; {
+		if job, err = c.GetJob(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if job.State == StateCompleted || job.State == StateDead || time.Now().After(until) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if job.State != StateCompleted || string(job.Result) != `"in time"` {
+		lastError := ""
+		if job.LastError != nil {
+			lastError = *job.LastError
+		}
+		t.Fatalf("job %s with %s, last error %q", job.State, job.Result, lastError)
+	}
+	slow.mu.Lock()
+	beats, held := append([]beatSeen(nil), slow.beats...), slow.held
+	slow.mu.Unlock()
+	if held == 0 {
+		t.Fatal("no completion was held")
+	}
+	// A tick may race the handler's return by a hair; none came after it.
+	last := time.Unix(0, atomic.LoadInt64(&returned)).Add(50 * time.Millisecond)
+	for _, b := range beats {
+		if b.id == id && (b.status != http.StatusOK || b.at.After(last) || !b.at.Before(deadline)) {
+			t.Fatalf("heartbeat answered %d, %v after the handler returned (deadline %v later)",
+				b.status, b.at.Sub(last.Add(-50*time.Millisecond)), deadline.Sub(b.at))
+		}
+	}
+	if st := w.Stats(); st.Completed != 1 || st.Lost != 0 || st.Failed != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestARegularHeartbeatFindsTheDeadlinePassed: the server's clock reaches
+// the deadline long before the worker's estimate, so a regular heartbeat,
+// not the one that asks about the deadline, is the first to find the
+// attempt ended there. That is the deadline, not a lost lease.
+func TestARegularHeartbeatFindsTheDeadlinePassed(t *testing.T) {
+	c := newTestClient()
+	ctx := ctxT(t)
+	q, hang := uniq("behind"), uniq("hang")
+	stops := make(chan error, 1)
+	deadline := time.Now().Add(time.Second).Truncate(time.Millisecond)
+	// The worker believes the server's clock 3 s behind: it would ask about
+	// the deadline 3 s after it passed.
+	skew := &skewed{ahead: -3 * time.Second}
+	w := NewWorker(newTestClient(WithHTTPClient(&http.Client{Transport: skew})), WorkerOptions{
+		Queues: []string{q}, PollWait: 200 * time.Millisecond,
+		Lease: 3 * time.Second, HeartbeatInterval: 250 * time.Millisecond,
+		Handlers: map[string]HandlerFunc{hang: func(ctx context.Context, job *ClaimedJob) (any, error) {
+			<-ctx.Done()
+			stops <- job.StopReason()
+			return "too late", nil
+		}},
+	})
+	id, err := c.Enqueue(ctx, hang, nil, wouldRetry(q, deadline))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runWorker(t, w)
+	waitState(t, c, id, StateDead, 10*time.Second)
+	var reason error
+	select {
+	case reason = <-stops:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler was not stopped")
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	endedAtDeadline(t, c, id)
+	if reason != ErrJobDeadline {
+		t.Fatalf("stop reason %v", reason)
+	}
+	beats := skew.of(id)
+	if len(beats) < 2 || beats[len(beats)-1].status != http.StatusConflict || !beats[len(beats)-1].at.Before(deadline.Add(2*time.Second)) {
+		t.Fatalf("heartbeats %v", statuses(beats))
+	}
+	if st := w.Stats(); st.Failed != 1 || st.Lost != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
 func TestGracefulShutdownReleasesLeases(t *testing.T) {
 	c := newTestClient()
 	ctx := ctxT(t)

@@ -537,6 +537,109 @@ def test_deadline_is_asked_again_while_the_server_is_unreachable(server: Server,
     assert (w.report.failed, w.report.lost) == (1, 0)
 
 
+class SlowCompletions(httpx.BaseTransport):
+    """Holds every request carrying a completion (a claim carrying some, a batch,
+    a completion of its own) for ``hold`` seconds before it goes to the server, as
+    a busy network or a long claim queue would. Records every heartbeat:
+    (job id, status, the monotonic instant it was sent)."""
+
+    def __init__(self, hold: float) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.hold = hold
+        self.held = 0
+        self.beats: List[Tuple[str, int, float]] = []
+        self.lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        carries = path.endswith("/complete")
+        if path == "/v1/claim":
+            carries = bool(json.loads(request.read() or b"{}").get("complete"))
+        if carries:
+            with self.lock:
+                self.held += 1
+            time.sleep(self.hold)
+        sent = time.monotonic()
+        resp = self.inner.handle_request(request)
+        if path.endswith("/heartbeat"):
+            with self.lock:
+                self.beats.append((path.split("/")[-2], resp.status_code, sent))
+        return resp
+
+    def of(self, job_id: str) -> List[Tuple[int, float]]:
+        with self.lock:
+            return [(status, at) for j, status, at in self.beats if j == job_id]
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_no_heartbeat_ends_an_attempt_whose_handler_returned(server: Server, client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("late-beat")
+    deadline = _in_ms(dt.timedelta(seconds=1.5))
+    returned: List[float] = []
+
+    def finish(ctx: idemq.JobContext) -> str:
+        # Returns just before the deadline.
+        ctx.wait_cancelled(max(0.0, (deadline - dt.datetime.now(dt.timezone.utc)).total_seconds() - 0.1))
+        returned.append(time.monotonic())
+        return "in time"
+
+    jid = client.enqueue("finish", None, queue=q, deadline=deadline, max_attempts=5, retry=idemq.FixedRetry(delay_ms=1))
+    # The completion is held for more than a heartbeat interval: a heartbeat sent
+    # meanwhile would reach the server past the deadline and end the attempt
+    # there (dead, deadline), and the completion would be refused.
+    slow = SlowCompletions(hold=0.7)
+    with idemq.Client(server.url, transport=slow) as c:
+        w = _worker(c, q, {"finish": finish}, lease_ms=1500)
+        t = run_worker(w)
+        try:
+            job = _terminal(client, jid)
+        finally:
+            w.stop()
+            t.join(20)
+    assert (job.state, job.result) == ("completed", "in time"), job
+    assert slow.held > 0
+    # None went out after the handler returned (a few ms for one already on its way).
+    beats = slow.of(jid)
+    assert all(status == 200 and at <= returned[0] + 0.05 for status, at in beats), (returned, beats)
+    assert (w.report.completed, w.report.lost, w.report.failed) == (1, 0, 0)
+
+
+def test_a_regular_heartbeat_that_finds_the_deadline_passed_reports_the_deadline(
+    server: Server, client: idemq.Client, uniq: Callable[[str], str]
+) -> None:
+    q = uniq("behind")
+    stops: List[Any] = []
+
+    def hang(ctx: idemq.JobContext) -> str:
+        ctx.wait_cancelled(10)
+        stops.append(ctx.stop_reason)
+        return "late"
+
+    deadline = _in_ms(dt.timedelta(seconds=1))
+    jid = client.enqueue("hang", None, queue=q, deadline=deadline, max_attempts=5, retry=idemq.FixedRetry(delay_ms=1))
+    # The worker believes the server's clock 3 s behind: it would ask about the
+    # deadline 3 s after it passed, so a regular heartbeat finds it first.
+    skew = Skewed(ahead=-3.0)
+    with idemq.Client(server.url, transport=skew) as c:
+        w = _worker(c, q, {"hang": hang}, lease_ms=750)
+        t = run_worker(w)
+        started = time.monotonic()
+        try:
+            job = _terminal(client, jid)
+            wait_for(lambda: len(stops) == 1)
+        finally:
+            w.stop()
+            t.join(20)
+    assert job.state == "dead"
+    _ended_at_deadline(client, jid)
+    assert stops == ["deadline"]
+    beats = skew.of(jid)
+    assert len(beats) >= 2 and beats[-1][0] == 409 and beats[-1][1] < started + 3.0, beats
+    assert (w.report.failed, w.report.lost) == (1, 0)
+
+
 def test_checkpoint_keeps_the_first_stored_value(client: idemq.Client, uniq: Callable[[str], str]) -> None:
     q = uniq("race")
     got: List[Any] = []

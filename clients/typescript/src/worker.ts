@@ -222,8 +222,9 @@ const refusedResult = (err: unknown) =>
  * Runs handlers for claimed jobs: long-polls for as many jobs as it has free
  * slots, heartbeats each every lease/3, enforces the timeout locally, asks
  * the server at a job's deadline (the server ends the attempt there, on its
- * clock), acknowledges completions in batches and, on shutdown, releases
- * the leases it cannot finish.
+ * clock), acknowledges completions in batches (that of a job with a
+ * deadline at once: it gets no heartbeat after its handler returned) and,
+ * on shutdown, releases the leases it cannot finish.
  */
 export class Worker {
   readonly client: Client;
@@ -447,8 +448,13 @@ export class Worker {
         armWatchdog(sent);
         if (hb.cancelRequested) stop("cancelled");
       } catch (err) {
-        if (err instanceof LeaseLostError) loseLease();
-        else this.#onError(err, job);
+        if (err instanceof LeaseLostError) {
+          // With a deadline, any heartbeat may find the attempt ended by the
+          // server: its clock may be past the deadline before this worker's
+          // estimate says so.
+          if (job.deadline !== null && (await this.#endedByServer(job))) stop("deadline");
+          else loseLease();
+        } else this.#onError(err, job);
       }
     };
     const heartbeats = setInterval(() => void beat(), this.#o.heartbeatIntervalMs);
@@ -522,16 +528,31 @@ export class Worker {
       for (const t of timers) clearTimeout(t);
       asking = false;
       clearTimeout(askTimer);
+      if (job.deadline !== null) {
+        // No heartbeat once the handler returned: past the deadline on the
+        // server's clock, one would end the attempt there, and the
+        // completion would be refused. The completion goes at once instead,
+        // within the lease left from the last renewal.
+        beating = false;
+        clearInterval(heartbeats);
+      }
       handlerDone();
       if (leaseLost) {
         this.#report.lost++;
         return;
       }
       if (outcome.kind === "ok") {
-        const record = this.#enqueueCompletion(job, outcome.value);
-        const first = await Promise.race([record.done, lost.then(() => undefined)]);
-        if (first === undefined) this.#abandon(record);
-        const ack = await record.done;
+        let ack: CompletionResult;
+        if (job.deadline !== null) {
+          ack = await this.#completeNow(job, outcome.value, lost, () => leaseLost);
+        } else {
+          // The heartbeat goes on while the completion waits for a claim or
+          // a batch to carry it.
+          const record = this.#enqueueCompletion(job, outcome.value);
+          const first = await Promise.race([record.done, lost.then(() => undefined)]);
+          if (first === undefined) this.#abandon(record);
+          ack = await record.done;
+        }
         if (!ack.ok && refusedResult(ack.error)) {
           await this.#sendFail(job, { error: describe(`the handler's result was refused: ${ack.error.message}`), retryable: false });
           return;
@@ -583,9 +604,10 @@ export class Worker {
   }
 
   /**
-   * Whether the server ended this attempt when a heartbeat at its deadline
-   * found the lease gone (at the deadline, or at its timeout, as a heartbeat
-   * then records it), rather than the attempt being another's already.
+   * Whether the server ended this attempt when a heartbeat of a job with a
+   * deadline found the lease gone (at the deadline, or at its timeout, as a
+   * heartbeat then records it), rather than the attempt being another's
+   * already.
    */
   async #endedByServer(job: ClaimedJob): Promise<boolean> {
     try {
@@ -593,6 +615,24 @@ export class Worker {
       return now.attempt === job.attempt && now.state !== "active" && now.state !== "completed";
     } catch {
       return false;
+    }
+  }
+
+  /**
+   * Records a completion in a call of its own, at once; a transient failure
+   * is tried again while the lease may still be this worker's.
+   */
+  async #completeNow(job: ClaimedJob, result: unknown, lost: Promise<void>, isLost: () => boolean): Promise<CompletionResult> {
+    for (;;) {
+      try {
+        const r = await this.client.complete(job.id, job.leaseToken, result);
+        return { ok: true, state: r.state };
+      } catch (err) {
+        if (err instanceof ApiError && !transient(err)) return { ok: false, error: err };
+        this.#onError(err, job);
+        await Promise.race([wait(500), lost]);
+        if (isLost()) return { ok: false, error: leaseLost(job.id) };
+      }
     }
   }
 

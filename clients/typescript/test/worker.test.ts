@@ -499,6 +499,101 @@ test("while the server cannot be reached the deadline is asked again with backof
   assert.ok(w.errors.length >= down.length, "each failed question is reported to onError");
 });
 
+/**
+ * A fetch that holds every request carrying a completion (a claim carrying
+ * some, a batch, a completion of its own) for `holdMs` before it goes to the
+ * server, as a busy network or a long claim queue would. Records every
+ * heartbeat with the instant it was sent and its answer.
+ */
+function slowCompletions(holdMs: number) {
+  const beats: { id: string; status: number; at: number }[] = [];
+  let held = 0;
+  const f: typeof fetch = async (input, init) => {
+    const path = new URL(input instanceof Request ? input.url : String(input)).pathname;
+    const body = String(init?.body ?? "");
+    if (path.endsWith("/complete") || (path === "/v1/claim" && body.includes('"complete":['))) {
+      held++;
+      await sleep(holdMs);
+    }
+    const sent = Date.now();
+    const res = await fetch(input, init);
+    if (path.endsWith("/heartbeat")) beats.push({ id: decodeURIComponent(path.split("/").at(-2)!), status: res.status, at: sent });
+    return res;
+  };
+  return { fetch: f, held: () => held, of: (id: string) => beats.filter((b) => b.id === id) };
+}
+
+test("no heartbeat ends an attempt whose handler returned before the deadline", async () => {
+  const queue = `late-beat-${uid()}`;
+  const deadline = new Date(Date.now() + 1_500);
+  const id = await client.enqueue("finish", null, { queue, deadline, ...wouldRetry });
+  // Held for more than two heartbeat intervals: without care, a heartbeat
+  // goes out while it waits, past the deadline, and ends the attempt on the
+  // server (dead, deadline); the completion is then refused.
+  const slow = slowCompletions(700);
+  let returned = 0;
+  const w = startWorker(
+    {
+      queues: [queue],
+      leaseMs: 4_000,
+      heartbeatIntervalMs: 300,
+      handlers: {
+        finish: async () => {
+          await idle(deadline.getTime() - 100 - Date.now());
+          returned = Date.now();
+          return "in time";
+        },
+      },
+    },
+    new Client({ baseUrl: server.url, fetch: slow.fetch }),
+  );
+  const job = await terminal(id, 10_000);
+  const report = await w.stop();
+  assert.deepEqual([job.state, job.result], ["completed", "in time"], `last error ${job.lastError}`);
+  assert.ok(slow.held() > 0, "no completion was held");
+  // None went out after the handler returned (a few ms for one already on its way).
+  const beats = slow.of(id);
+  assert.ok(
+    beats.every((b) => b.status === 200 && b.at <= returned + 50 && b.at < deadline.getTime()),
+    `returned at ${returned}, deadline ${deadline.getTime()}: ${JSON.stringify(beats)}`,
+  );
+  assert.deepEqual([report.completed, report.lost, report.failed], [1, 0, 0]);
+});
+
+test("a regular heartbeat that finds the deadline passed reports the deadline, not a lost lease", async () => {
+  const queue = `behind-${uid()}`;
+  const deadline = new Date(Date.now() + 1_000);
+  const id = await client.enqueue("hang", null, { queue, deadline, ...wouldRetry });
+  const reasons: unknown[] = [];
+  // The worker believes the server's clock 3 s behind: it would ask about
+  // the deadline 3 s after it passed, so a regular heartbeat finds it first.
+  const skew = skewed({ aheadMs: -3_000 });
+  const w = startWorker(
+    {
+      queues: [queue],
+      leaseMs: 3_000,
+      heartbeatIntervalMs: 250,
+      handlers: {
+        hang: async (ctx) => {
+          ctx.signal.addEventListener("abort", () => reasons.push((ctx.signal.reason as JobInterrupted).reason));
+          await idle(8_000);
+          return "too late";
+        },
+      },
+    },
+    new Client({ baseUrl: server.url, fetch: skew.fetch }),
+  );
+  const job = await terminal(id, 10_000);
+  await waitFor("the handler's stop", async () => reasons.length > 0);
+  const report = await w.stop();
+  assert.equal(job.state, "dead");
+  await endedAtDeadline(id);
+  assert.deepEqual(reasons, ["deadline"]);
+  const beats = skew.of(id);
+  assert.ok(beats.length >= 2 && beats.at(-1)!.status === 409 && beats.at(-1)!.at < deadline.getTime() + 2_000, JSON.stringify(beats));
+  assert.deepEqual([report.failed, report.lost], [1, 0]);
+});
+
 test("graceful shutdown lets short handlers finish and releases the rest", async () => {
   const queue = `shutdown-${uid()}`;
   const quick = await client.enqueue("quick", null, { queue });

@@ -420,6 +420,10 @@ class Worker:
         reason: Optional[str] = None
 
         while True:
+            # Heartbeats end with the handler: after it, one that reached the
+            # server past the job's deadline would end the attempt there and
+            # the completion would be refused. The completion goes within the
+            # lease left from the last renewal.
             if out.done.wait(0.05):
                 break
             now = time.monotonic()
@@ -434,9 +438,11 @@ class Worker:
                 try:
                     beat = self.client.heartbeat(job.id, job.lease_token)
                 except (LeaseLostError, NotFoundError):
-                    # Another attempt owns it, it was purged, or (asked at the
-                    # deadline) the server ended this attempt there.
-                    reason = self._lease_gone_reason(job) if asking else "lease_lost"
+                    # Another attempt owns it, it was purged, or (for a job with
+                    # a deadline) the server ended this attempt there: its clock
+                    # may be past the deadline before this worker's estimate is,
+                    # so any heartbeat of such a job may be the one to find it.
+                    reason = self._lease_gone_reason(job) if job.deadline is not None else "lease_lost"
                 except IdemqError as exc:
                     if asking:
                         # The server decides, and cannot be asked: the handler
@@ -501,7 +507,7 @@ class Worker:
         return local_now + max(0.0, (job.deadline - server_now).total_seconds())
 
     def _lease_gone_reason(self, job: ClaimedJob) -> str:
-        """Why a heartbeat sent at the job's deadline found the lease gone:
+        """Why a heartbeat of a job with a deadline found the lease gone:
         ``deadline`` when the server ended this attempt there (or at its timeout,
         as a heartbeat then records it), ``lease_lost`` when the attempt was no
         longer this worker's."""
