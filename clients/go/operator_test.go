@@ -348,3 +348,25 @@ func TestHealthReadsDurability(t *testing.T) {
 		t.Fatalf("sent %v", canned.paths)
 	}
 }
+
+// "." and ".." are valid job ids; Go's client sends them as path segments
+// as they are, and the server reads them so.
+func TestJobIDsOfDotsAreReachable(t *testing.T) {
+	c := newTestClient()
+	ctx := ctxT(t)
+	q := uniq("dots")
+	for _, id := range []string{".", ".."} {
+		got, err := c.Enqueue(ctx, "dots.job", map[string]any{"id": id}, &EnqueueOptions{JobID: id, Queue: q})
+		if err != nil || got != id {
+			t.Fatalf("enqueue %q: %q %v", id, got, err)
+		}
+		job, err := c.GetJob(ctx, id)
+		if err != nil || job.ID != id || job.Queue != q {
+			t.Fatalf("get %q: %+v %v", id, job, err)
+		}
+		cancelled, err := c.CancelJob(ctx, id)
+		if err != nil || cancelled.State != StateCancelled {
+			t.Fatalf("cancel %q: %+v %v", id, cancelled, err)
+		}
+	}
+}

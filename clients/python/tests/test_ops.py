@@ -272,3 +272,14 @@ def test_async_client_covers_the_same_calls(server: Server, uniq: Callable[[str]
             assert await c.pause(q) is True and await c.resume(q) is False
 
     asyncio.run(main())
+
+
+def test_job_ids_of_dots_are_reachable(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    # "." and ".." are valid job ids; a URL would drop them as dot segments.
+    q = uniq("dots")
+    for jid in (".", ".."):
+        assert client.enqueue("dots.job", {"id": jid}, queue=q, job_id=jid) == jid
+        job = client.get_job(jid)
+        assert (job.id, job.queue) == (jid, q)
+        assert [e.kind for e in client.events(jid)][0] == "accepted"
+        assert client.cancel(jid)["state"] == "cancelled"

@@ -121,7 +121,21 @@ export function idempotencyHeader(key: string): string {
   return `"${key.replace(/[\\"]/g, (c) => `\\${c}`)}"`;
 }
 
-const seg = (s: string) => encodeURIComponent(s);
+/**
+ * One path segment, percent-encoded. A segment that is "." or ".." (a valid
+ * job id) cannot be sent by `fetch`: its URL parser drops dot segments,
+ * encoded (`%2E`) or not, so the request would reach another path. It is
+ * refused before anything is sent; such a job is reachable with the Go or
+ * Python client, or `curl --path-as-is`.
+ */
+const seg = (s: string) => {
+  if (s === "." || s === "..") {
+    throw new TypeError(
+      `the path segment "${s}" cannot be sent by fetch (URLs drop dot segments): reach this job with the Go or Python client, or curl --path-as-is`,
+    );
+  }
+  return encodeURIComponent(s);
+};
 
 /**
  * The idemq HTTP API v1. Every method returns a promise and raises an

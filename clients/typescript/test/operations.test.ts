@@ -123,6 +123,17 @@ test("an unknown job is NotFoundError", async () => {
   assert.equal(err.problemType, "not-found");
 });
 
+test("a job id of dots is refused before any request: fetch cannot send it", async () => {
+  for (const id of [".", ".."]) {
+    assert.equal(await client.enqueue("dots", 1, { jobId: id }), id);
+    for (const call of [() => client.getJob(id), () => client.cancel(id), () => client.jobEvents(id)]) {
+      const err = await call().catch((e: unknown) => e);
+      assert.ok(err instanceof TypeError, String(err));
+      assert.match(err.message, /dot segments/);
+    }
+  }
+});
+
 test("cancel, purge and promote", async () => {
   const queue = `ops-${uid()}`;
   const waiting = await client.enqueue("op", null, { queue });

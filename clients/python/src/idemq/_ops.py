@@ -89,8 +89,13 @@ class Op(Generic[T]):
 
 
 def seg(value: str) -> str:
-    """One path segment, percent-encoded."""
-    return quote(str(value), safe="")
+    """One path segment, percent-encoded. A segment that is ``.`` or ``..``
+    (a valid job id) would be read as a dot segment and dropped from the
+    URL, so its dots are sent encoded (``%2E``); the server decodes them."""
+    s = quote(str(value), safe="")
+    if s in (".", ".."):
+        return s.replace(".", "%2E")
+    return s
 
 
 def header_key(key: str) -> str:

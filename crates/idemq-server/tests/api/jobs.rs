@@ -14,6 +14,7 @@ instantiate!(
     redrive_dead_jobs,
     bulk_actions,
     ids_named_like_fixed_routes,
+    ids_of_dots_are_answered_as_sent_or_encoded,
 );
 
 async fn get_and_list(b: Backend) {
@@ -555,5 +556,34 @@ async fn ids_named_like_fixed_routes(b: Backend) {
         )
         .await;
     assert_eq!(a.ok(200).clone(), json!({"matched": 1, "done": 1}));
+    s.stop().await;
+}
+
+/// `.` and `..` are valid job ids. URL parsers drop such dot segments, so
+/// this sends its requests over a raw socket: the server answers the job for
+/// the id as written and with its dots percent-encoded (what the Python
+/// client sends).
+async fn ids_of_dots_are_answered_as_sent_or_encoded(b: Backend) {
+    let s = Server::start(b).await;
+    for id in [".", ".."] {
+        let got = s.enqueue(json!({"type": "dots", "job_id": id})).await;
+        assert_eq!(got, id);
+        for path in [id.to_owned(), id.replace('.', "%2E")] {
+            let (status, text) = s
+                .raw(&format!(
+                    "GET /v1/jobs/{path} HTTP/1.1\r\nHost: {{addr}}\r\nConnection: close\r\n\r\n"
+                ))
+                .await;
+            assert_eq!(status, 200, "{path}: {text}");
+            assert!(text.contains(&format!("\"id\":\"{id}\"")), "{path}: {text}");
+            let (status, text) = s
+                .raw(&format!(
+                    "GET /v1/jobs/{path}/events HTTP/1.1\r\nHost: {{addr}}\r\nConnection: close\r\n\r\n"
+                ))
+                .await;
+            assert_eq!(status, 200, "{path}/events: {text}");
+            assert!(text.contains("\"accepted\""), "{path}/events: {text}");
+        }
+    }
     s.stop().await;
 }
