@@ -415,18 +415,33 @@ def test_deadline_ends_the_job_dead_on_the_server(client: idemq.Client, uniq: Ca
     assert (w.report.failed, w.report.lost, w.report.completed) == (1, 0, 0)
 
 
-class Skewed(httpx.BaseTransport):
+class HeartbeatLog(httpx.BaseTransport):
+    """A transport to the real server that records every heartbeat in
+    ``beats``: (job id, status, monotonic instant)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.beats: List[Tuple[str, Any, float]] = []
+        self.lock = threading.Lock()
+
+    def of(self, job_id: str) -> List[Tuple[Any, float]]:
+        with self.lock:
+            return [(status, at) for j, status, at in self.beats if j == job_id]
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Skewed(HeartbeatLog):
     """Makes a worker's clock disagree with the server's: claim answers say the
     lease expires ``ahead`` seconds later than it does (the server's clock seems
     ahead), and heartbeats fail as unreachable until ``down_until`` (monotonic).
     Records every heartbeat: (job id, status or "down", monotonic instant)."""
 
     def __init__(self, ahead: float = 0.0, down_until: float = 0.0) -> None:
-        self.inner = httpx.HTTPTransport()
+        super().__init__()
         self.ahead = ahead
         self.down_until = down_until
-        self.beats: List[Tuple[str, Any, float]] = []
-        self.lock = threading.Lock()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -447,13 +462,6 @@ class Skewed(httpx.BaseTransport):
                 j["lease_expires_at"] = (at + dt.timedelta(seconds=self.ahead)).isoformat()
             return httpx.Response(200, headers={"content-type": "application/json"}, content=json.dumps(body).encode())
         return resp
-
-    def of(self, job_id: str) -> List[Tuple[Any, float]]:
-        with self.lock:
-            return [(status, at) for j, status, at in self.beats if j == job_id]
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def test_deadline_waits_for_the_servers_clock(server: Server, client: idemq.Client, uniq: Callable[[str], str]) -> None:
@@ -537,18 +545,16 @@ def test_deadline_is_asked_again_while_the_server_is_unreachable(server: Server,
     assert (w.report.failed, w.report.lost) == (1, 0)
 
 
-class SlowCompletions(httpx.BaseTransport):
+class SlowCompletions(HeartbeatLog):
     """Holds every request carrying a completion (a claim carrying some, a batch,
     a completion of its own) for ``hold`` seconds before it goes to the server, as
     a busy network or a long claim queue would. Records every heartbeat:
     (job id, status, the monotonic instant it was sent)."""
 
     def __init__(self, hold: float) -> None:
-        self.inner = httpx.HTTPTransport()
+        super().__init__()
         self.hold = hold
         self.held = 0
-        self.beats: List[Tuple[str, int, float]] = []
-        self.lock = threading.Lock()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
@@ -565,13 +571,6 @@ class SlowCompletions(httpx.BaseTransport):
             with self.lock:
                 self.beats.append((path.split("/")[-2], resp.status_code, sent))
         return resp
-
-    def of(self, job_id: str) -> List[Tuple[int, float]]:
-        with self.lock:
-            return [(status, at) for j, status, at in self.beats if j == job_id]
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def test_no_heartbeat_ends_an_attempt_whose_handler_returned(server: Server, client: idemq.Client, uniq: Callable[[str], str]) -> None:
