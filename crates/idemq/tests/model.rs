@@ -503,6 +503,8 @@ enum Obs {
     /// (state, next run_at)
     Failed(Result<(JobState, Option<i64>), ErrObs>),
     Cancel(Result<(bool, JobState), ErrObs>),
+    /// The state a release left the job in.
+    Released(Result<JobState, ErrObs>),
     Bool(Result<bool, ErrObs>),
     Count(u64),
     Advanced(i64),
@@ -1309,9 +1311,10 @@ impl Model {
                 };
                 self.end_attempt(&id, end)
             })),
-            Step::Release(t) => Obs::Unit(self.holder(*t).map(|id| {
-                self.end_attempt(&id, End::Released);
-            })),
+            Step::Release(t) => Obs::Released(
+                self.holder(*t)
+                    .map(|id| self.end_attempt(&id, End::Released).0),
+            ),
             Step::Cancel(id) => Obs::Cancel(if self.jobs.contains_key(id) {
                 Ok(self.cancel_one(id))
             } else {
@@ -1482,7 +1485,7 @@ impl Backend<'_> {
             }
             Step::Release(t) => {
                 let (id, tok) = &self.tokens[*t];
-                Obs::Unit(q.release(id, tok).await.map(drop).map_err(|e| err_obs(&e)))
+                Obs::Released(q.release(id, tok).await.map_err(|e| err_obs(&e)))
             }
             Step::Cancel(id) => Obs::Cancel(
                 q.cancel(&self.b(id))
