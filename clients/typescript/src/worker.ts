@@ -438,6 +438,13 @@ export class Worker {
       watchdog = setTimeout(loseLease, Math.max(0, from + this.#o.leaseMs - Date.now()));
     };
     armWatchdog(Date.now());
+    // A heartbeat answered lease-lost. For a job with a deadline the server
+    // may have ended the attempt there (its clock may be past the deadline
+    // before this worker's estimate says so): it is asked which.
+    const leaseGone = async () => {
+      if (job.deadline !== null && (await this.#endedByServer(job))) stop("deadline");
+      else loseLease();
+    };
     let beating = true;
     const beat = async () => {
       if (!beating) return;
@@ -448,13 +455,8 @@ export class Worker {
         armWatchdog(sent);
         if (hb.cancelRequested) stop("cancelled");
       } catch (err) {
-        if (err instanceof LeaseLostError) {
-          // With a deadline, any heartbeat may find the attempt ended by the
-          // server: its clock may be past the deadline before this worker's
-          // estimate says so.
-          if (job.deadline !== null && (await this.#endedByServer(job))) stop("deadline");
-          else loseLease();
-        } else this.#onError(err, job);
+        if (err instanceof LeaseLostError) await leaseGone();
+        else this.#onError(err, job);
       }
     };
     const heartbeats = setInterval(() => void beat(), this.#o.heartbeatIntervalMs);
@@ -493,9 +495,7 @@ export class Worker {
       } catch (err) {
         if (!asking) return;
         if (err instanceof LeaseLostError) {
-          // The server ended the attempt (at its deadline), or it was no longer ours.
-          if (await this.#endedByServer(job)) stop("deadline");
-          else loseLease();
+          await leaseGone();
         } else {
           // The server cannot be asked: the handler goes on, and the question is asked again.
           this.#onError(err, job);
