@@ -722,6 +722,10 @@ async fn supervise(
                     Ok(_) => Ended::Released,
                     Err(_) => lost_or_completed_in_tx(&queue, &ctx).await,
                 },
+                // Any heartbeat of a job with a deadline may find the
+                // attempt ended there by the store (its clock past the
+                // deadline before this worker's reckoning is): it says which.
+                Stop::LeaseLost if job.deadline.is_some() => ended_by_store(&queue, &ctx).await,
                 _ => lost_or_completed_in_tx(&queue, &ctx).await,
             };
         }

@@ -22,6 +22,7 @@ idemq_testkit::instantiate!(
     timeout_interrupts_the_handler,
     a_handler_that_panics_when_interrupted_fails_only_its_attempt,
     deadline_interrupts_the_handler,
+    a_regular_heartbeat_past_the_deadline_is_the_deadline,
     cancel_of_a_running_job_stops_it_at_the_next_heartbeat,
     checkpoint_is_not_run_again_on_a_later_attempt,
     shutdown_releases_jobs_past_the_grace_period,
@@ -341,6 +342,75 @@ async fn a_handler_that_panics_when_interrupted_fails_only_its_attempt(h: Harnes
             .unwrap_or_default()
             .contains("timed out")
     );
+}
+
+/// The store's clock passes the deadline long before the worker's own timer
+/// says so: a regular heartbeat, not the question asked at the deadline, is
+/// the first to find the attempt ended there. That is the deadline (a
+/// failed attempt, the job dead), not a lost lease.
+async fn a_regular_heartbeat_past_the_deadline_is_the_deadline(h: Harness) {
+    let deadline = h.now().await + chrono::Duration::seconds(3);
+    let id = h
+        .put(
+            EnqueueRequest::new("t")
+                .deadline(deadline)
+                .max_attempts(5)
+                .retry(RetryPolicy::Fixed { delay_ms: 1 }),
+        )
+        .await;
+    let starts = Arc::new(AtomicUsize::new(0));
+    let s = starts.clone();
+    // Heartbeats every 2 s; the worker would ask about the deadline 3 s
+    // after the claim.
+    let w = worker(&h).lease(Duration::from_secs(6)).handle(
+        "t",
+        move |_c: HandlerContext, _p: Value| {
+            let s = s.clone();
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                Ok::<_, JobError>(())
+            }
+        },
+    );
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(w.run(async move {
+        let _ = rx.await;
+    }));
+    let start = tokio::time::Instant::now();
+    while starts.load(Ordering::SeqCst) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the handler did not start in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The clock of record reaches the deadline at once; the lease (6 s on
+    // that clock) still holds at the first heartbeat, 2 s on.
+    h.advance(Duration::from_secs(3));
+    while state(&h, &id).await != JobState::Dead {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the job was not dead in 30 s: {:?}",
+            h.event_kinds(&id).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = tx.send(());
+    let report = handle.await.expect("worker task").expect("worker run");
+    assert_eq!(starts.load(Ordering::SeqCst), 1, "one attempt only");
+    assert_eq!((report.completed, report.failed, report.lost), (0, 1, 0));
+    let dead: Vec<Value> = h
+        .queue
+        .events(&id)
+        .await
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.kind == "dead")
+        .map(|e| e.data)
+        .collect();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0]["reason"], "deadline");
 }
 
 async fn deadline_interrupts_the_handler(h: Harness) {
