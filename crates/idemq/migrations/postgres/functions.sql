@@ -754,7 +754,7 @@ BEGIN
                 -- Past its deadline: never started.
                 UPDATE idemq.jobs j SET state = 'dead', finished_at = v_now,
                     purge_after = idemq.keep_until(j.keep_ms, 'dead', v_now),
-                    last_error = coalesce(j.last_error, 'deadline'), updated_at = v_now
+                    last_error = 'deadline', updated_at = v_now
                 WHERE j.id = c.id;
                 PERFORM idemq.event(c.id, 'dead', v_now, jsonb_build_object('reason', 'deadline'));
                 CONTINUE;

@@ -29,6 +29,9 @@ idemq_testkit::instantiate!(
     concurrency_key_is_freed_by_fail_and_not_held_by_a_retry,
     concurrency_keys_are_global_across_queues,
     a_passed_deadline_behind_a_held_key_is_found_once_the_key_is_free,
+    a_backlog_behind_a_held_key_hides_no_other_job,
+    a_freed_key_offers_its_next_job_to_every_queue_and_type,
+    a_freed_key_goes_on_when_its_next_job_is_cancelled,
     stale_token_is_refused_and_changes_nothing,
     token_is_dead_after_the_attempt_ends,
     complete_many_records_each_and_refuses_stale_items,
@@ -74,6 +77,7 @@ idemq_testkit::instantiate!(
     checkpoint_is_seen_by_a_later_attempt,
     oversized_result_and_checkpoint_are_refused,
     due_job_past_its_deadline_is_not_started,
+    a_retry_past_its_deadline_ends_with_the_deadline_as_its_error,
     redrive_puts_a_dead_job_back_to_ready,
     redrive_of_a_job_that_is_not_dead_is_refused,
     redrive_with_a_key_is_replayed_not_repeated,
@@ -562,6 +566,112 @@ async fn a_passed_deadline_behind_a_held_key_is_found_once_the_key_is_free(h: Ha
     assert!(h.claim(10).await.is_empty());
     assert_eq!(state(&h, &b).await, JobState::Dead);
     assert_eq!(last_event(&h, &b, "dead").await["reason"], "deadline");
+}
+
+/// Many due jobs whose concurrency key is held, ahead of a free job in
+/// claim order: a claim passes over all of them and hands out the free
+/// job; once the key frees, the backlog goes on one job at a time, oldest
+/// first. (A Redis claim walks its lanes entry by entry; it moves such
+/// jobs aside, docs/storage.md.)
+async fn a_backlog_behind_a_held_key_hides_no_other_job(h: Harness) {
+    let a = h.put(job("t").concurrency_key("k")).await;
+    let ca = claim_id(&h, &a).await;
+    let mut backlog = Vec::new();
+    for n in [1000, 500] {
+        let reqs = (0..n).map(|_| job("t").concurrency_key("k")).collect();
+        for r in h
+            .queue
+            .enqueue_many(reqs, idemq::BatchOptions::default())
+            .await
+            .expect("batch")
+        {
+            backlog.push(r.expect("item").job_id);
+        }
+    }
+    let free = h.put(job("t")).await;
+    assert_eq!(ids(&h.claim(10).await), vec![free.clone()]);
+    assert!(h.claim(10).await.is_empty(), "key k is held by {a}");
+    let queues = h.queue.queues().await.expect("queues");
+    let default = queues
+        .iter()
+        .find(|q| q.name == "default")
+        .expect("default");
+    assert_eq!(default.counts.ready, 1500);
+    assert_eq!(default.counts.active, 2);
+    // Enqueued while the backlog waits: not hidden either.
+    let later = h.put(job("t")).await;
+    assert_eq!(ids(&h.claim(10).await), vec![later]);
+
+    complete(&h, &ca).await;
+    let mut previous = ca;
+    for expected in &backlog[..3] {
+        let next = h.claim(10).await;
+        assert_eq!(
+            &ids(&next),
+            &[expected.clone()],
+            "the backlog goes on in order"
+        );
+        assert!(h.claim(10).await.is_empty(), "key k is held by {expected}");
+        complete(&h, &next[0]).await;
+        previous = next.into_iter().next().expect("claimed");
+    }
+    assert_eq!(state(&h, &previous.id).await, JobState::Completed);
+    let queues = h.queue.queues().await.expect("queues");
+    let default = queues
+        .iter()
+        .find(|q| q.name == "default")
+        .expect("default");
+    assert_eq!(default.counts.ready, 1497);
+}
+
+/// When a concurrency key frees, its next job is found by a claim of any
+/// queue and type that has one: jobs of the key in a paused queue, or of a
+/// type no worker claims, do not hold up the others, and priority decides
+/// among those a claim can take.
+async fn a_freed_key_offers_its_next_job_to_every_queue_and_type(h: Harness) {
+    let a = h.put(job("t").concurrency_key("k")).await;
+    let ca = claim_id(&h, &a).await;
+    let elsewhere = h.put(job("t").queue("other").concurrency_key("k")).await;
+    let untaken = h.put(job("u").concurrency_key("k")).await;
+    let low = h.put(job("t").concurrency_key("k")).await;
+    let high = h.put(job("t").concurrency_key("k").priority(5)).await;
+    // A claim of every queue and type meets all four while `a` holds k.
+    assert!(h.claim(10).await.is_empty(), "key k is held by {a}");
+    h.queue.pause("other").await.expect("pause");
+    complete(&h, &ca).await;
+    let only_t = ClaimOptions {
+        types: Some(vec!["t".into()]),
+        limit: 10,
+        ..ClaimOptions::default()
+    };
+    let ch = h.claim_with(only_t.clone()).await;
+    assert_eq!(ids(&ch), vec![high.clone()]);
+    complete(&h, &ch[0]).await;
+    let cl = h.claim_with(only_t.clone()).await;
+    assert_eq!(ids(&cl), vec![low.clone()]);
+    complete(&h, &cl[0]).await;
+    // Nothing of type t is left in an unpaused queue.
+    assert!(h.claim_with(only_t).await.is_empty());
+    let cu = h.claim(10).await;
+    assert_eq!(ids(&cu), vec![untaken.clone()]);
+    complete(&h, &cu[0]).await;
+    assert!(h.claim(10).await.is_empty(), "`other` is paused");
+    h.queue.resume("other").await.expect("resume");
+    assert_eq!(ids(&h.claim(10).await), vec![elsewhere]);
+}
+
+/// A key's next job cancelled before any claim takes it: the key goes on
+/// to the job after it.
+async fn a_freed_key_goes_on_when_its_next_job_is_cancelled(h: Harness) {
+    let a = h.put(job("t").concurrency_key("k")).await;
+    let ca = claim_id(&h, &a).await;
+    let b = h.put(job("t").concurrency_key("k")).await;
+    let c = h.put(job("t").concurrency_key("k")).await;
+    assert!(h.claim(10).await.is_empty(), "key k is held by {a}");
+    complete(&h, &ca).await;
+    let out = h.queue.cancel(&b).await.expect("cancel");
+    assert_eq!(out.state, JobState::Cancelled);
+    assert_eq!(ids(&h.claim(10).await), vec![c]);
 }
 
 async fn concurrency_keys_are_global_across_queues(h: Harness) {
@@ -1870,6 +1980,23 @@ async fn due_job_past_its_deadline_is_not_started(h: Harness) {
     assert!(h.queue.runs(&late).await.unwrap().is_empty());
     assert_eq!(h.event_kinds(&late).await, vec!["accepted", "dead"]);
     assert_eq!(last_event(&h, &late, "dead").await["reason"], "deadline");
+}
+
+/// A job waiting for its retry when its deadline passes ends `dead` at the
+/// next claim with `deadline` as its last error, not its attempt's error.
+async fn a_retry_past_its_deadline_ends_with_the_deadline_as_its_error(h: Harness) {
+    let deadline = at(h.now().await, secs(10));
+    let id = h.put(job("t").deadline(deadline)).await;
+    let c = claim_id(&h, &id).await;
+    let out = fail(&h, &c, error("flaky")).await;
+    assert_eq!(out.state, JobState::Scheduled);
+    assert_eq!(h.job(&id).await.last_error, some("flaky"));
+    h.advance_ms(15_000);
+    assert!(h.claim(10).await.is_empty());
+    let j = h.job(&id).await;
+    assert_eq!(j.state, JobState::Dead);
+    assert_eq!(j.last_error, some("deadline"));
+    assert_eq!(last_event(&h, &id, "dead").await["reason"], "deadline");
 }
 
 // ---------------------------------------------------------------- redrive

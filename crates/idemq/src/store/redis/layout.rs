@@ -5,7 +5,7 @@
 //! maintenance functions sweep what the stored times say is over.
 //!
 //! Installation:
-//! - `P layout`: the data layout version ([`super::LAYOUT`], now 2);
+//! - `P layout`: the data layout version ([`super::LAYOUT`], now 3);
 //! - `P version`: the version of the function library the installation was
 //!   migrated for (the library is `idemq_<version>`, its functions
 //!   `idemq_<version>_<operation>`);
@@ -43,6 +43,13 @@
 //!   lists the lanes, a lane without jobs has no field;
 //! - `P leases` (zset lease expiry → id): active jobs; `P ck:<key>` → the
 //!   id of the active job holding a concurrency key;
+//! - parked jobs (layout 3): a due waiting job a claim met while its
+//!   concurrency key was held leaves its lane for
+//!   `P ckw:<key>|<queue>|<priority>|<type>` (zset run_at → its lane
+//!   member), counted in `P ckwl:<key>` (hash `<queue>|<priority>|<type>`
+//!   → count), the key in `P ckp` (set), its hash marked `parked` (`1`);
+//!   it still counts in its lane's `wl:` count. When the key frees, the
+//!   first parked job of each of the key's lanes returns to its lane;
 //! - `P purge` (zset purge_after → id): terminal jobs by retention;
 //! - `P dk:<type>|<dedupe key>` (set): pending jobs with that dedupe key.
 //!

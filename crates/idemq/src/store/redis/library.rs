@@ -15,7 +15,11 @@ use crate::request::defaults;
 /// index of every job (`jobs`) and no waiting count in `cnt:<queue>`;
 /// `idemq migrate` drops both from an installation of layout 1 (the
 /// library's `upgrade`), and a store refuses an older layout until then.
-pub const LAYOUT: i64 = 2;
+/// 3: waiting jobs whose concurrency key is held may be parked out of
+/// their lanes (layout.rs); nothing to convert, but a library of layout 2
+/// would neither see parked jobs nor put them back, so it must not run on
+/// such an installation.
+pub const LAYOUT: i64 = 3;
 
 /// The Lua sources, in the order they are joined: each file uses the
 /// locals of the files before it.

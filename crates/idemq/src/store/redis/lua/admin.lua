@@ -301,6 +301,8 @@ end)
 -- one; `idemq migrate` calls it before it records the new layout. Layout 2
 -- keeps no index of every job (a listing merges the queues' own) and no
 -- waiting count per queue (the sum of its lanes'): both are dropped.
+-- Layout 3 adds the parked entries of concurrency keys (common.lua), which
+-- start empty: nothing to convert from layout 2.
 reg('upgrade', function(args)
   local from = tonumber(args[3])
   if from >= 1 and from < 2 then

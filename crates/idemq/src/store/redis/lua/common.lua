@@ -19,6 +19,10 @@ local O = nil
 -- function returns (a batch of a thousand jobs is one wake-up, not a
 -- thousand).
 local WOKEN = {}
+-- The concurrency keys this call may have freed (their holder ended, or a
+-- waiting job of theirs left): each is settled once, when the function
+-- returns (settle below).
+local FREED = {}
 
 local function I(x)
   return string.format('%d', x)
@@ -56,6 +60,7 @@ local function begin(args)
   end
   O = { idem = {}, jobs = {}, dd = {}, writes = {} }
   WOKEN = {}
+  FREED = {}
 end
 
 -- A JSON string.
@@ -158,10 +163,101 @@ local function release_dedupe(j)
   end
 end
 
+-- Parked jobs. A due waiting job whose concurrency key is held by an
+-- active job cannot be claimed until the key frees; a claim that meets one
+-- moves its entry out of its lane into the key's parked entries, so later
+-- claims do not scan past it again (a backlog of one key would otherwise
+-- hide every job behind it). It stays waiting and counted in its lane's
+-- count (`wl:`), its hash marked `parked`. When the key frees, the best
+-- parked job of each of the key's lanes (by run_at, then acceptance) goes
+-- back to that lane: the key admits one active job, and one candidate per
+-- lane lets a claim of any queue and type find the key's next job (a
+-- paused queue's or an unclaimed type's candidate cannot hold up others).
+--   `ckw:<key>|<queue>|<priority>|<type>` (zset run_at → the lane member),
+--   `ckwl:<key>` (hash `<queue>|<priority>|<type>` → count),
+--   `ckp` (set of the keys with any).
+local function lfield(j)
+  return j.queue .. '|' .. wfield(j)
+end
+
+local function ckw(key, lf)
+  return P .. 'ckw:' .. key .. '|' .. lf
+end
+
+local function unlist_parked(key, lf, member)
+  if redis.call('ZREM', ckw(key, lf), member) == 0 then
+    return
+  end
+  local l = P .. 'ckwl:' .. key
+  if redis.call('HINCRBY', l, lf, -1) <= 0 then
+    redis.call('HDEL', l, lf)
+    if redis.call('EXISTS', l) == 0 then
+      redis.call('SREM', P .. 'ckp', key)
+    end
+  end
+end
+
+-- Moves a waiting job's entry from its lane (`lane`, `member`) to its
+-- key's parked entries.
+local function park(j, lane, member)
+  local key, lf = j.concurrency_key, lfield(j)
+  redis.call('ZREM', lane, member)
+  redis.call('ZADD', ckw(key, lf), j.run_at, member)
+  redis.call('HINCRBY', P .. 'ckwl:' .. key, lf, 1)
+  redis.call('SADD', P .. 'ckp', key)
+  redis.call('HSET', jkey(j.id), 'parked', '1')
+  j.parked = '1'
+end
+
+-- If no active job holds `key`, puts the best parked job of each of its
+-- lanes back in that lane; an entry whose job no longer waits parked there
+-- is dropped on the way.
+local function unpark(key)
+  if redis.call('EXISTS', P .. 'ck:' .. key) == 1 then
+    return
+  end
+  local l = P .. 'ckwl:' .. key
+  for _, lf in ipairs(redis.call('HKEYS', l)) do
+    for _ = 1, 100 do
+      local top = redis.call('ZRANGE', ckw(key, lf), 0, 0)
+      if #top == 0 then
+        redis.call('HDEL', l, lf)
+        break
+      end
+      local member = top[1]
+      unlist_parked(key, lf, member)
+      local j = load(member:sub(17))
+      if j and j.state == 'waiting' and j.parked and j.concurrency_key == key
+        and lfield(j) == lf and wmember(j) == member then
+        redis.call('HDEL', jkey(j.id), 'parked')
+        redis.call('ZADD', wkey(j), j.run_at, member)
+        WOKEN[j.queue] = true
+        break
+      end
+    end
+  end
+  if redis.call('EXISTS', l) == 0 then
+    redis.call('SREM', P .. 'ckp', key)
+  end
+end
+
+-- Settles the keys this call may have freed.
+local function settle()
+  for key in pairs(FREED) do
+    unpark(key)
+  end
+  FREED = {}
+end
+
 -- Adds a job to the indexes of its state.
 local function enter(j)
   local s = j.state
   if s == 'waiting' then
+    if j.parked then
+      -- Left by a library that did not unpark: a job enters its lane.
+      redis.call('HDEL', jkey(j.id), 'parked')
+      j.parked = nil
+    end
     redis.call('ZADD', wkey(j), j.run_at, wmember(j))
     redis.call('HINCRBY', P .. 'wl:' .. j.queue, wfield(j), 1)
   elseif s == 'active' then
@@ -195,7 +291,16 @@ end
 local function leave(j)
   local s = j.state
   if s == 'waiting' then
-    redis.call('ZREM', wkey(j), wmember(j))
+    if j.parked then
+      unlist_parked(j.concurrency_key, lfield(j), wmember(j))
+      redis.call('HDEL', jkey(j.id), 'parked')
+      j.parked = nil
+    else
+      redis.call('ZREM', wkey(j), wmember(j))
+    end
+    if j.concurrency_key then
+      FREED[j.concurrency_key] = true
+    end
     local wl = P .. 'wl:' .. j.queue
     if redis.call('HINCRBY', wl, wfield(j), -1) <= 0 then
       redis.call('HDEL', wl, wfield(j))
@@ -206,6 +311,7 @@ local function leave(j)
       local ck = P .. 'ck:' .. j.concurrency_key
       if redis.call('GET', ck) == j.id then
         redis.call('DEL', ck)
+        FREED[j.concurrency_key] = true
       end
     end
   else
@@ -319,6 +425,7 @@ local function reg(name, fn, readonly)
     callback = function(keys, args)
       begin(args)
       local r = fn(args)
+      settle()
       for queue in pairs(WOKEN) do
         redis.call('PUBLISH', P .. 'wake', queue)
       end

@@ -174,8 +174,11 @@ local function reap(limit)
   return n
 end
 
--- Candidates of a claim scanned past without taking them, at most.
-local SKIP_LIMIT = 1000
+-- Candidates a claim parks without taking them, at most: a bound on one
+-- call's work. Parked entries leave their lanes, so each is parked once
+-- and the next claim goes on past them; a backlog of one held key costs
+-- claims nothing after that.
+local SKIP_LIMIT = 10000
 local PAGE = 64
 
 local function claim_one(j, c)
@@ -202,6 +205,9 @@ local function claim(c)
     return claimed
   end
   reap(1000)
+  -- A key freed by the reap or by this call's completions offers its
+  -- parked job before the lanes are read.
+  settle()
   local queues = c.queues
   if #queues == 0 then
     queues = redis.call('SMEMBERS', P .. 'queues')
@@ -214,14 +220,16 @@ local function claim(c)
         local bar = string.find(f, '|', 2, true)
         local prio, jtype = tonumber(f:sub(1, bar - 1)), f:sub(bar + 1)
         if not c.types or c.types[jtype] then
-          lists[#lists + 1] = { key = P .. 'w:' .. q .. '|' .. f, prio = prio, buf = {}, pos = 1, skipped = 0, done = false }
+          lists[#lists + 1] = { key = P .. 'w:' .. q .. '|' .. f, prio = prio, buf = {}, pos = 1, done = false }
         end
       end
     end
   end
   local function head(l)
     if l.pos > #l.buf and not l.done then
-      l.buf = redis.call('ZRANGEBYSCORE', l.key, '-inf', I(NOW), 'WITHSCORES', 'LIMIT', l.skipped, PAGE)
+      -- Every entry read before has left the lane (claimed, parked or
+      -- dropped), so the next page starts at the lane's head again.
+      l.buf = redis.call('ZRANGEBYSCORE', l.key, '-inf', I(NOW), 'WITHSCORES', 'LIMIT', 0, PAGE)
       l.pos = 1
       if #l.buf < PAGE * 2 then
         l.done = true
@@ -259,16 +267,16 @@ local function claim(c)
       and redis.call('EXISTS', P .. 'ck:' .. j.concurrency_key) == 1 then
       -- Its key is held by a job that was active before this claim: not a
       -- candidate at all (as on SQL), so a passed deadline is left for the
-      -- claim that finds the key free.
-      best.skipped = best.skipped + 1
+      -- claim that finds the key free. Parked until then.
+      park(j, best.key, bm)
       skipped = skipped + 1
     elseif N(j.deadline) and N(j.deadline) <= NOW then
       -- Past its deadline: never started.
       finish(j, 'dead', tonumber(j.attempts_used), 'deadline')
       event(id, 'dead', obj('reason', js('deadline')))
     elseif j.concurrency_key and taken[j.concurrency_key] then
-      -- Its key was taken by this claim.
-      best.skipped = best.skipped + 1
+      -- Its key was taken by this claim: parked until that job ends.
+      park(j, best.key, bm)
       skipped = skipped + 1
     else
       if j.concurrency_key then
@@ -394,5 +402,12 @@ reg('checkpoint_put', function(args)
 end)
 
 reg('lease_reap', function(args)
-  return reap(tonumber(args[3]))
+  local n = reap(tonumber(args[3]))
+  -- Keys with parked jobs and no holder, a sample a pass: a key released by
+  -- an older version of this library, which does not unpark, is settled
+  -- here.
+  for _, key in ipairs(redis.call('SRANDMEMBER', P .. 'ckp', 100)) do
+    FREED[key] = true
+  end
+  return n
 end)
