@@ -298,6 +298,7 @@ func problemError(cl call, resp *http.Response, data []byte) *Error {
 	var doc map[string]any
 	if json.Unmarshal(data, &doc) == nil && doc != nil {
 		if t, ok := doc["type"].(string); ok {
+			e.Type = redact(t, cl.secrets)
 			if i := strings.LastIndex(t, "/problems/"); i >= 0 {
 				e.Kind = t[i+len("/problems/"):]
 			}
@@ -321,9 +322,7 @@ func problemError(cl call, resp *http.Response, data []byte) *Error {
 		}
 		e.Detail = d
 	}
-	if e.Kind == "" {
-		e.Kind = kindOfStatus(resp.StatusCode)
-	}
+	e.Kind = kindOf(e.Kind, e.Type, resp.StatusCode)
 	e.Title = redact(e.Title, cl.secrets)
 	e.Detail = redact(e.Detail, cl.secrets)
 	if ra := resp.Header.Get("Retry-After"); ra != "" {
@@ -365,6 +364,34 @@ func scrubValue(v any, secrets []string) any {
 	return v
 }
 
+// kindOf is the Kind of a problem named name (the end of its type, "" when
+// the type has no "/problems/"). A type this client does not know is read
+// by the status alone, as the Python client reads it: a 503 is unavailable
+// (and retried), a 409 (one of three distinct errors) and any status
+// without a problem type of its own are KindProtocol. Without a type,
+// kindOfStatus decides.
+func kindOf(name, typ string, status int) string {
+	if knownProblems[name] {
+		return name
+	}
+	if typ == "" {
+		return kindOfStatus(status)
+	}
+	switch status {
+	case 400, 401, 403, 404, 405, 413, 422, 500, 503:
+		return kindOfStatus(status)
+	}
+	return KindProtocol
+}
+
+var knownProblems = func() map[string]bool {
+	m := map[string]bool{}
+	for _, p := range ProblemTypes() {
+		m[p] = true
+	}
+	return m
+}()
+
 func kindOfStatus(status int) string {
 	switch status {
 	case 400:
@@ -397,6 +424,7 @@ func problemFromDoc(cl call, raw json.RawMessage, index int) error {
 	_ = json.Unmarshal(raw, &doc)
 	e := &Error{Method: cl.method, Path: cl.path, Index: -1, Members: map[string]any{}}
 	if t, ok := doc["type"].(string); ok {
+		e.Type = redact(t, cl.secrets)
 		if i := strings.LastIndex(t, "/problems/"); i >= 0 {
 			e.Kind = t[i+len("/problems/"):]
 		}
@@ -404,9 +432,7 @@ func problemFromDoc(cl call, raw json.RawMessage, index int) error {
 	if s, ok := doc["status"].(float64); ok {
 		e.Status = int(s)
 	}
-	if e.Kind == "" {
-		e.Kind = kindOfStatus(e.Status)
-	}
+	e.Kind = kindOf(e.Kind, e.Type, e.Status)
 	e.Title, _ = doc["title"].(string)
 	e.Detail, _ = doc["detail"].(string)
 	e.Title = redact(e.Title, cl.secrets)

@@ -1,11 +1,13 @@
 package idemq
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -153,6 +155,14 @@ func TestSafeRetriesAcrossALateServer(t *testing.T) {
 // unavailableProxy answers 503 with Retry-After to the first `fail`
 // requests, then forwards to the real server.
 func unavailableProxy(t *testing.T, fail int64, retryAfter string) (string, *int64) {
+	return problemProxy(t, fail, 503, retryAfter,
+		`{"type":"/problems/unavailable","title":"Service unavailable","status":503,"detail":"the backend is down or busy"}`)
+}
+
+// problemProxy answers the first `fail` requests with status and the
+// problem document body (and Retry-After, unless ""), then forwards to the
+// real server.
+func problemProxy(t *testing.T, fail int64, status int, retryAfter, body string) (string, *int64) {
 	target, _ := url.Parse(shared.url)
 	rp := httputil.NewSingleHostReverseProxy(target)
 	var seen int64
@@ -163,9 +173,11 @@ func unavailableProxy(t *testing.T, fail int64, retryAfter string) (string, *int
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if atomic.AddInt64(&seen, 1) <= fail {
 			w.Header().Set("Content-Type", "application/problem+json")
-			w.Header().Set("Retry-After", retryAfter)
-			w.WriteHeader(503)
-			_, _ = w.Write([]byte(`{"type":"/problems/unavailable","title":"Service unavailable","status":503,"detail":"the backend is down or busy"}`))
+			if retryAfter != "" {
+				w.Header().Set("Retry-After", retryAfter)
+			}
+			w.WriteHeader(status)
+			_, _ = w.Write([]byte(body))
 			return
 		}
 		r.Host = target.Host
@@ -198,6 +210,71 @@ func TestUnavailableHonoursRetryAfter(t *testing.T) {
 	var ue *UnavailableError
 	if !errors.As(err, &ue) || ue.RetryAfter != 7*time.Second || !errors.Is(err, ErrUnavailable) || atomic.LoadInt64(seen) != 1 {
 		t.Fatalf("an unkeyed enqueue on 503: %T %v (retry-after %v) after %d requests", err, err, ue, atomic.LoadInt64(seen))
+	}
+}
+
+// A problem type this client does not know is mapped by the HTTP status, as
+// the Python client maps it; the type stays on the error.
+func TestUnknownProblemTypeFallsBackOnStatus(t *testing.T) {
+	ctx := ctxT(t)
+	const overloaded = `{"type":"/problems/overloaded","title":"Overloaded","status":503,"detail":"too many requests in flight"}`
+
+	// A keyed enqueue is retried after a 503 of an unknown type, no sooner
+	// than its Retry-After.
+	proxy, seen := problemProxy(t, 1, 503, "1", overloaded)
+	start := time.Now()
+	r, err := NewClient(proxy, fastRetry(4)).EnqueueWithResult(ctx, uniq("busy"), nil, &EnqueueOptions{IdempotencyKey: uniq("busy-key")})
+	if err != nil || r.Outcome != OutcomeAccepted || atomic.LoadInt64(seen) != 2 {
+		t.Fatalf("%+v %v after %d requests", r, err, atomic.LoadInt64(seen))
+	}
+	if el := time.Since(start); el < time.Second {
+		t.Fatalf("Retry-After: 1 not honoured: retried after %v", el)
+	}
+
+	for _, tc := range []struct {
+		status   int
+		body     string
+		sentinel error
+		check    func(err error) bool
+	}{
+		{503, overloaded, ErrUnavailable, func(err error) bool {
+			var ue *UnavailableError
+			return errors.As(err, &ue) && ue.RetryAfter == 2*time.Second && ue.Base.Retryable()
+		}},
+		{422, `{"type":"https://idemq.example/problems/too-odd","title":"Too odd","status":422,"field":"payload","reason":"odd"}`, ErrValidation, func(err error) bool {
+			var ve *ValidationError
+			return errors.As(err, &ve) && ve.Field == "payload" && ve.Reason == "odd"
+		}},
+		{400, `{"type":"/problems/malformed","status":400}`, ErrBadRequest, func(err error) bool {
+			var be *BadRequestError
+			return errors.As(err, &be)
+		}},
+		{500, `{"type":"/problems/crashed","status":500}`, ErrInternal, func(err error) bool {
+			var ie *InternalError
+			return errors.As(err, &ie)
+		}},
+		// A 409 is one of three distinct errors: no guess.
+		{409, `{"type":"/problems/clash","status":409,"job_id":"j1"}`, ErrProtocol, nil},
+		{502, `{"type":"/problems/bad-gateway","status":502}`, ErrProtocol, nil},
+	} {
+		proxy, seen := problemProxy(t, 100, tc.status, "2", tc.body)
+		_, err := NewClient(proxy, WithoutRetries()).Enqueue(ctx, uniq("odd"), nil, &EnqueueOptions{IdempotencyKey: uniq("odd-key")})
+		var doc struct{ Type string }
+		_ = json.Unmarshal([]byte(tc.body), &doc)
+		base := baseOf(err)
+		if base == nil || base.Status != tc.status || base.Type != doc.Type || !errors.Is(err, tc.sentinel) ||
+			(tc.check != nil && !tc.check(err)) || !strings.Contains(err.Error(), doc.Type) || atomic.LoadInt64(seen) != 1 {
+			t.Fatalf("%d %s: %T %v (base %+v) after %d requests", tc.status, doc.Type, err, err, base, atomic.LoadInt64(seen))
+		}
+		if tc.sentinel != ErrUnavailable && base.Retryable() {
+			t.Fatalf("%d %s is retryable", tc.status, doc.Type)
+		}
+	}
+
+	// The same for a batch item's problem.
+	item := problemFromDoc(call{method: "POST", path: "/v1/jobs/batch"}, json.RawMessage(`{"type":"/problems/overloaded","status":503}`), 1)
+	if base := baseOf(item); !errors.Is(item, ErrUnavailable) || base.Type != "/problems/overloaded" || base.Index != 1 {
+		t.Fatalf("batch item: %T %v", item, item)
 	}
 }
 

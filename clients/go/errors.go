@@ -93,8 +93,14 @@ func ProblemTypes() []string {
 // works for all of them. Its text never holds a raw idempotency key.
 type Error struct {
 	// Kind is the problem type's name ("validation", "idempotency-conflict",
-	// ...) or one of KindConnection, KindTimeout, KindProtocol.
+	// ...) or one of KindConnection, KindTimeout, KindProtocol. For a
+	// problem type this client does not know, it is the name Status maps to
+	// (KindProtocol when none).
 	Kind string
+	// Type is the problem document's type as the server wrote it
+	// ("/problems/validation"; "" without one). When this client does not
+	// know it, Kind comes from Status instead.
+	Type string
 	// Status is the HTTP status (0 when no answer arrived).
 	Status int
 	// Title and Detail come from the problem document.
@@ -124,6 +130,10 @@ func (e *Error) Error() string {
 		fmt.Fprintf(&b, "%d ", e.Status)
 	}
 	b.WriteString(e.Kind)
+	if e.Type != "" && !strings.HasSuffix(e.Type, "/problems/"+e.Kind) {
+		// A problem type this client does not know.
+		b.WriteString(" (type " + e.Type + ")")
+	}
 	if e.Index >= 0 {
 		fmt.Fprintf(&b, " (batch item %d)", e.Index)
 	}

@@ -113,8 +113,10 @@ func (j *ClaimedJob) StopReason() error {
 // Reasons a running handler is stopped (see ClaimedJob.StopReason).
 var (
 	// ErrJobCancelled: an operator cancelled the job while it ran. Returning
-	// a result still completes it (the effect happened); returning an error
-	// turns it cancelled.
+	// a result within WorkerOptions.CancelGrace still completes it (the
+	// effect happened); returning an error turns it cancelled. A handler
+	// that has not returned by then has its attempt failed (the job turns
+	// cancelled), and what it returns later is dropped.
 	ErrJobCancelled = errors.New("idemq: the job was cancelled")
 	// ErrJobTimeout: the attempt ran past the job's timeout; it was failed.
 	ErrJobTimeout = errors.New("idemq: the attempt timed out")

@@ -71,6 +71,12 @@ type WorkerOptions struct {
 	// ShutdownGrace is how long running handlers may go on after ctx is
 	// cancelled before they are stopped and their leases released (default 30s).
 	ShutdownGrace time.Duration
+	// CancelGrace is how long a handler may go on after a heartbeat saw a
+	// cancel request (default 1s). A handler that returns within it ends the
+	// attempt as usual; otherwise the attempt is failed, the job turns
+	// cancelled, the slot is freed, and what the handler returns later is
+	// dropped.
+	CancelGrace time.Duration
 	// CompleteBatch is the most completions sent in one round trip, carried
 	// on a claim or in a batch of their own (default 100).
 	CompleteBatch int
@@ -87,6 +93,10 @@ type WorkerStats struct {
 	Failed    int64 // attempts failed (retried, dead or snoozed)
 	Released  int64 // leases released unfinished (shutdown)
 	Lost      int64 // leases lost: the result was not recorded
+	// Cancelled counts attempts whose cancel request a heartbeat saw while
+	// the handler ran; each also counts by how it ended (a handler that did
+	// not return within CancelGrace: in Failed).
+	Cancelled int64
 }
 
 // Worker runs handlers for claimed jobs over the worker protocol.
@@ -96,7 +106,7 @@ type Worker struct {
 	// types is the sorted list of handled types.
 	types []string
 
-	completed, failed, released, lost int64
+	completed, failed, released, lost, cancelled int64
 
 	running  sync.WaitGroup
 	slots    chan struct{}
@@ -155,6 +165,9 @@ func NewWorker(client *Client, opts WorkerOptions) *Worker {
 	if opts.ShutdownGrace <= 0 {
 		opts.ShutdownGrace = 30 * time.Second
 	}
+	if opts.CancelGrace <= 0 {
+		opts.CancelGrace = time.Second
+	}
 	if opts.CompleteBatch <= 0 || opts.CompleteBatch > 1000 {
 		opts.CompleteBatch = 100
 	}
@@ -184,6 +197,7 @@ func (w *Worker) Stats() WorkerStats {
 	return WorkerStats{
 		Completed: atomic.LoadInt64(&w.completed), Failed: atomic.LoadInt64(&w.failed),
 		Released: atomic.LoadInt64(&w.released), Lost: atomic.LoadInt64(&w.lost),
+		Cancelled: atomic.LoadInt64(&w.cancelled),
 	}
 }
 
@@ -382,11 +396,29 @@ func (w *Worker) runJob(job *ClaimedJob, claimed time.Time, freeSlot func()) {
 	beat := newHeartbeater(w, job, claimed)
 	defer beat.stop()
 
+	// After a heartbeat saw a cancel request, the handler has CancelGrace to
+	// return; graceC fires when that is over.
+	cancelSeen := beat.cancelled
+	var graceC <-chan time.Time
+
 	for {
 		select {
 		case r := <-done:
 			beat.handlerReturned()
 			w.finish(job, beat, lost, r, freeSlot)
+			return
+		case <-cancelSeen:
+			cancelSeen = nil
+			atomic.AddInt64(&w.cancelled, 1)
+			grace := time.NewTimer(w.opts.CancelGrace)
+			defer grace.Stop()
+			graceC = grace.C
+		case <-graceC:
+			// The handler ignores its ctx: a fail ends the attempt, which
+			// the server records as cancelled. The slot is freed when
+			// runJob returns; the handler's eventual result goes to done,
+			// which nothing reads any more.
+			w.fail(job, FailOptions{Error: "cancelled while running"})
 			return
 		case <-lost:
 			atomic.AddInt64(&w.lost, 1)
@@ -712,6 +744,9 @@ type heartbeater struct {
 	done chan struct{}
 	// passed is closed when the server ended the attempt at its deadline.
 	passed chan struct{}
+	// cancelled is closed when a heartbeat's answer first said a cancel
+	// was requested.
+	cancelled chan struct{}
 	// returned is 1 once the handler returned: the deadline is not asked
 	// about after (a completion counts even past it), and a job with a
 	// deadline is not renewed after (past the deadline on the server's
@@ -722,7 +757,7 @@ type heartbeater struct {
 }
 
 func newHeartbeater(w *Worker, job *ClaimedJob, since time.Time) *heartbeater {
-	h := &heartbeater{w: w, job: job, quit: make(chan struct{}), done: make(chan struct{}), passed: make(chan struct{}), lastOK: since}
+	h := &heartbeater{w: w, job: job, quit: make(chan struct{}), done: make(chan struct{}), passed: make(chan struct{}), cancelled: make(chan struct{}), lastOK: since}
 	go h.loop()
 	return h
 }
@@ -773,6 +808,7 @@ func (h *heartbeater) loop() {
 		askC = ask.C
 	}
 	backoff := deadlineBackoff
+	cancelSeen := false
 	for {
 		asking := false
 		select {
@@ -835,8 +871,10 @@ func (h *heartbeater) loop() {
 			}
 			ask.Reset(next)
 		}
-		if r.CancelRequested {
+		if r.CancelRequested && !cancelSeen {
+			cancelSeen = true
 			h.job.setStop(ErrJobCancelled)
+			close(h.cancelled)
 		}
 	}
 }

@@ -214,6 +214,77 @@ func TestWorkerStopsOnCancel(t *testing.T) {
 		t.Fatal("the handler was not stopped by the cancel")
 	}
 	waitState(t, c, id, StateCancelled, 5*time.Second)
+	if st := w.Stats(); st.Cancelled != 1 || st.Failed != 1 || st.Completed != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A handler that ignores its ctx after a cancel gets CancelGrace to return;
+// then its attempt is failed (the job turns cancelled), its slot is freed
+// and what it returns later is dropped.
+func TestWorkerFailsAHandlerThatIgnoresACancel(t *testing.T) {
+	c := newTestClient()
+	ctx := ctxT(t)
+	q, typ := uniq("cancel-ignored"), uniq("stubborn")
+	started := make(chan string, 2)
+	returned := make(chan struct{}, 2)
+	w := NewWorker(c, WorkerOptions{
+		Queues: []string{q}, Concurrency: 1, Lease: 600 * time.Millisecond, PollWait: 200 * time.Millisecond,
+		CancelGrace: 300 * time.Millisecond,
+		Handlers: map[string]HandlerFunc{typ: func(ctx context.Context, job *ClaimedJob) (any, error) {
+			started <- job.ID
+			if job.Payload != nil && string(job.Payload) == `"quick"` {
+				return "quick", nil
+			}
+			time.Sleep(4 * time.Second) // ignores ctx
+			returned <- struct{}{}
+			return "done", nil
+		}},
+	})
+	id, _ := c.Enqueue(ctx, typ, nil, &EnqueueOptions{Queue: q})
+	runWorker(t, w)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the job never started")
+	}
+	cancelled := time.Now()
+	if cr, err := c.CancelJob(ctx, id); err != nil || !cr.Cancelled || cr.State != StateActive {
+		t.Fatalf("cancel: %+v %v", cr, err)
+	}
+	job := waitState(t, c, id, StateCancelled, 3*time.Second)
+	if el := time.Since(cancelled); el > 3*time.Second {
+		t.Fatalf("cancelled after %v", el)
+	}
+	runs, err := c.JobRuns(ctx, id)
+	if err != nil || len(runs) != 1 || runs[0].Error == nil || *runs[0].Error != "cancelled while running" {
+		t.Fatalf("runs %+v %v", runs, err)
+	}
+	if job.Result != nil && string(job.Result) != "null" {
+		t.Fatalf("result %s", job.Result)
+	}
+	// The slot is free while the first handler still sleeps: with
+	// Concurrency 1, another job runs.
+	next, _ := c.Enqueue(ctx, typ, "quick", &EnqueueOptions{Queue: q})
+	waitState(t, c, next, StateCompleted, 3*time.Second)
+	select {
+	case <-returned:
+		t.Fatal("the first handler returned before the second job ran")
+	default:
+	}
+	// Its eventual return records nothing.
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first handler never returned")
+	}
+	time.Sleep(300 * time.Millisecond)
+	if job, err := c.GetJob(ctx, id); err != nil || job.State != StateCancelled {
+		t.Fatalf("after the handler returned: %+v %v", job, err)
+	}
+	if st := w.Stats(); st.Cancelled != 1 || st.Failed != 1 || st.Completed != 1 || st.Lost != 0 {
+		t.Fatalf("stats %+v", st)
+	}
 }
 
 // callRecorder records the completions a worker sends: carried on claims

@@ -167,6 +167,47 @@ def test_client_errors_are_never_retried(status: int, cls: type) -> None:
         assert "never-shown-key" not in str(info.value) + repr(info.value)
 
 
+@pytest.mark.parametrize(
+    "status,cls",
+    [
+        (400, idemq.BadRequestError),
+        (401, idemq.UnauthorizedError),
+        (403, idemq.ForbiddenHostError),
+        (404, idemq.NotFoundError),
+        (409, idemq.UnexpectedResponseError),  # a 409 is one of three errors: no guess
+        (413, idemq.PayloadTooLargeError),
+        (422, idemq.ValidationError),
+        (500, idemq.InternalError),
+        (418, idemq.UnexpectedResponseError),
+    ],
+)
+def test_an_unknown_problem_type_falls_back_on_the_status(status: int, cls: type) -> None:
+    calls, transport = _mock([status, 201], problem="overloaded")
+    with idemq.Client("http://127.0.0.1:9", retries=FAST, transport=transport) as c:
+        with pytest.raises(idemq.ApiError) as info:
+            c.enqueue("x", 1, idempotency_key="k")
+        assert type(info.value) is cls
+        assert (info.value.status, info.value.type, info.value.retryable) == (status, "/problems/overloaded", False)
+        assert len(calls) == 1
+
+
+def test_an_unknown_problem_type_with_503_is_unavailable_and_retried() -> None:
+    calls, transport = _mock([503, 201], retry_after="1", problem="overloaded")
+    with idemq.Client("http://127.0.0.1:9", retries=FAST, transport=transport) as c:
+        start = time.monotonic()
+        assert c.enqueue("x", 1, idempotency_key="k") == "j1"
+        assert time.monotonic() - start >= 0.95  # Retry-After was honoured
+        assert len(calls) == 2
+
+    calls, transport = _mock([503, 201], retry_after="1", problem="overloaded")
+    with idemq.Client("http://127.0.0.1:9", retries=FAST, transport=transport) as c:
+        with pytest.raises(idemq.UnavailableError) as info:
+            c.enqueue("x", 1)  # no key: never retried
+        assert info.value.retryable and info.value.retry_after == 1.0
+        assert info.value.type == "/problems/overloaded"
+        assert len(calls) == 1
+
+
 def test_lease_calls_are_retried_and_lease_lost_is_not() -> None:
     calls, transport = _mock([409], problem="lease-lost")
     with idemq.Client("http://127.0.0.1:9", retries=FAST, transport=transport) as c:

@@ -8,6 +8,7 @@ import time
 from typing import Any, Callable, Dict, List, Tuple
 
 import httpx
+import pytest
 
 import idemq
 from conftest import Server, run_worker, wait_for
@@ -790,3 +791,124 @@ def test_a_result_over_the_payload_limit_fails_only_its_own_job(server: Server, 
     assert (w.report.completed, w.report.failed, w.report.lost) == (n - 1, 1, 0)
     carried, batched = rec.completed_ids()
     assert big in carried + batched
+
+
+def _run_catching(w: idemq.Worker) -> Tuple[threading.Thread, List[BaseException]]:
+    """Runs the worker in a thread; what ``run()`` raised goes in the list."""
+    raised: List[BaseException] = []
+
+    def run() -> None:
+        try:
+            w.run()
+        except BaseException as exc:  # noqa: B902 - the test reports it
+            raised.append(exc)
+
+    t = threading.Thread(target=run, name="test-worker", daemon=True)
+    t.start()
+    return t, raised
+
+
+def test_run_ends_with_a_claim_refused_for_good(make_server: Callable[..., Server], server: Server, uniq: Callable[[str], str]) -> None:
+    q = uniq("refused")
+    srv = make_server(token="tok-" + uniq("secret"))
+    cases: List[Tuple[idemq.Client, type]] = [
+        (idemq.Client(srv.url), idemq.UnauthorizedError),  # no token
+        (idemq.Client(srv.url, token="wrong"), idemq.UnauthorizedError),
+        (idemq.Client(server.url, headers={"Host": "rebound.example"}), idemq.ForbiddenHostError),
+    ]
+    for c, expected in cases:
+        with c:
+            w = _worker(c, q, {"x": lambda ctx: None})
+            started = time.monotonic()
+            t, raised = _run_catching(w)
+            t.join(10)
+            assert not t.is_alive(), f"run() went on after {expected.__name__}"
+            assert time.monotonic() - started < 5
+            assert len(raised) == 1 and isinstance(raised[0], expected), raised
+            assert w.stopping and w.report == idemq.WorkerReport()
+
+
+def test_run_ends_with_a_lease_the_server_refuses(client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("badlease")
+    jid = client.enqueue("x", None, queue=q)
+    for lease_ms in (50, 3_600_001):
+        w = _worker(client, q, {"x": lambda ctx: "ran"}, lease_ms=lease_ms)
+        t, raised = _run_catching(w)
+        t.join(10)
+        assert not t.is_alive(), f"run() went on with lease_ms={lease_ms}"
+        assert len(raised) == 1 and isinstance(raised[0], idemq.ValidationError), raised
+        assert raised[0].field == "lease_ms"
+    assert client.get_job(jid).state == "ready"  # nothing was claimed
+
+
+def test_poll_wait_is_kept_within_the_api_bound(client: idemq.Client) -> None:
+    waits: List[Any] = []
+    holder: List[idemq.Worker] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        # As the server does: a wait past 60 s is refused.
+        wait = json.loads(request.read()).get("wait_ms")
+        waits.append(wait)
+        if wait is not None and wait > 60_000:
+            problem = {"type": "/problems/validation", "title": "Validation failed", "status": 422, "field": "wait_ms"}
+            return httpx.Response(422, json=problem, headers={"Content-Type": "application/problem+json"})
+        holder[0].stop()
+        return httpx.Response(200, json={"jobs": []})
+
+    with idemq.Client("http://127.0.0.1:9", transport=httpx.MockTransport(handler)) as c:
+        w = _worker(c, "q", {"x": lambda ctx: None}, poll_wait_ms=120_000)
+        holder.append(w)
+        assert w.poll_wait_ms == 60_000
+        t, raised = _run_catching(w)
+        t.join(10)
+        if t.is_alive():
+            w.stop()
+    assert not t.is_alive() and raised == [] and waits == [60_000], (raised, waits)
+    assert _worker(client, "q", {"x": lambda ctx: None}, poll_wait_ms=-1).poll_wait_ms == 0
+
+
+@pytest.mark.parametrize(
+    "error",
+    [idemq.UnauthorizedError("refused (401)", status=401, problem={}), RuntimeError("boom"), KeyboardInterrupt()],
+    ids=["claim-refused", "exception", "keyboard-interrupt"],
+)
+def test_every_end_of_run_shuts_down_with_grace_and_releases(
+    server: Server, client: idemq.Client, uniq: Callable[[str], str], error: BaseException
+) -> None:
+    q = uniq("fatal")
+    started = threading.Event()
+    reasons: List[Any] = []
+
+    def stuck(ctx: idemq.JobContext) -> None:
+        started.set()
+        ctx.wait_cancelled(60)
+        reasons.append(ctx.stop_reason)
+
+    jid = client.enqueue("stuck", None, queue=q)
+    calls: List[int] = []
+    with idemq.Client(server.url) as c:
+        claim = c.claim
+
+        def failing_claim(**kw: Any) -> Any:
+            # The first claim gets the job; the second, with a slot still free, fails.
+            calls.append(1)
+            if len(calls) == 1:
+                return claim(**kw)
+            assert started.wait(10)
+            raise error
+
+        c.claim = failing_claim  # type: ignore[method-assign]
+        w = _worker(c, q, {"stuck": stuck}, concurrency=2, shutdown_grace=0.5)
+        t, raised = _run_catching(w)
+        assert started.wait(10)
+        began = time.monotonic()
+        t.join(10)
+    assert not t.is_alive(), f"run() did not end after {error!r}"
+    assert time.monotonic() - began < 3
+    assert raised == [error]
+    assert reasons == ["shutdown"]
+    job = client.get_job(jid)
+    assert (job.state, job.attempts_used) == ("ready", 0)
+    assert [r.outcome for r in client.runs(jid)] == ["released"]
+    assert w.report.released == 1
+    client.cancel(jid)

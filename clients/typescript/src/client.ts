@@ -7,6 +7,7 @@ import {
   TimeoutError,
   UnavailableError,
   errorFromProblem,
+  isRetryable,
   scrub,
 } from "./errors.js";
 import {
@@ -183,8 +184,7 @@ export class Client {
       try {
         return (await this.#once(method, path, options)) as T;
       } catch (err) {
-        const transient = err instanceof ConnectionError || err instanceof UnavailableError;
-        if (!transient || attempt >= max || signal?.aborted) throw err;
+        if (!isRetryable(err) || attempt >= max || signal?.aborted) throw err;
         const retryAfter = err instanceof UnavailableError ? err.retryAfterMs : undefined;
         if (retryAfter !== undefined && retryAfter > this.#retry.maxRetryAfterMs) throw err;
         const ceiling = Math.min(this.#retry.maxDelayMs, this.#retry.initialDelayMs * 2 ** (attempt - 1));
@@ -275,7 +275,8 @@ export class Client {
     const w = await this.request<Wire>("POST", "/v1/jobs", {
       body,
       headers: headerKey !== undefined ? { "idempotency-key": idempotencyHeader(headerKey) } : undefined,
-      idempotent: options.idempotency !== undefined || options.jobId !== undefined,
+      // A null option is the same as an absent one (the API reads null so).
+      idempotent: options.idempotency != null || options.jobId != null,
       secrets: options.idempotency ? [options.idempotency.key] : [],
       signal: options.signal,
       requestTimeoutMs: options.requestTimeoutMs,
@@ -300,7 +301,7 @@ export class Client {
         throw new TypeError("a batch item carries its idempotency key in the body: drop sendAs: \"header\"");
       }
       if (opts.idempotency) secrets.push(opts.idempotency.key);
-      if (!opts.idempotency && opts.jobId === undefined) keyed = false;
+      if (opts.idempotency == null && opts.jobId == null) keyed = false;
       return enqueueToWire(type, payload, opts).body;
     });
     const w = await this.request<{ results: Wire[] }>("POST", "/v1/jobs/batch", {
@@ -448,7 +449,7 @@ export class Client {
       run_at: instant(options.runAt),
       reset_checkpoints: options.resetCheckpoints,
     });
-    const key = options.idempotencyKey;
+    const key = options.idempotencyKey ?? undefined;
     const w = await this.request<Wire>("POST", `/v1/jobs/${seg(id)}/redrive`, {
       body,
       headers: key !== undefined ? { "idempotency-key": idempotencyHeader(key) } : undefined,

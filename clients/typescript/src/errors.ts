@@ -19,9 +19,18 @@ export interface Problem {
 
 /** The base of every error raised by this package. */
 export class IdemqError extends Error {
+  /**
+   * Whether the same call, repeated, may succeed: `true` for
+   * {@link UnavailableError} (503) and {@link ConnectionError} (timeouts
+   * included), `false` for every other error. The client retries only such
+   * errors, and only for calls that are safe to repeat.
+   */
+  readonly retryable: boolean;
+
   constructor(message: string, options?: { cause?: unknown }) {
     super(message, options);
     Object.defineProperty(this, "name", { value: new.target.name, enumerable: false, configurable: true, writable: true });
+    this.retryable = this instanceof UnavailableError || this instanceof ConnectionError;
   }
 
   /** A JSON form without the stack. */
@@ -190,6 +199,11 @@ export class TimeoutError extends ConnectionError {
   }
 }
 
+/** Whether `err` is an {@link IdemqError} whose `retryable` is true. */
+export function isRetryable(err: unknown): boolean {
+  return err instanceof IdemqError && err.retryable;
+}
+
 /** The problem types this client maps to their own error class. */
 export const PROBLEM_TYPES = {
   "bad-request": BadRequestError,
@@ -206,6 +220,11 @@ export const PROBLEM_TYPES = {
   internal: InternalError,
 } as const;
 
+/**
+ * The class of a problem whose type this client does not know (or that has
+ * none), by HTTP status. 409 is left out on purpose: it is one of three
+ * distinct errors, and a guess would mislead.
+ */
 const BY_STATUS: Record<number, keyof typeof PROBLEM_TYPES> = {
   400: "bad-request",
   401: "unauthorized",
@@ -280,24 +299,25 @@ export function errorFromProblem(
   }
   problem = scrub(problem, secrets);
   if (typeof problem.status !== "number") problem.status = status;
-  let name = problemName(problem.type);
-  if (!(name in PROBLEM_TYPES)) {
-    const byStatus = BY_STATUS[status];
-    if (name === "" && byStatus) {
-      name = byStatus;
-      problem.type = `/problems/${name}`;
-    }
+  // The class: the problem type's, or, for a type this client does not know
+  // (or none), the HTTP status's. An unknown type stays on the error
+  // (`problemType`, `problem.type`); a missing one is named after the status.
+  let kind = problemName(problem.type);
+  if (!Object.hasOwn(PROBLEM_TYPES, kind)) {
+    const byStatus = Object.hasOwn(BY_STATUS, status) ? BY_STATUS[status] : undefined;
+    if (kind === "" && byStatus) problem.type = `/problems/${byStatus}`;
+    kind = byStatus ?? "";
   }
-  switch (name) {
+  switch (kind) {
     case "method-not-allowed": {
       const allow = (headers?.get("allow") ?? "").split(",").map((m) => m.trim()).filter(Boolean);
       return new MethodNotAllowedError(problem, status, allow);
     }
     case "unavailable":
       return new UnavailableError(problem, status, parseRetryAfter(headers?.get("retry-after")));
-    default: {
-      const Cls = (PROBLEM_TYPES as Record<string, new (p: Problem, s: number) => ApiError>)[name];
-      return Cls ? new Cls(problem, status) : new ApiError(problem, status);
-    }
+    case "":
+      return new ApiError(problem, status);
+    default:
+      return new (PROBLEM_TYPES as Record<string, new (p: Problem, s: number) => ApiError>)[kind]!(problem, status);
   }
 }

@@ -344,7 +344,7 @@ function retryFromWire(w: unknown): RetryPolicy | null {
 }
 
 function dedupeToWire(d: DedupeOptions | undefined): unknown {
-  if (d === undefined) return undefined;
+  if (d === undefined || d === null) return undefined;
   if (typeof d === "string") return d;
   return compact({ key: d.key, ttl_ms: d.ttlMs, extend: d.extend, replace: d.replace, max_wait_ms: d.maxWaitMs });
 }
@@ -364,7 +364,7 @@ export function enqueueToWire(
     const { key, scope, ttlMs, sendAs } = o.idempotency;
     if (sendAs === "header") {
       headerKey = key;
-      if (scope !== undefined || ttlMs !== undefined) idempotency = compact({ scope, ttl_ms: ttlMs });
+      if (scope != null || ttlMs != null) idempotency = compact({ scope, ttl_ms: ttlMs });
     } else {
       idempotency = compact({ key, scope, ttl_ms: ttlMs });
     }

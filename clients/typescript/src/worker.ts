@@ -3,14 +3,13 @@ import type { Client } from "./client.js";
 import {
   ApiError,
   BadRequestError,
-  ConnectionError,
   IdemqError,
   LeaseLostError,
   MethodNotAllowedError,
   NotFoundError,
   PayloadTooLargeError,
-  UnavailableError,
   ValidationError,
+  isRetryable,
 } from "./errors.js";
 import type { ClaimedJob, Completion, CompletionResult } from "./types.js";
 
@@ -208,8 +207,6 @@ function describe(err: unknown): string {
   return text.length > 8192 ? text.slice(0, 8192) : text;
 }
 
-const transient = (err: unknown) => err instanceof ConnectionError || err instanceof UnavailableError;
-
 /**
  * The server's refusal of a completion for what it holds (over the payload
  * limit, or not a value it stores): the same handler would produce the same
@@ -332,7 +329,7 @@ export class Worker {
         });
         failures = 0;
       } catch (err) {
-        if (carried.length > 0 && !transient(err)) {
+        if (carried.length > 0 && !isRetryable(err)) {
           // What was refused may be one of the completions (a result over
           // the size limit refuses the whole call): their own calls answer
           // each, and the claim is tried again without them.
@@ -345,7 +342,7 @@ export class Worker {
           continue;
         }
         this.#putBack(carried);
-        if (transient(err)) {
+        if (isRetryable(err)) {
           this.#onError(err);
           failures++;
           await wait(Math.min(5_000, 250 * 2 ** Math.min(failures, 5)) * (0.5 + Math.random() / 2), this.#stopSignal.signal);
@@ -628,7 +625,7 @@ export class Worker {
         const r = await this.client.complete(job.id, job.leaseToken, result);
         return { ok: true, state: r.state };
       } catch (err) {
-        if (err instanceof ApiError && !transient(err)) return { ok: false, error: err };
+        if (err instanceof ApiError && !isRetryable(err)) return { ok: false, error: err };
         this.#onError(err, job);
         await Promise.race([wait(500), lost]);
         if (isLost()) return { ok: false, error: leaseLost(job.id) };
@@ -752,7 +749,7 @@ export class Worker {
         batch.forEach((p, i) => this.#settle(p, results[i] ?? { ok: false, error: missing() }));
         return;
       } catch (err) {
-        if (transient(err)) {
+        if (isRetryable(err)) {
           this.#onError(err);
           await wait(500);
           this.#putBack(batch);
@@ -772,7 +769,7 @@ export class Worker {
           const r = await this.client.complete(p.completion.id, p.completion.leaseToken, p.completion.result);
           this.#settle(p, { ok: true, state: r.state });
         } catch (err) {
-          if (err instanceof ApiError && !transient(err)) this.#settle(p, { ok: false, error: err });
+          if (err instanceof ApiError && !isRetryable(err)) this.#settle(p, { ok: false, error: err });
           else {
             this.#onError(err, p.job);
             await wait(500);

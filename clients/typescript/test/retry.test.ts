@@ -3,11 +3,20 @@ import { type IncomingMessage, type ServerResponse, createServer } from "node:ht
 import { test } from "node:test";
 import { inspect } from "node:util";
 import {
+  ApiError,
+  BadRequestError,
   Client,
   ConnectionError,
   EnqueueIdempotencyConflictError,
+  ForbiddenHostError,
   IdemqError,
+  InternalError,
+  LeaseLostError,
+  MethodNotAllowedError,
+  NotFoundError,
+  PayloadTooLargeError,
   TimeoutError,
+  UnauthorizedError,
   UnavailableError,
   ValidationError,
 } from "idemq";
@@ -137,6 +146,47 @@ test("a batch is retried only when every item carries a key or a job id", async 
   assert.equal(mixed.calls.length, 1);
 });
 
+test("a null jobId or idempotency counts as absent: such an enqueue is never retried", async () => {
+  const port = await freePort();
+  const base = `http://127.0.0.1:${port}`;
+  const cases: Array<[string, (c: Client) => Promise<unknown>]> = [
+    ["jobId: null", (c) => c.enqueue("t", { n: 1 }, { jobId: null } as any)],
+    ["idempotency: null", (c) => c.enqueue("t", { n: 1 }, { idempotency: null } as any)],
+    ["both null", (c) => c.enqueueWithResult("t", { n: 1 }, { jobId: null, idempotency: null } as any)],
+    ["a batch item with jobId: null", (c) => c.enqueueMany([{ type: "a", jobId: null } as any])],
+    [
+      "a batch whose second item has jobId: null",
+      (c) => c.enqueueMany([{ type: "a", idempotency: { key: `k-${uid()}` } }, { type: "b", jobId: null, idempotency: null } as any]),
+    ],
+    ["a redrive with idempotencyKey: null", (c) => c.redrive("j", { idempotencyKey: null } as any)],
+  ];
+  for (const [what, call] of cases) {
+    const { calls, fetch } = counting();
+    const client = new Client({ baseUrl: base, fetch, retry: fastRetry });
+    const err = await call(client).catch((e: unknown) => e);
+    assert.ok(err instanceof ConnectionError, `${what}: ${String(err)}`);
+    assert.equal(calls.length, 1, `${what} was sent ${calls.length} times`);
+  }
+});
+
+test("a null option is sent as no option: no Idempotency-Key header, no dedupe", async () => {
+  const seen: Array<{ headers: Record<string, string>; body: Record<string, unknown> }> = [];
+  const f: typeof fetch = async (_input, init) => {
+    seen.push({ headers: (init?.headers ?? {}) as Record<string, string>, body: JSON.parse(String(init?.body ?? "{}")) });
+    return new Response(JSON.stringify({ job_id: "j-1", outcome: "accepted" }), {
+      status: 201,
+      headers: { "content-type": "application/json" },
+    });
+  };
+  const client = new Client({ baseUrl: "http://127.0.0.1:1", fetch: f });
+  assert.equal(await client.enqueue("t", null, { idempotency: null, dedupe: null } as any), "j-1");
+  await client.redrive("j", { idempotencyKey: null } as any);
+  for (const { headers, body } of seen) {
+    assert.ok(!Object.keys(headers).some((h) => h.toLowerCase() === "idempotency-key"), JSON.stringify(headers));
+    assert.ok(body["idempotency"] == null && body["dedupe"] == null, JSON.stringify(body));
+  }
+});
+
 test("worker calls are always retried on connection errors", async () => {
   const port = await freePort();
   const { calls, fetch } = counting();
@@ -186,6 +236,106 @@ test("400, 401, 403, 404, 409, 413 and 422 are never retried", async () => {
       const err2 = await client.heartbeat("j", "tok").catch((e: unknown) => e);
       assert.ok(err1 instanceof IdemqError && err2 instanceof IdemqError);
       assert.equal(s.count(), 2, `${status} was retried`);
+    } finally {
+      await s.close();
+    }
+  }
+});
+
+test("errors say whether the same call may succeed when repeated", async () => {
+  const port = await freePort();
+  const refused = await new Client({ baseUrl: `http://127.0.0.1:${port}`, retry: false }).health().catch((e: unknown) => e);
+  assert.ok(refused instanceof ConnectionError, String(refused));
+  assert.equal(refused.retryable, true);
+
+  const silent = await stub(() => {
+    /* never answers */
+  });
+  try {
+    const err = await new Client({ baseUrl: silent.url, timeoutMs: 100, retry: false }).health().catch((e: unknown) => e);
+    assert.ok(err instanceof TimeoutError, String(err));
+    assert.equal(err.retryable, true);
+  } finally {
+    await silent.close();
+  }
+
+  for (const [status, name, cls, retryable] of [
+    [503, "unavailable", UnavailableError, true],
+    [400, "bad-request", BadRequestError, false],
+    [404, "not-found", NotFoundError, false],
+    [409, "lease-lost", LeaseLostError, false],
+    [409, "idempotency-conflict", EnqueueIdempotencyConflictError, false],
+    [422, "validation", ValidationError, false],
+    [500, "internal", InternalError, false],
+  ] as const) {
+    const s = await stub((_req, res) => problem(res, status, name));
+    try {
+      const err = await new Client({ baseUrl: s.url, retry: false }).getJob("j").catch((e: unknown) => e);
+      assert.ok(err instanceof cls, `${status} ${name}: ${String(err)}`);
+      assert.equal((err as IdemqError).retryable, retryable, `${status} ${name}`);
+      assert.equal(JSON.parse(JSON.stringify(err)).retryable, retryable, `${status} ${name} in JSON`);
+    } finally {
+      await s.close();
+    }
+  }
+  assert.equal(new IdemqError("plain").retryable, false);
+});
+
+test("a 503 with a problem type the client does not know is an UnavailableError, and retried", async () => {
+  const s = await stub((_req, res, n) => {
+    if (n % 2 === 1) return problem(res, 503, "overloaded", {}, { "retry-after": "1" });
+    res.writeHead(201, { "content-type": "application/json" });
+    res.end(JSON.stringify({ job_id: "j-1", outcome: "accepted" }));
+  });
+  try {
+    const client = new Client({ baseUrl: s.url, retry: fastRetry });
+    const began = Date.now();
+    assert.equal(await client.enqueue("t", null, { idempotency: { key: "k" } }), "j-1");
+    assert.ok(Date.now() - began >= 1_000, "Retry-After was not honoured");
+    assert.equal(s.count(), 2);
+    const err = await client.enqueue("t", null).catch((e: unknown) => e);
+    assert.ok(err instanceof UnavailableError, String(err));
+    assert.equal(err.retryable, true);
+    assert.equal(err.retryAfterMs, 1_000);
+    assert.equal(err.status, 503);
+    assert.equal(err.problemType, "overloaded");
+    assert.equal(err.problem.type, "/problems/overloaded");
+    assert.equal(s.count(), 3);
+  } finally {
+    await s.close();
+  }
+});
+
+test("a problem type the client does not know falls back on the HTTP status, and keeps its type", async () => {
+  for (const [status, cls] of [
+    [400, BadRequestError],
+    [401, UnauthorizedError],
+    [403, ForbiddenHostError],
+    [404, NotFoundError],
+    [405, MethodNotAllowedError],
+    [413, PayloadTooLargeError],
+    [422, ValidationError],
+    [500, InternalError],
+    [503, UnavailableError],
+    [409, ApiError],
+    [418, ApiError],
+  ] as const) {
+    const s = await stub((_req, res) => problem(res, status, "novel", { field: "payload", reason: "too novel" }));
+    try {
+      const err = await new Client({ baseUrl: s.url, retry: false }).getJob("j").catch((e: unknown) => e);
+      assert.ok(err instanceof cls, `${status}: ${String(err)}`);
+      if (cls === ApiError) {
+        // 409 is one of three distinct errors: no guess. Nor is any other status mapped.
+        assert.equal(Object.getPrototypeOf(err), ApiError.prototype, `${status}: ${(err as Error).name}`);
+      }
+      assert.equal(err.status, status);
+      assert.equal(err.problemType, "novel");
+      assert.equal(err.problem.type, "/problems/novel");
+      assert.equal(err.retryable, status === 503);
+      if (err instanceof ValidationError) {
+        assert.equal(err.field, "payload");
+        assert.equal(err.reason, "too novel");
+      }
     } finally {
       await s.close();
     }

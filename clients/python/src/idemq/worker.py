@@ -2,7 +2,8 @@
 
 ``Worker(client, queues=[...], handlers={"type": fn}, concurrency=N).run()``
 blocks until :meth:`Worker.stop` is called (from another thread, or a signal
-handler). Each handler gets a :class:`JobContext` and returns the job's result
+handler), or until a claim is refused for good (the error is raised after
+the same shutdown). Each handler gets a :class:`JobContext` and returns the job's result
 (any JSON value) or raises: a plain exception is a retryable failure,
 :class:`JobFailure` says how to fail (permanent, retry after, snooze).
 """
@@ -51,6 +52,8 @@ _DEADLINE_RECHECK = 0.01
 #: The first and the longest wait before a deadline question the server did not
 #: answer (it could not be reached) is asked again.
 _DEADLINE_BACKOFF = (0.05, 2.0)
+#: The longest long-poll of one claim (the API's bound on ``wait_ms``).
+_MAX_POLL_WAIT_MS = 60_000
 
 Handler = Callable[["JobContext"], Any]
 
@@ -221,9 +224,13 @@ class Worker:
     :param handlers: job type -> handler; only these types are claimed.
     :param concurrency: jobs run at once.
     :param lease_ms: the lease of each claim; heartbeats every ``lease_ms / 3``.
-    :param poll_wait_ms: how long one claim long-polls for work.
-    :param shutdown_grace: seconds :meth:`stop` lets running handlers finish
-        before their leases are released.
+        The server checks it (100 to 3,600,000): a value it refuses ends
+        :meth:`run` with a :class:`ValidationError`.
+    :param poll_wait_ms: how long one claim long-polls for work, kept within
+        0 to 60,000 (the API's bound).
+    :param shutdown_grace: seconds running handlers get to finish when the
+        worker shuts down (:meth:`stop`, or :meth:`run` ending on an error)
+        before they are told to stop and their leases are released.
     :param cancel_grace: seconds a handler gets to return after a cancel was requested.
     """
 
@@ -249,7 +256,7 @@ class Worker:
         self.handlers: Dict[str, Handler] = dict(handlers)
         self.concurrency = concurrency
         self.lease_ms = lease_ms
-        self.poll_wait_ms = poll_wait_ms
+        self.poll_wait_ms = min(_MAX_POLL_WAIT_MS, max(0, poll_wait_ms))
         self.shutdown_grace = shutdown_grace
         self.cancel_grace = cancel_grace
         self.name = name or f"python-{socket.gethostname()}-{os.getpid()}"
@@ -265,6 +272,8 @@ class Worker:
         self._batch_complete = True
         self._report_lock = threading.Lock()
         self._running = False
+        #: Jobs a claim returned that were neither started nor released yet.
+        self._unstarted: List[ClaimedJob] = []
 
     # ------------------------------------------------------------------ control
 
@@ -285,78 +294,123 @@ class Worker:
         return self._stopping.is_set()
 
     def run(self) -> WorkerReport:
-        """Claims and runs jobs until :meth:`stop`; returns what it did."""
+        """Claims and runs jobs until :meth:`stop`; returns what it did.
+
+        A claim refused for good (any error but a retryable one, such as
+        :class:`UnauthorizedError`, :class:`ForbiddenHostError` or a
+        :class:`ValidationError` of ``lease_ms``) ends it: the worker shuts down
+        as :meth:`stop` does, then the error is raised. So does any other
+        exception, ``KeyboardInterrupt`` included."""
         if self._running:
             raise RuntimeError("this worker is already running")
         self._running = True
         acker = threading.Thread(target=self._ack_loop, name="idemq-completer", daemon=True)
         acker.start()
         pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="idemq-job")
+        try:
+            self._claim_loop(pool)
+        finally:
+            self._shut_down(pool, acker)
+        return self.report
+
+    def _claim_loop(self, pool: ThreadPoolExecutor) -> None:
         types = sorted(self.handlers)
         failures = 0
-        try:
-            while not self._stopping.is_set():
-                with self._slots:
-                    while self._active >= self.concurrency and not self._stopping.is_set():
-                        self._slots.wait(0.5)
-                    free = self.concurrency - self._active
-                if self._stopping.is_set():
-                    break
-                carried = self._take_carried()
-                try:
-                    jobs = self.client.claim(
-                        queues=self.queues,
-                        worker=self.name,
-                        limit=free,
-                        lease_ms=self.lease_ms,
-                        types=types,
-                        wait_ms=self.poll_wait_ms,
-                        complete=[a.item() for a in carried] or None,
-                    )
-                    failures = 0
-                except IdemqError as exc:
-                    self._put_back(carried)
-                    if carried and isinstance(exc, BadRequestError):
-                        # A server that does not take completions on a claim: send them apart from now on.
-                        log.info("the server refused completions on a claim (%s); sending them apart", exc)
-                        self._carry = False
-                        continue
-                    if carried and not exc.retryable:
-                        # What was refused may be one of them (a result over the size
-                        # limit refuses the whole call): their own calls answer each,
-                        # and the claim goes again without them, at once.
-                        log.info("a claim carrying completions was refused (%s); sending them apart", exc)
-                        continue
-                    failures += 1
-                    log.warning("claim failed: %s", exc)
-                    self._stopping.wait(min(5.0, 0.2 * (2 ** min(failures, 5))))
+        while not self._stopping.is_set():
+            with self._slots:
+                while self._active >= self.concurrency and not self._stopping.is_set():
+                    self._slots.wait(0.5)
+                free = self.concurrency - self._active
+            if self._stopping.is_set():
+                break
+            carried = self._take_carried()
+            try:
+                jobs = self.client.claim(
+                    queues=self.queues,
+                    worker=self.name,
+                    limit=free,
+                    lease_ms=self.lease_ms,
+                    types=types,
+                    wait_ms=self.poll_wait_ms,
+                    complete=[a.item() for a in carried] or None,
+                )
+                failures = 0
+            except IdemqError as exc:
+                self._put_back(carried)
+                if carried and isinstance(exc, BadRequestError):
+                    # A server that does not take completions on a claim: send them apart from now on.
+                    log.info("the server refused completions on a claim (%s); sending them apart", exc)
+                    self._carry = False
                     continue
-                if carried:
-                    if jobs.completed is not None and len(jobs.completed) == len(carried):
-                        self._settle(carried, jobs.completed)
-                    else:
-                        # Answers that do not match cannot be trusted; their own call gives each one.
-                        self._carry = False
-                        self._put_back(carried)
-                for job in jobs:
-                    if self._stopping.is_set():
-                        self._release(job)
-                        continue
+                if carried and not exc.retryable:
+                    # What was refused may be one of them (a result over the size
+                    # limit refuses the whole call): their own calls answer each,
+                    # and the claim goes again without them, at once.
+                    log.info("a claim carrying completions was refused (%s); sending them apart", exc)
+                    continue
+                if not exc.retryable:
+                    # Refused for good (a wrong token, a forbidden host, a lease the
+                    # server does not take): asking again cannot help.
+                    log.error("claim refused: %s; the worker shuts down", exc)
+                    raise
+                failures += 1
+                log.warning("claim failed: %s", exc)
+                self._stopping.wait(min(5.0, 0.2 * (2 ** min(failures, 5))))
+                continue
+            except BaseException:
+                # Whether the claim recorded them is unknown: a call of their own answers each.
+                self._put_back(carried)
+                raise
+            if carried:
+                if jobs.completed is not None and len(jobs.completed) == len(carried):
+                    self._settle(carried, jobs.completed)
+                else:
+                    # Answers that do not match cannot be trusted; their own call gives each one.
+                    self._carry = False
+                    self._put_back(carried)
+            self._unstarted = list(jobs)
+            while self._unstarted:
+                job = self._unstarted[0]
+                if self._stopping.is_set():
+                    self._release(job)
+                else:
                     with self._slots:
                         self._active += 1
-                    pool.submit(self._slot, job, time.monotonic())
+                    try:
+                        pool.submit(self._slot, job, time.monotonic())
+                    except BaseException:
+                        with self._slots:
+                            self._active -= 1
+                        raise
+                del self._unstarted[0]
+
+    def _shut_down(self, pool: ThreadPoolExecutor, acker: threading.Thread) -> None:
+        """Every end of :meth:`run`: no more claims; running handlers get the grace
+        period, then are told to stop and their leases are released; the
+        completions still waiting are sent. An interrupt meanwhile (a second
+        Ctrl-C) ends the grace period at once."""
+        self.stop()
+        try:
+            while True:
+                try:
+                    # Claimed, not started: released at once, not held through the grace period.
+                    while self._unstarted:
+                        self._release(self._unstarted[0])
+                        del self._unstarted[0]
+                    with self._slots:
+                        while self._active > 0:
+                            self._slots.wait(0.2)
+                    pool.shutdown(wait=True)
+                    with self._pending_cv:
+                        self._closing = True
+                        self._pending_cv.notify_all()
+                    acker.join()
+                    return
+                except KeyboardInterrupt:
+                    log.warning("interrupted during shutdown; releasing the running jobs now")
+                    self.stop(grace=0)
         finally:
-            self._stopping.set()
-            with self._slots:
-                while self._active > 0:
-                    self._slots.wait(0.2)
-            pool.shutdown(wait=True)
-            with self._pending_cv:
-                self._closing = True
-                self._pending_cv.notify_all()
-            acker.join()
             self._running = False
-        return self.report
 
     # ------------------------------------------------------------------ one job
 
