@@ -138,13 +138,15 @@ impl Maintenance {
         report
     }
 
-    /// Runs passes until `stop` turns true. A failed step is logged
-    /// (`tracing`, a warning when a step starts failing, at debug level while
-    /// it keeps failing) and runs again at the next pass.
+    /// Runs passes until `stop` turns true, or until its sender is dropped
+    /// (nothing could stop the loop after that: a dropped `Worker::run`, say).
+    /// A failed step is logged (`tracing`, a warning when a step starts
+    /// failing, at debug level while it keeps failing) and runs again at the
+    /// next pass.
     pub async fn run_until(self, mut stop: watch::Receiver<bool>) {
         let mut failing: Vec<Step> = Vec::new();
         loop {
-            if *stop.borrow() {
+            if *stop.borrow() || stop.has_changed().is_err() {
                 return;
             }
             let r = self.pass().await;
@@ -168,7 +170,11 @@ impl Maintenance {
                 continue;
             }
             tokio::select! {
-                _ = stop.changed() => {}
+                changed = stop.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
                 () = tokio::time::sleep(self.every) => {}
             }
         }

@@ -38,6 +38,7 @@ idemq_testkit::instantiate!(
     drain_500_jobs_each_completed_once,
     concurrent_maintenance_passes_reap_each_lease_once,
     maintenance_loop_catches_up_beyond_one_batch,
+    maintenance_loop_ends_when_its_stop_sender_is_dropped,
     an_oversized_result_fails_its_own_job_and_no_other,
     a_late_result_after_a_lost_lease_is_refused,
     a_worker_whose_claims_would_be_refused_fails_at_run,
@@ -990,6 +991,26 @@ async fn maintenance_loop_catches_up_beyond_one_batch(h: Harness) {
     }
     let _ = stop.send(true);
     task.await.unwrap();
+}
+
+/// A maintenance loop whose stop sender is gone (a dropped `Worker::run`,
+/// say) ends, before or after it started, instead of running passes back
+/// to back with nothing to stop it.
+async fn maintenance_loop_ends_when_its_stop_sender_is_dropped(h: Harness) {
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let m = Maintenance::new(h.queue.clone()).every(Duration::from_millis(50));
+    let task = tokio::spawn(m.clone().run_until(stopped));
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    drop(stop);
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the loop ended after its sender was dropped")
+        .unwrap();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    drop(stop);
+    tokio::time::timeout(Duration::from_secs(5), m.run_until(stopped))
+        .await
+        .expect("a loop started without a sender ends at once");
 }
 
 /// Moves the clock `by` (past the job's lease), then another worker on its
