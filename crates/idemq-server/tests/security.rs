@@ -498,6 +498,128 @@ fn assert_absent(tails: &[String], what: &str, haystack: &[u8]) {
     }
 }
 
+/// A unique key with `sep` (quotes, backslashes) before its secret tail,
+/// within the 8 characters a preview shows.
+fn escaped_key(tag: &str, sep: &str) -> (String, String) {
+    let tail = format!("{tag}{}", uuid::Uuid::new_v4().simple());
+    (format!("k{sep}{tail}"), tail)
+}
+
+/// Sends a key with quotes or backslashes everywhere a malformed request
+/// could echo it; every answer is a refusal, recorded for the scan.
+async fn escaped_key_never_echoed(s: &Server, seen: &mut Seen, k: &str) {
+    let bodies = [
+        // The bare-string form (only `dedupe` takes one).
+        json!({"type": "sec.e", "idempotency": k}),
+        // The key given to members of other types.
+        json!({"type": "sec.e", "idempotency": {"key": "sec-e", "ttl_ms": k}}),
+        json!({"type": "sec.e", "idempotency": {"key": k, "ttl_ms": k}}),
+        json!({"type": "sec.e", "priority": k, "retry": {"kind": "fixed", "delay_ms": k}}),
+        json!({"type": "sec.e", "retry": {"kind": k}}),
+        json!({"type": "sec.e", "retry": k}),
+    ];
+    for body in &bodies {
+        for path in ["/v1/jobs", "/v1/jobs/explain"] {
+            let a = s.post(path, body.clone()).await;
+            seen.record(&format!("{path} (escaped key)"), &a);
+            a.problem(400, "bad-request");
+        }
+        let a = s
+            .post("/v1/jobs/batch", json!({"jobs": [body.clone()]}))
+            .await;
+        seen.record("batch item (escaped key)", &a);
+        assert_eq!(
+            a.ok(200)["results"][0]["error"]["type"],
+            "/problems/bad-request"
+        );
+        let a = s
+            .post(
+                "/v1/jobs/batch",
+                json!({"jobs": [{"type": "sec.e"}, body.clone()], "atomic": true}),
+            )
+            .await;
+        seen.record("atomic batch item (escaped key)", &a);
+        assert_eq!(a.problem(400, "bad-request")["index"], 1);
+    }
+    // The header, as a structured-field string (`\"` and `\\` escaped) and
+    // as a bare token, beside a malformed body and a body key that differs.
+    let sf = format!("\"{}\"", k.replace('\\', "\\\\").replace('"', "\\\""));
+    for header in [sf.as_str(), k] {
+        for body in [
+            json!({"type": "sec.e", "idempotency": {"ttl_ms": "soon"}}),
+            json!({"type": "sec.e", "idempotency": 7}),
+            json!({"type": "sec.e", "idempotency": {"key": "other"}}),
+        ] {
+            for path in ["/v1/jobs", "/v1/jobs/explain"] {
+                let a = s
+                    .post_with(path, body.clone(), &[("idempotency-key", header)])
+                    .await;
+                seen.record("header (escaped key)", &a);
+                assert!(matches!(a.status.as_u16(), 400 | 422), "{path}: {}", a.text);
+            }
+        }
+    }
+    // The header with a good body takes the key whole.
+    let a = s
+        .post_with(
+            "/v1/jobs",
+            json!({"type": "sec.e"}),
+            &[("idempotency-key", sf.as_str())],
+        )
+        .await;
+    seen.record("enqueue (escaped header key)", &a);
+    let id = a.ok(201)["job_id"].clone();
+    let a = s.post("/v1/idempotency/lookup", json!({"key": k})).await;
+    seen.record("lookup (escaped key)", &a);
+    assert_eq!(a.ok(200)["job_id"], id);
+    let a = s
+        .post("/v1/idempotency/lookup", json!({"key": k, "scope": 5}))
+        .await;
+    seen.record("lookup (escaped key, bad scope)", &a);
+    a.problem(400, "bad-request");
+}
+
+/// Sends a key as a JSON number (and with a fraction) where a string key
+/// belongs; the digits are never echoed.
+async fn numeric_key_never_echoed(s: &Server, seen: &mut Seen, n: u128) {
+    let float: Value = serde_json::from_str(&format!("{n}.5")).expect("a number");
+    for key in [json!(n), float] {
+        let bodies = [
+            json!({"type": "sec.n", "idempotency": {"key": key}}),
+            json!({"type": "sec.n", "idempotency": key}),
+            json!({"type": "sec.n", "dedupe": {"key": key}}),
+        ];
+        for body in &bodies {
+            for path in ["/v1/jobs", "/v1/jobs/explain"] {
+                let a = s.post(path, body.clone()).await;
+                seen.record(&format!("{path} (numeric key)"), &a);
+                a.problem(400, "bad-request");
+            }
+            let a = s
+                .post(
+                    "/v1/jobs/batch",
+                    json!({"jobs": [body.clone(), {"type": "sec.n"}], "atomic": true}),
+                )
+                .await;
+            seen.record("atomic batch item (numeric key)", &a);
+            assert_eq!(a.problem(400, "bad-request")["index"], 0);
+            let a = s
+                .post("/v1/jobs/batch", json!({"jobs": [body.clone()]}))
+                .await;
+            seen.record("batch item (numeric key)", &a);
+            assert_eq!(
+                a.ok(200)["results"][0]["error"]["type"],
+                "/problems/bad-request"
+            );
+        }
+        for path in ["/v1/idempotency/lookup", "/v1/idempotency/release"] {
+            let a = s.post(path, json!({"scope": "sec", "key": key})).await;
+            seen.record(&format!("{path} (numeric key)"), &a);
+            a.problem(400, "bad-request");
+        }
+    }
+}
+
 async fn raw_key_never_leaks(b: Backend) {
     capture_logs();
     let s = Server::start(b).await;
@@ -507,7 +629,7 @@ async fn raw_key_never_leaks(b: Backend) {
     let (k_atomic, t_atomic) = secret_key("atom");
     let (k_redrive, t_redrive) = secret_key("redr");
     let (k_dash, t_dash) = secret_key("dash");
-    let tails = vec![
+    let mut tails = vec![
         t_body.clone(),
         t_head.clone(),
         t_batch.clone(),
@@ -568,6 +690,23 @@ async fn raw_key_never_leaks(b: Backend) {
         .await;
     seen.record("other key", &a);
     a.ok(201);
+
+    // Keys holding a quote or a backslash, which a parser message writes
+    // escaped (`\"`, `\\`), and keys sent as numbers, which it writes in
+    // backticks: no part of them is echoed, in the body's bare-string form,
+    // as the value of a member of another type, in a batch item (plain and
+    // atomic), beside the header, or in a lookup.
+    for (n, sep) in ["\"", "\\", "\\\"", "\"\\", "\\\\\""]
+        .into_iter()
+        .enumerate()
+    {
+        let (k, tail) = escaped_key(&format!("esc{n}"), sep);
+        tails.push(tail);
+        escaped_key_never_echoed(&s, &mut seen, &k).await;
+    }
+    let number = 100_000_000_000_000 + uuid::Uuid::new_v4().as_u128() % 800_000_000_000_000;
+    tails.push(number.to_string());
+    numeric_key_never_echoed(&s, &mut seen, number).await;
 
     // The header, as a structured-field string and as a bare token.
     let quoted = format!("\"{k_head}\"");

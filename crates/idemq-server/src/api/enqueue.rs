@@ -258,9 +258,18 @@ pub(crate) async fn batch(
 /// An all-or-nothing batch: any failing item fails the call with that item's
 /// problem and member `index`, and nothing is written.
 async fn atomic(s: &ApiState, parsed: Vec<Result<EnqueueRequest, Problem>>) -> ApiResult<Response> {
-    let first_bad = parsed.iter().position(Result::is_err);
-    let mut reqs: Vec<EnqueueRequest> = parsed.into_iter().map_while(Result::ok).collect();
-    if let Some(index) = first_bad {
+    let mut reqs = Vec::with_capacity(parsed.len());
+    let mut malformed = None;
+    for (index, item) in parsed.into_iter().enumerate() {
+        match item {
+            Ok(req) => reqs.push(req),
+            Err(problem) => {
+                malformed = Some((index, problem));
+                break;
+            }
+        }
+    }
+    if let Some((index, problem)) = malformed {
         // An earlier item may still fail (a conflict, a passed deadline, an
         // effect of the items before it). Let the library decide the items
         // before the malformed one, with a request that cannot pass
@@ -275,12 +284,9 @@ async fn atomic(s: &ApiState, parsed: Vec<Result<EnqueueRequest, Problem>>) -> A
             Err(idemq::Error::BatchItem { index: i, error }) if i != index => {
                 idemq::Error::BatchItem { index: i, error }
             }
-            Err(idemq::Error::BatchItem { .. }) => {
-                return Err(Problem::bad_request(format!(
-                    "item {index} is not a valid enqueue request"
-                ))
-                .with("index", index));
-            }
+            // The malformed item is the first to fail: its own problem (its
+            // detail and dotted `field`), as a non-atomic batch answers it.
+            Err(idemq::Error::BatchItem { .. }) => return Err(problem.with("index", index)),
             Err(e) => e,
             Ok(_) => {
                 return Err(Problem::new("internal", "the atomic batch was not refused"));

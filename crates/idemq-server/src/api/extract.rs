@@ -31,6 +31,17 @@ pub(crate) struct Json<T>(pub(crate) T);
 /// A JSON object body that may be empty (then `T::default()`).
 pub(crate) struct OptionalJson<T>(pub(crate) T);
 
+/// The body of an operation that takes none: nothing, or an empty JSON
+/// object (or `null`) sent as JSON. Anything else is refused before the
+/// operation runs: a body of another type or of no type, as every body is,
+/// and a member, as an unknown member is.
+pub(crate) struct NoBody;
+
+/// What a [`NoBody`] body may hold: no member at all.
+#[derive(Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoMembers {}
+
 /// A body checked to be a JSON object, not parsed yet (enqueue merges the
 /// `Idempotency-Key` header into it first).
 pub(crate) struct RawJson(pub(crate) Bytes);
@@ -57,7 +68,8 @@ fn check_content_type(headers: &HeaderMap, bytes: &[u8]) -> Result<(), Problem> 
         .map(|v| v.split(';').next().unwrap_or("").trim());
     match essence {
         Some(e) if e == "application/json" || e.ends_with("+json") => Ok(()),
-        // Nothing to read: the operations whose body is optional accept none.
+        // Nothing to read, so nothing to declare (an operation that needs
+        // a body then refuses it as not an object).
         None if is_blank(bytes) => Ok(()),
         Some(other) => Err(Problem::bad_request(format!(
             "{SEND_JSON}; this request declared Content-Type {other}"
@@ -68,21 +80,63 @@ fn check_content_type(headers: &HeaderMap, bytes: &[u8]) -> Result<(), Problem> 
     }
 }
 
-async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Problem> {
+/// The body limit of a request, as [`limit_declared_length`] decided it.
+#[derive(Clone, Copy)]
+struct BodyLimit(usize);
+
+/// Reads the whole body (under the route's limit), without looking at its type.
+async fn read_bytes<S: Send + Sync>(
+    req: Request,
+    state: &S,
+) -> Result<(HeaderMap, Bytes), Problem> {
     let headers = req.headers().clone();
+    let limit = req.extensions().get::<BodyLimit>().copied();
     let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
         if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            Problem::new(
-                "payload-too-large",
-                "the request body is over the body limit",
-            )
-            .with("field", "body")
+            too_large(limit.map(|l| l.0))
         } else {
             Problem::bad_request("the request body could not be read")
         }
     })?;
+    Ok((headers, bytes))
+}
+
+/// The `413` of a body over the body limit (`limit` in bytes, when known).
+fn too_large(limit: Option<usize>) -> Problem {
+    match limit {
+        Some(limit) => Problem::new(
+            "payload-too-large",
+            format!("the request body is over the body limit of {limit} bytes"),
+        )
+        .with("field", "body")
+        .with("limit", limit),
+        None => Problem::new(
+            "payload-too-large",
+            "the request body is over the body limit",
+        )
+        .with("field", "body"),
+    }
+}
+
+async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Problem> {
+    let (headers, bytes) = read_bytes(req, state).await?;
     check_content_type(&headers, &bytes)?;
     Ok(bytes)
+}
+
+/// Reads an optional body: `None` when it is empty (only whitespace), whatever
+/// type it declares (there is nothing to read), else the bytes once their
+/// type is checked.
+async fn read_optional_body<S: Send + Sync>(
+    req: Request,
+    state: &S,
+) -> Result<Option<Bytes>, Problem> {
+    let (headers, bytes) = read_bytes(req, state).await?;
+    if is_blank(&bytes) {
+        return Ok(None);
+    }
+    check_content_type(&headers, &bytes)?;
+    Ok(Some(bytes))
 }
 
 /// The largest declared body an oversized request is read through (for at
@@ -112,7 +166,8 @@ fn check_object(bytes: &[u8]) -> Result<(), Problem> {
 pub(crate) fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     check_object(bytes)?;
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(body_error)?;
+    let value = serde_path_to_error::deserialize(&mut de)
+        .map_err(|e| body_error(e, || serde_json::from_slice(bytes).ok()))?;
     de.end().map_err(Problem::bad_request)?;
     Ok(value)
 }
@@ -122,41 +177,93 @@ pub(crate) fn from_value<T: DeserializeOwned>(value: Value) -> Result<T, Problem
     if !value.is_object() {
         return Err(Problem::bad_request("the request must be a JSON object"));
     }
-    serde_path_to_error::deserialize(value).map_err(body_error)
+    // The value is consumed: keep the one member an error may need to be
+    // read again (see `retry_error`), which is small.
+    let retry = value
+        .get(RETRY)
+        .filter(|r| r.is_object())
+        .map(|r| serde_json::json!({ RETRY: r }));
+    serde_path_to_error::deserialize(value).map_err(|e| body_error(e, || retry))
 }
 
-/// A parse error as a problem whose `detail` and `field` name the member by
-/// its dotted path (`dedupe.mode`), never the parser's internal types.
-fn body_error<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> Problem {
-    let mut path: Vec<String> = e
-        .path()
-        .iter()
+/// The dotted path's segments of a parse error.
+fn segments(path: &serde_path_to_error::Path) -> Vec<String> {
+    path.iter()
         .filter_map(|seg| match seg {
             serde_path_to_error::Segment::Map { key } => Some(key.clone()),
             serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
             serde_path_to_error::Segment::Enum { variant } => Some(variant.clone()),
             serde_path_to_error::Segment::Unknown => None,
         })
-        .collect();
-    let message = e.inner().to_string();
-    // serde names the member itself in these two messages: "unknown field
-    // `x`, expected …" and "missing field `x`".
+        .collect()
+}
+
+/// The value at a parse error's path in the document it was read from.
+fn at<'v>(root: &'v Value, path: &serde_path_to_error::Path) -> Option<&'v Value> {
+    path.iter().try_fold(root, |v, seg| match seg {
+        serde_path_to_error::Segment::Map { key } => v.get(key),
+        serde_path_to_error::Segment::Seq { index } => v.get(index),
+        serde_path_to_error::Segment::Enum { variant } => v.get(variant),
+        serde_path_to_error::Segment::Unknown => None,
+    })
+}
+
+/// The member of an enqueue request (and of a schedule's template) that
+/// holds the retry policy.
+const RETRY: &str = "retry";
+
+/// A parse error as a problem whose `detail` and `field` name the member by
+/// its dotted path (`dedupe.mode`), never the parser's internal types.
+/// `source` gives the document again, for an error the path cannot follow.
+fn body_error<E: std::fmt::Display>(
+    e: serde_path_to_error::Error<E>,
+    source: impl FnOnce() -> Option<Value>,
+) -> Problem {
+    let mut path = segments(e.path());
+    let mut message = e.inner().to_string();
+    // The retry policy is read by its `kind` from a buffer (an internally
+    // tagged enum), where the path stops: read the object again by its
+    // kind to find the member at fault. A bad `kind` is named with the
+    // kinds there are (serde speaks of a "variant identifier").
+    if named_member(&message).is_none() {
+        if path.ends_with(&[RETRY.to_owned(), "kind".to_owned()]) {
+            message = RETRY_KINDS.to_owned();
+        } else if path.last().is_some_and(|last| last == RETRY)
+            && let Some(root) = source()
+            && let Some((inner, why)) = at(&root, e.path()).and_then(retry_error)
+        {
+            path.extend(inner);
+            message = why;
+        }
+    }
+    member_problem(path, &message)
+}
+
+/// The member serde names itself in two messages: "unknown field `x`,
+/// expected …" and "missing field `x`".
+fn named_member(message: &str) -> Option<(&'static str, String)> {
     let named = |prefix: &str| {
         let rest = message.strip_prefix(prefix)?;
         Some(rest.split('`').next().unwrap_or("").to_owned())
     };
-    let (what, member) = if let Some(m) = named("unknown field `") {
-        ("unknown member", Some(m))
-    } else if let Some(m) = named("missing field `") {
-        ("missing member", Some(m))
+    if let Some(m) = named("unknown field `") {
+        Some(("unknown member", m))
     } else {
-        ("invalid member", None)
-    };
-    if let Some(m) = member
-        && path.last() != Some(&m)
-    {
-        path.push(m);
+        named("missing field `").map(|m| ("missing member", m))
     }
+}
+
+/// The `400` of a parse error at `path` (the member's segments) with serde's `message`.
+fn member_problem(mut path: Vec<String>, message: &str) -> Problem {
+    let what = match named_member(message) {
+        Some((what, m)) => {
+            if path.last() != Some(&m) {
+                path.push(m);
+            }
+            what
+        }
+        None => "invalid member",
+    };
     let field = path.join(".");
     if field.is_empty() {
         return Problem::bad_request(message);
@@ -166,6 +273,61 @@ fn body_error<E: std::fmt::Display>(e: serde_path_to_error::Error<E>) -> Problem
         _ => format!("{what} `{field}`"),
     };
     Problem::bad_request(detail).with("field", field)
+}
+
+/// What a retry policy's `kind` may be.
+const RETRY_KINDS: &str = "must be `exponential`, `fixed` or `none`";
+
+/// The member at fault in a retry policy that did not parse, and serde's
+/// message about it, found by reading the object again through forms that
+/// mirror each kind of [`idemq::RetryPolicy`] (their members read the same
+/// way). `None` when they find no fault (the first message then stands).
+fn retry_error(retry: &Value) -> Option<(Vec<String>, String)> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Exponential {
+        kind: serde::de::IgnoredAny,
+        #[serde(default, deserialize_with = "idemq::wire::opt_int")]
+        initial_ms: Option<i64>,
+        #[serde(default, deserialize_with = "idemq::wire::opt_float")]
+        factor: Option<f64>,
+        #[serde(default, deserialize_with = "idemq::wire::opt_int")]
+        max_ms: Option<i64>,
+        #[serde(default)]
+        jitter: Option<bool>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Fixed {
+        kind: serde::de::IgnoredAny,
+        #[serde(deserialize_with = "idemq::wire::int")]
+        delay_ms: i64,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct NoRetries {
+        kind: serde::de::IgnoredAny,
+    }
+    fn fault<T: DeserializeOwned>(v: &Value) -> Option<(Vec<String>, String)> {
+        serde_path_to_error::deserialize::<_, T>(v)
+            .err()
+            .map(|e| (segments(e.path()), e.inner().to_string()))
+    }
+    let kind = || Some((vec!["kind".to_owned()], RETRY_KINDS.to_owned()));
+    match retry.as_object()?.get("kind") {
+        // A missing `kind` is named by serde's own message.
+        None => None,
+        Some(Value::String(k)) => match k.as_str() {
+            "exponential" => fault::<Exponential>(retry),
+            "fixed" => fault::<Fixed>(retry),
+            "none" => fault::<NoRetries>(retry),
+            _ => kind(),
+        },
+        Some(_) => kind(),
+    }
 }
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
@@ -181,12 +343,23 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJ
     type Rejection = Problem;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
-        let bytes = read_body(req, state).await?;
         // No body, or `null`: every member omitted.
-        if is_blank(&bytes) || bytes.trim_ascii() == b"null" {
+        let Some(bytes) = read_optional_body(req, state).await? else {
+            return Ok(OptionalJson(T::default()));
+        };
+        if bytes.trim_ascii() == b"null" {
             return Ok(OptionalJson(T::default()));
         }
         parse(&bytes).map(OptionalJson)
+    }
+}
+
+impl<S: Send + Sync> FromRequest<S> for NoBody {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+        let OptionalJson(NoMembers {}) = OptionalJson::from_request(req, state).await?;
+        Ok(NoBody)
     }
 }
 
@@ -219,6 +392,23 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for Path<T>
             .await
             .map(|p| Path(p.0))
             .map_err(|e| Problem::bad_request(e.body_text()))
+    }
+}
+
+/// Reads an optional number of a query string (`limit`, `wait_ms`): an
+/// empty value (`?limit=`, as an HTML form sends it) means omitted, as for
+/// every query member; any other value must parse. Use with
+/// `#[serde(default, deserialize_with = …)]`.
+pub(crate) fn query_number<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    let text: Option<String> = serde::Deserialize::deserialize(d)?;
+    match text.as_deref() {
+        None | Some("") => Ok(None),
+        Some(text) => text.parse().map(Some).map_err(serde::de::Error::custom),
     }
 }
 
@@ -276,7 +466,7 @@ fn parse_sf_string(rest: &str) -> Option<String> {
 /// (a streamed body is cut by the extractors at the same limit).
 pub(crate) async fn limit_declared_length(
     axum::extract::State(limits): axum::extract::State<(usize, usize)>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
     let (general, batch) = limits;
@@ -285,6 +475,7 @@ pub(crate) async fn limit_declared_length(
     } else {
         general
     };
+    req.extensions_mut().insert(BodyLimit(limit));
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -301,13 +492,7 @@ pub(crate) async fn limit_declared_length(
             let drain = async { while let Some(Ok(_)) = body.next().await {} };
             let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
         }
-        return Problem::new(
-            "payload-too-large",
-            format!("the request body is over the body limit of {limit} bytes"),
-        )
-        .with("field", "body")
-        .with("limit", limit)
-        .into_response();
+        return too_large(Some(limit)).into_response();
     }
     next.run(req).await
 }

@@ -13,7 +13,7 @@ use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
 
 use super::ApiState;
-use super::extract::{Json, OptionalJson, Path, Query, idempotency_key};
+use super::extract::{Json, NoBody, OptionalJson, Path, Query, idempotency_key, query_number};
 use super::problem::{ApiResult, Problem};
 
 use super::schema::{BulkLimit, WaitMs};
@@ -63,8 +63,9 @@ pub(crate) struct Promoted {
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(crate) struct WaitQuery {
-    /// Hold the request up to this many milliseconds (≤ 60,000) until the job is terminal.
-    #[param(value_type = Option<WaitMs>)]
+    /// Hold the request up to this many milliseconds (≤ 60,000) until the job is terminal (empty: no wait).
+    #[serde(default, deserialize_with = "query_number")]
+    #[param(value_type = Option<WaitMsQuery>)]
     wait_ms: Option<u64>,
 }
 
@@ -82,8 +83,9 @@ pub(crate) struct ListQuery {
     job_type: Option<String>,
     /// A tag.
     tag: Option<String>,
-    /// Page size, 1–1000 (100 when omitted).
-    #[param(value_type = Option<idemq::openapi::PageLimit>)]
+    /// Page size, 1–1000 (100 when omitted or empty).
+    #[serde(default, deserialize_with = "query_number")]
+    #[param(value_type = Option<PageLimitQuery>)]
     limit: Option<u32>,
     /// The `next_cursor` of the previous page (empty: the first page).
     #[param(value_type = Option<CursorFilter>)]
@@ -121,6 +123,50 @@ impl utoipa::PartialSchema for CursorFilter {
 }
 
 impl ToSchema for CursorFilter {}
+
+/// A number in a query, or empty for omitted.
+fn empty_or(
+    number: utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+    description: &str,
+) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    utoipa::openapi::schema::AnyOfBuilder::new()
+        .item(number)
+        .item(
+            utoipa::openapi::ObjectBuilder::new()
+                .schema_type(utoipa::openapi::schema::Type::String)
+                .enum_values(Some([""])),
+        )
+        .description(Some(description))
+        .into()
+}
+
+/// A page size in a query: 1–1000, or empty for the default.
+pub(crate) struct PageLimitQuery;
+
+impl utoipa::PartialSchema for PageLimitQuery {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        empty_or(
+            utoipa::openapi::Ref::from_schema_name(idemq::openapi::PageLimit::name()).into(),
+            "A page size, or empty for the default",
+        )
+    }
+}
+
+impl ToSchema for PageLimitQuery {}
+
+/// A `wait_ms` in a query: 0–60,000, or empty for no wait.
+pub(crate) struct WaitMsQuery;
+
+impl utoipa::PartialSchema for WaitMsQuery {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        empty_or(
+            utoipa::openapi::Ref::from_schema_name(WaitMs::name()).into(),
+            "Milliseconds to wait, or empty for no wait",
+        )
+    }
+}
+
+impl ToSchema for WaitMsQuery {}
 
 /// An empty query value (`?state=`, as an HTML form sends it) means omitted.
 fn given(v: Option<String>) -> Option<String> {
@@ -304,6 +350,7 @@ pub(crate) async fn checkpoints(
 pub(crate) async fn cancel(
     State(s): State<ApiState>,
     Path(id): Path<String>,
+    _: NoBody,
 ) -> ApiResult<axum::Json<idemq::CancelOutcome>> {
     Ok(axum::Json(s.queue().cancel(&id).await?))
 }
@@ -320,6 +367,7 @@ pub(crate) async fn cancel(
 pub(crate) async fn purge(
     State(s): State<ApiState>,
     Path(id): Path<String>,
+    _: NoBody,
 ) -> ApiResult<axum::Json<Purged>> {
     let purged = s.queue().purge(&id).await?;
     Ok(axum::Json(Purged { purged }))
@@ -337,6 +385,7 @@ pub(crate) async fn purge(
 pub(crate) async fn promote(
     State(s): State<ApiState>,
     Path(id): Path<String>,
+    _: NoBody,
 ) -> ApiResult<axum::Json<Promoted>> {
     let promoted = s.queue().promote(&id).await?;
     Ok(axum::Json(Promoted { promoted }))

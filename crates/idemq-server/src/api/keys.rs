@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::ApiState;
-use super::extract::{Json, Path};
+use super::extract::{Json, NoBody, Path};
 use super::problem::{ApiResult, Problem};
 
 /// The answer of a dedupe cancel.
@@ -190,6 +190,7 @@ pub(crate) async fn queues(State(s): State<ApiState>) -> ApiResult<axum::Json<Qu
 pub(crate) async fn pause(
     State(s): State<ApiState>,
     Path(name): Path<String>,
+    _: NoBody,
 ) -> ApiResult<axum::Json<Paused>> {
     let paused = s.queue().pause(&name).await?;
     Ok(axum::Json(Paused { paused }))
@@ -210,6 +211,7 @@ pub(crate) async fn pause(
 pub(crate) async fn resume(
     State(s): State<ApiState>,
     Path(name): Path<String>,
+    _: NoBody,
 ) -> ApiResult<axum::Json<Paused>> {
     let paused = s.queue().resume(&name).await?;
     Ok(axum::Json(Paused { paused }))

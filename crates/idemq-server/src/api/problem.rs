@@ -276,23 +276,54 @@ impl utoipa::PartialSchema for Problem {
 
 impl utoipa::ToSchema for Problem {}
 
-/// Replaces the content of every double-quoted run of `s` with `…`.
+/// The words serde writes before a value it quotes in backticks
+/// (`invalid type: integer `4711`, expected a string`, `unknown variant `x``).
+/// Member names (`unknown field `x``, the server's `invalid member `a.b``)
+/// follow other words and stay readable.
+const BACKTICK_VALUES: &[&str] = &[
+    "boolean ",
+    "integer ",
+    "floating point ",
+    "character ",
+    "unknown variant ",
+];
+
+/// Replaces with `…` the content of every double-quoted run of `s` and of
+/// every backtick-quoted value serde echoes (see [`BACKTICK_VALUES`]).
+///
+/// serde writes a string value with Rust's escapes (`\"`, `\\`), so a
+/// quoted run ends only at a quote that no backslash escapes; an
+/// unterminated run is blanked to the end.
 fn scrub(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
-    let mut inside = false;
-    for c in s.chars() {
-        if c == '"' {
-            if inside {
-                out.push('…');
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        let close = match c {
+            '"' => '"',
+            '`' if BACKTICK_VALUES
+                .iter()
+                .any(|w| out[..out.len() - 1].ends_with(w)) =>
+            {
+                '`'
             }
-            inside = !inside;
-            out.push(c);
-        } else if !inside {
-            out.push(c);
-        }
-    }
-    if inside {
+            _ => continue,
+        };
         out.push('…');
+        let mut closed = false;
+        while let Some(c) = chars.next() {
+            if c == close {
+                closed = true;
+                break;
+            }
+            if c == '\\' && close == '"' {
+                // The escaped character, whatever it is.
+                chars.next();
+            }
+        }
+        if closed {
+            out.push(close);
+        }
     }
     out
 }
@@ -404,7 +435,7 @@ pub(crate) fn unavailable(detail: &str, secs: u64) -> Problem {
     )
 )]
 pub(crate) async fn page(
-    axum::extract::Path(name): axum::extract::Path<String>,
+    super::extract::Path(name): super::extract::Path<String>,
 ) -> ApiResult<Html<String>> {
     let (name, status, title, text) =
         lookup(&name).ok_or_else(|| Problem::not_found("problem type"))?;
@@ -465,6 +496,71 @@ mod tests {
             "invalid type: string \"…\", expected a map at line 1"
         );
         assert_eq!(scrub("unterminated \"abc"), "unterminated \"…");
+    }
+
+    #[test]
+    fn scrub_honours_escapes() {
+        // serde's `string "ord\"er-SECRET"` (the key `ord"er-SECRET`).
+        let key = "ord\"er-SECRET";
+        let message = format!("invalid type: string {key:?}, expected an object at line 1");
+        assert_eq!(
+            scrub(&message),
+            "invalid type: string \"…\", expected an object at line 1"
+        );
+        for key in [
+            "a\\SECRET",
+            "a\\\"SECRET",
+            "a\"\\SECRET",
+            "a\\",
+            "\"",
+            "a\nSECRET",
+        ] {
+            let message = format!("x {key:?} y {:?} z", "b");
+            let scrubbed = scrub(&message);
+            assert_eq!(scrubbed, "x \"…\" y \"…\" z", "{message}");
+        }
+        assert_eq!(scrub("open \"a\\\"SECRET"), "open \"…");
+    }
+
+    #[test]
+    fn scrub_blanks_echoed_values_in_backticks() {
+        for (message, scrubbed) in [
+            (
+                "invalid member `idempotency.key`: invalid type: integer `4711`, expected a string",
+                "invalid member `idempotency.key`: invalid type: integer `…`, expected a string",
+            ),
+            (
+                "invalid type: floating point `47.5`, expected a string",
+                "invalid type: floating point `…`, expected a string",
+            ),
+            (
+                "invalid type: boolean `true`, expected a string",
+                "invalid type: boolean `…`, expected a string",
+            ),
+            (
+                "invalid value: character `x`, expected a digit",
+                "invalid value: character `…`, expected a digit",
+            ),
+            (
+                "unknown variant `SECRET`, expected one of `cancel`, `purge`, `redrive`",
+                "unknown variant `…`, expected one of `cancel`, `purge`, `redrive`",
+            ),
+            (
+                "unknown member `dedupe.mode`",
+                "unknown member `dedupe.mode`",
+            ),
+            (
+                "unknown field `colour`, expected `type` or `payload`",
+                "unknown field `colour`, expected `type` or `payload`",
+            ),
+            (
+                "expected `,` or `}` at line 1 column 9",
+                "expected `,` or `}` at line 1 column 9",
+            ),
+            ("integer `12", "integer `…"),
+        ] {
+            assert_eq!(scrub(message), scrubbed);
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use serde_json::json;
 use utoipa::ToSchema;
 
 use super::ApiState;
-use super::extract::{Json, Path};
+use super::extract::{Json, NoBody, Path};
 use super::problem::{ApiResult, Problem};
 
 /// Every schedule.
@@ -93,6 +93,7 @@ pub(crate) async fn put(
 pub(crate) async fn delete(
     State(s): State<ApiState>,
     Path(name): Path<String>,
+    _: NoBody,
 ) -> ApiResult<axum::Json<Deleted>> {
     let deleted = s.queue().schedule_delete(&name).await?;
     Ok(axum::Json(Deleted { deleted }))

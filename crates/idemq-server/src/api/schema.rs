@@ -210,6 +210,8 @@ impl Modify for CommonResponses {
         WaitMs,
         super::jobs::StateFilter,
         super::jobs::CursorFilter,
+        super::jobs::PageLimitQuery,
+        super::jobs::WaitMsQuery,
         idemq::openapi::PageLimit,
         idemq::openapi::QueueName,
         idemq::openapi::IdempotencyKeyHeader,

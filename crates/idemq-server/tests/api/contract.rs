@@ -10,7 +10,10 @@ use crate::harness::{Backend, Server};
 instantiate!(
     null_means_omitted_everywhere,
     unknown_members_are_named_by_path,
+    retry_members_are_named_by_path,
     bodies_must_be_declared_json,
+    bodyless_operations_refuse_a_body,
+    streamed_body_over_the_limit_names_the_limit,
     wrong_method_is_405_with_allow,
     foreign_host_is_refused_without_a_token,
     claim_defaults,
@@ -169,6 +172,88 @@ async fn unknown_members_are_named_by_path(b: Backend) {
     assert_eq!(s.job_count().await, 0, "nothing was written");
 }
 
+async fn retry_members_are_named_by_path(b: Backend) {
+    let s = Server::start(b).await;
+    // `retry` is read by its `kind`: a member of the wrong type, an unknown
+    // kind, an unknown or missing member are each named by the dotted path.
+    let cases = [
+        (json!({"kind": "fixed", "delay_ms": "5"}), "retry.delay_ms"),
+        (json!({"kind": "fixed", "delay_ms": 1.5}), "retry.delay_ms"),
+        (
+            json!({"kind": "exponential", "factor": "2"}),
+            "retry.factor",
+        ),
+        (
+            json!({"kind": "exponential", "jitter": "yes"}),
+            "retry.jitter",
+        ),
+        (
+            json!({"kind": "exponential", "initial_ms": true}),
+            "retry.initial_ms",
+        ),
+        (
+            json!({"kind": "exponential", "max_ms": [1]}),
+            "retry.max_ms",
+        ),
+        (json!({"kind": "linear", "delay_ms": 5}), "retry.kind"),
+        (json!({"kind": 3}), "retry.kind"),
+        (json!({"kind": null}), "retry.kind"),
+        (json!({"kind": "fixed", "delay_ms": 5, "x": 1}), "retry.x"),
+        (json!({"kind": "fixed"}), "retry.delay_ms"),
+        (json!({"delay_ms": 5}), "retry.kind"),
+    ];
+    for (retry, field) in cases {
+        let job = json!({"type": "t", "retry": retry});
+        for path in ["/v1/jobs", "/v1/jobs/explain"] {
+            let a = s.post(path, job.clone()).await;
+            let p = a.problem(400, "bad-request");
+            assert_eq!(p["field"], field, "{path} {retry}: {}", a.text);
+            let detail = p["detail"].as_str().unwrap();
+            assert!(detail.contains(field), "{detail}");
+            assert!(
+                !detail.contains("untagged") && !detail.contains("RetryPolicy"),
+                "{detail}"
+            );
+        }
+        // A batch item names the member inside the item.
+        let a = s
+            .post("/v1/jobs/batch", json!({"jobs": [job.clone()]}))
+            .await;
+        let item = &a.ok(200)["results"][0]["error"];
+        assert_eq!(item["field"], field, "{retry}: {}", a.text);
+        let a = s
+            .post(
+                "/v1/jobs/batch",
+                json!({"atomic": true, "jobs": [{"type": "t"}, job.clone()]}),
+            )
+            .await;
+        let p = a.problem(400, "bad-request");
+        assert_eq!(p["field"], field, "{retry}: {}", a.text);
+        assert_eq!(p["index"], 1);
+        // A schedule's template names it below `job`.
+        let a = s
+            .put(
+                "/v1/schedules/retry-paths",
+                json!({"every_ms": 60000, "job": job}),
+            )
+            .await;
+        let p = a.problem(400, "bad-request");
+        assert_eq!(p["field"], format!("job.{field}"), "{retry}: {}", a.text);
+    }
+    // Each kind with good members is still taken.
+    for retry in [
+        json!({"kind": "fixed", "delay_ms": 5}),
+        json!({"kind": "exponential", "factor": 1.5, "jitter": false}),
+        json!({"kind": "none"}),
+    ] {
+        s.post("/v1/jobs", json!({"type": "t", "retry": retry}))
+            .await
+            .ok(201);
+    }
+    assert_eq!(s.job_count().await, 3);
+    assert_eq!(s.get("/v1/schedules").await.ok(200)["schedules"], json!([]));
+}
+
 async fn bodies_must_be_declared_json(b: Backend) {
     let s = Server::start(b).await;
     for ct in ["application/x-www-form-urlencoded", "text/plain", ""] {
@@ -210,6 +295,201 @@ async fn bodies_must_be_declared_json(b: Backend) {
         .await;
     a.ok(201);
     assert_eq!(s.job_count().await, 1);
+}
+
+async fn bodyless_operations_refuse_a_body(b: Backend) {
+    let s = Server::start(b).await;
+    let id = s
+        .enqueue(json!({"type": "t", "queue": "bq", "delay_ms": 3600000}))
+        .await;
+    s.put(
+        "/v1/schedules/keep",
+        json!({"every_ms": 60000, "job": {"type": "r"}}),
+    )
+    .await
+    .ok(201);
+    let ops = [
+        (Method::POST, format!("/v1/jobs/{id}/cancel")),
+        (Method::POST, format!("/v1/jobs/{id}/purge")),
+        (Method::POST, format!("/v1/jobs/{id}/promote")),
+        (Method::POST, "/v1/queues/bq/pause".to_owned()),
+        (Method::POST, "/v1/queues/bq/resume".to_owned()),
+        (Method::DELETE, "/v1/schedules/keep".to_owned()),
+        (Method::POST, format!("/v1/jobs/{id}/redrive")),
+    ];
+    for (method, path) in &ops {
+        // A body of another type: 400 saying how to send JSON.
+        for (ct, body) in [
+            ("text/plain", "x"),
+            ("application/x-www-form-urlencoded", "force=1"),
+            ("text/plain", "{}"),
+        ] {
+            let a = s
+                .send(
+                    method.clone(),
+                    path,
+                    Some(body.as_bytes().to_vec()),
+                    &[("content-type", ct)],
+                )
+                .await;
+            let detail = a.problem(400, "bad-request")["detail"].clone();
+            assert!(
+                detail.as_str().unwrap().contains("--json"),
+                "{method} {path} ({ct}): {detail}"
+            );
+        }
+        // A body without a Content-Type.
+        let (status, text) = s
+            .raw(&format!(
+                "{method} {path} HTTP/1.1\r\nHost: {{addr}}\r\nContent-Length: 2\r\n\
+                 Connection: close\r\n\r\n{{}}"
+            ))
+            .await;
+        assert_eq!(status, 400, "{method} {path}: {text}");
+        assert!(text.contains("/problems/bad-request"), "{text}");
+        // JSON that is not an empty object: an unknown member is named.
+        let a = s
+            .send(
+                method.clone(),
+                path,
+                Some(br#"{"force": true}"#.to_vec()),
+                &[],
+            )
+            .await;
+        let p = a.problem(400, "bad-request");
+        assert_eq!(p["field"], "force", "{method} {path}: {}", a.text);
+        let a = s
+            .send(method.clone(), path, Some(b"[]".to_vec()), &[])
+            .await;
+        a.problem(400, "bad-request");
+        // Nothing was done.
+        assert_eq!(state_of(&s, &id).await, "scheduled", "{method} {path}");
+        assert_eq!(queue_paused(&s, "bq").await, false, "{method} {path}");
+        assert_eq!(schedule_count(&s).await, 1, "{method} {path}");
+    }
+    // No body, an empty one of any type, `{}` and `null` are taken.
+    let a = s
+        .send(
+            Method::POST,
+            "/v1/queues/bq/pause",
+            Some(Vec::new()),
+            &[("content-type", "application/x-www-form-urlencoded")],
+        )
+        .await;
+    assert_eq!(a.ok(200)["paused"], true);
+    let a = s
+        .send(
+            Method::POST,
+            "/v1/queues/bq/resume",
+            Some(b"null".to_vec()),
+            &[],
+        )
+        .await;
+    assert_eq!(a.ok(200)["paused"], false);
+    let a = s
+        .send(Method::POST, &format!("/v1/jobs/{id}/promote"), None, &[])
+        .await;
+    assert_eq!(a.ok(200)["promoted"], true);
+    let (status, text) = s
+        .raw(&format!(
+            "POST /v1/jobs/{id}/cancel HTTP/1.1\r\nHost: {{addr}}\r\nContent-Length: 0\r\n\
+             Connection: close\r\n\r\n"
+        ))
+        .await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(state_of(&s, &id).await, "cancelled");
+    let a = s
+        .send(
+            Method::POST,
+            &format!("/v1/jobs/{id}/purge"),
+            Some(b"{}".to_vec()),
+            &[],
+        )
+        .await;
+    assert_eq!(a.ok(200)["purged"], true);
+    let a = s
+        .send(
+            Method::DELETE,
+            "/v1/schedules/keep",
+            Some(b" {} ".to_vec()),
+            &[("content-type", "application/json; charset=utf-8")],
+        )
+        .await;
+    assert_eq!(a.ok(200)["deleted"], true);
+    assert_eq!(schedule_count(&s).await, 0);
+    // The operations whose body is optional follow the same rule: an empty
+    // body is read as none whatever its type, any other needs JSON.
+    let a = s
+        .send(
+            Method::POST,
+            "/v1/claim",
+            Some(Vec::new()),
+            &[("content-type", "application/x-www-form-urlencoded")],
+        )
+        .await;
+    assert_eq!(a.ok(200)["jobs"], json!([]));
+    let a = s
+        .send(
+            Method::POST,
+            "/v1/claim",
+            Some(b"limit=1".to_vec()),
+            &[("content-type", "application/x-www-form-urlencoded")],
+        )
+        .await;
+    a.problem(400, "bad-request");
+    let other = s.enqueue(json!({"type": "t", "queue": "bq"})).await;
+    let a = s
+        .send(
+            Method::POST,
+            &format!("/v1/jobs/{other}/redrive"),
+            Some(Vec::new()),
+            &[("content-type", "text/plain")],
+        )
+        .await;
+    a.problem(409, "not-dead");
+}
+
+async fn queue_paused(s: &Server, name: &str) -> Value {
+    s.get("/v1/queues").await.ok(200)["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == name)
+        .map(|q| q["paused"].clone())
+        .expect("the queue")
+}
+
+async fn schedule_count(s: &Server) -> usize {
+    s.get("/v1/schedules").await.ok(200)["schedules"]
+        .as_array()
+        .unwrap()
+        .len()
+}
+
+async fn streamed_body_over_the_limit_names_the_limit(b: Backend) {
+    let s = Server::start(b).await;
+    let limit = s.queue.payload_limit() + 64 * 1024;
+    for path in ["/v1/jobs", "/v1/idempotency/lookup"] {
+        let mut answers = Vec::new();
+        // Streamed (chunked, no Content-Length), and declared up front.
+        let (status, text) = s.post_chunked(path, limit + 4096).await;
+        answers.push((status, text));
+        let huge = format!(
+            "{{\"type\":\"x\",\"payload\":\"{}\"}}",
+            "h".repeat(limit + 4096)
+        );
+        answers.push(s.post_whole(path, &huge).await);
+        for (status, text) in answers {
+            assert_eq!(status, 413, "{path}: {}", &text[..text.len().min(300)]);
+            let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
+            let p: Value =
+                serde_json::from_str(body).unwrap_or_else(|e| panic!("{path}: {e}: {text}"));
+            assert_eq!(p["type"], "/problems/payload-too-large", "{p}");
+            assert_eq!(p["field"], "body", "{path}: {p}");
+            assert_eq!(p["limit"], limit, "{path}: {p}");
+        }
+    }
+    assert_eq!(s.job_count().await, 0);
 }
 
 async fn wrong_method_is_405_with_allow(b: Backend) {

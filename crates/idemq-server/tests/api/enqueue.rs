@@ -12,6 +12,7 @@ instantiate!(
     validation_and_limits,
     batch_items,
     batch_atomic,
+    atomic_batch_keeps_the_item_problem,
     explain_writes_nothing,
     wire_forms_the_document_states,
     numbers_keep_their_digits,
@@ -343,6 +344,80 @@ async fn batch_atomic(b: Backend) {
     assert!(results.iter().all(|r| r["outcome"] == "accepted"));
     assert_eq!(s.job_count().await, 3);
     s.stop().await;
+}
+
+async fn atomic_batch_keeps_the_item_problem(b: Backend) {
+    let s = Server::start(b).await;
+    // A malformed item of an atomic batch is answered with that item's own
+    // problem (its detail and dotted `field`, as in a non-atomic batch) and
+    // member `index`.
+    let item = json!({"type": "t", "dedupe": {"key": "k", "mode": "x"}});
+    let plain = s
+        .post("/v1/jobs/batch", json!({"jobs": [{"type": "t"}, item]}))
+        .await;
+    let own = plain.ok(200)["results"][1]["error"].clone();
+    assert_eq!(own["field"], "dedupe.mode", "{own}");
+    for (jobs, index, field) in [
+        (json!([{"type": "t"}, item]), 1, "dedupe.mode"),
+        (
+            json!([{"type": "t", "retry": {"kind": "none"}}, {"type": "t", "priority": "high"}]),
+            1,
+            "priority",
+        ),
+        (
+            json!([{"type": "t", "colour": 1}, {"type": "u"}]),
+            0,
+            "colour",
+        ),
+        (
+            json!([{"type": "t"}, {"type": "t"}, {"type": "t", "idempotency": {"key": "k", "tll_ms": 1}}]),
+            2,
+            "idempotency.tll_ms",
+        ),
+    ] {
+        let a = s
+            .post("/v1/jobs/batch", json!({"atomic": true, "jobs": jobs}))
+            .await;
+        let p = a.problem(400, "bad-request");
+        assert_eq!(p["index"], index, "{}", a.text);
+        assert_eq!(p["field"], field, "{}", a.text);
+        let detail = p["detail"].as_str().unwrap();
+        assert!(detail.contains(field), "{detail}");
+        assert!(!detail.contains("not a valid enqueue request"), "{detail}");
+    }
+    // The same problem as the non-atomic batch's item, with `index`.
+    let a = s
+        .post(
+            "/v1/jobs/batch",
+            json!({"atomic": true, "jobs": [{"type": "t"}, item]}),
+        )
+        .await;
+    let mut expected = own.clone();
+    expected["index"] = json!(1);
+    assert_eq!(a.problem(400, "bad-request").clone(), expected);
+    // A malformed item that is not an object at all keeps its own detail too.
+    let a = s
+        .post(
+            "/v1/jobs/batch",
+            json!({"atomic": true, "jobs": [{"type": "t"}, "nope"]}),
+        )
+        .await;
+    let p = a.problem(400, "bad-request");
+    assert_eq!(p["index"], 1);
+    assert_eq!(
+        p["detail"],
+        plain_item_detail(&s, json!("nope")).await,
+        "{}",
+        a.text
+    );
+    assert_eq!(s.job_count().await, 1, "only the non-atomic batch wrote");
+    s.stop().await;
+}
+
+/// The `detail` a non-atomic batch answers for one malformed item.
+async fn plain_item_detail(s: &Server, item: serde_json::Value) -> serde_json::Value {
+    let a = s.post("/v1/jobs/batch", json!({"jobs": [item]})).await;
+    a.ok(200)["results"][0]["error"]["detail"].clone()
 }
 
 async fn explain_writes_nothing(b: Backend) {

@@ -270,6 +270,41 @@ impl Server {
         (status, text)
     }
 
+    /// Posts a JSON object of about `n` bytes as a streamed (chunked) body
+    /// without a Content-Length, ignoring a connection the server closes
+    /// early, and returns the status and the raw response.
+    pub async fn post_chunked(&self, path: &str, n: usize) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = self.base.strip_prefix("http://").expect("http");
+        let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        );
+        sock.write_all(head.as_bytes()).await.expect("head");
+        let mut body = format!("{{\"type\":\"x\",\"payload\":\"{}", "c".repeat(n)).into_bytes();
+        body.extend_from_slice(b"\"}");
+        for chunk in body.chunks(64 * 1024) {
+            let frame = format!("{:x}\r\n", chunk.len());
+            if sock.write_all(frame.as_bytes()).await.is_err()
+                || sock.write_all(chunk).await.is_err()
+                || sock.write_all(b"\r\n").await.is_err()
+            {
+                break; // The server answered and closed early.
+            }
+        }
+        let _ = sock.write_all(b"0\r\n\r\n").await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), sock.read_to_end(&mut out)).await;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no status line: {text:?}"));
+        (status, text)
+    }
+
     /// Sends `request` (a whole HTTP/1.1 request, `{addr}` replaced by the
     /// server's address) over a raw socket and returns the status and the
     /// raw response: headers such as `Host` exactly as written.

@@ -8,6 +8,7 @@ use crate::harness::{Backend, Server};
 
 instantiate!(
     get_and_list,
+    empty_query_values_mean_omitted,
     job_history,
     wait_for_terminal,
     cancel_purge_promote,
@@ -96,6 +97,65 @@ async fn get_and_list(b: Backend) {
     s.get("/v1/jobs?limit=abc")
         .await
         .problem(400, "bad-request");
+    s.stop().await;
+}
+
+async fn empty_query_values_mean_omitted(b: Backend) {
+    let s = Server::start(b).await;
+    let a = s.enqueue(json!({"type": "a", "queue": "q1"})).await;
+    let bb = s.enqueue(json!({"type": "b", "queue": "q2"})).await;
+    // Every filter sent empty, as an HTML form sends them: the first page of
+    // every job, `limit` at its default.
+    for query in [
+        "?state=&queue=&type=&tag=&limit=&cursor=",
+        "?limit=",
+        "?limit=&state=",
+    ] {
+        let page = s.get(&format!("/v1/jobs{query}")).await.ok(200).clone();
+        let ids: Vec<_> = page["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(ids, vec![bb.clone(), a.clone()], "{query}");
+        assert!(page["next_cursor"].is_null(), "{query}");
+    }
+    // `wait_ms=` is no wait: the job at once.
+    let started = std::time::Instant::now();
+    let job = s
+        .get(&format!("/v1/jobs/{a}?wait_ms="))
+        .await
+        .ok(200)
+        .clone();
+    assert_eq!(job["id"], a.as_str());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    s.get("/v1/jobs/unknown?wait_ms=")
+        .await
+        .problem(404, "not-found");
+    // A value that is not a number is still refused; so is one out of bounds.
+    for query in ["limit=abc", "limit=-1", "limit=1.5", "limit=%20"] {
+        let a = s.get(&format!("/v1/jobs?{query}")).await;
+        a.problem(400, "bad-request");
+        assert!(
+            a.body["detail"].as_str().unwrap().contains("limit"),
+            "{}",
+            a.text
+        );
+    }
+    s.get("/v1/jobs?limit=0").await.problem(422, "validation");
+    for query in ["wait_ms=abc", "wait_ms=-5"] {
+        let a = s.get(&format!("/v1/jobs/{a}?{query}")).await;
+        a.problem(400, "bad-request");
+        assert!(
+            a.body["detail"].as_str().unwrap().contains("wait_ms"),
+            "{}",
+            a.text
+        );
+    }
+    s.get(&format!("/v1/jobs/{a}?wait_ms=60001"))
+        .await
+        .problem(422, "validation");
     s.stop().await;
 }
 

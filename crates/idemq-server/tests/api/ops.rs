@@ -4,7 +4,12 @@ use serde_json::json;
 
 use crate::harness::{Backend, Server};
 
-instantiate!(health_and_pages, metrics_counted, backend_down);
+instantiate!(
+    health_and_pages,
+    undecodable_problem_name_is_a_problem,
+    metrics_counted,
+    backend_down
+);
 
 async fn health_and_pages(b: Backend) {
     let s = Server::start(b).await;
@@ -49,6 +54,18 @@ async fn health_and_pages(b: Backend) {
     let doc = s.get("/openapi.json").await.ok(200).clone();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
     assert!(doc["paths"]["/v1/jobs"]["post"].is_object());
+    s.stop().await;
+}
+
+async fn undecodable_problem_name_is_a_problem(b: Backend) {
+    let s = Server::start(b).await;
+    // A name that is not UTF-8 once decoded: a problem document, like every
+    // other error, not the router's plain text.
+    for path in ["/problems/%FF", "/problems/a%C3"] {
+        let a = s.get(path).await;
+        a.problem(400, "bad-request");
+    }
+    s.get("/problems/%6Eot-found").await.ok(200);
     s.stop().await;
 }
 
