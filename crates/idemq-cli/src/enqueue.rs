@@ -176,6 +176,27 @@ fn parse_retry(s: &str, jitter: bool) -> Result<RetryPolicy, CliError> {
 }
 
 impl EnqueueArgs {
+    /// Refuses `-` (stdin) for more than one option: the first to read
+    /// would take all of stdin and leave the others empty. Checked before
+    /// anything is read or opened.
+    pub(crate) fn check_stdin(&self) -> Result<(), CliError> {
+        let readers: Vec<&str> = [
+            ("--payload-file", &self.payload_file),
+            ("--idempotency-key-file", &self.idempotency_key_file),
+        ]
+        .into_iter()
+        .filter(|(_, path)| path.as_deref() == Some("-"))
+        .map(|(flag, _)| flag)
+        .collect();
+        if let [first, second, ..] = readers.as_slice() {
+            return Err(CliError::Usage(format!(
+                "{first} - and {second} - both read stdin, which can feed only one of them: \
+                 give the other a file path"
+            )));
+        }
+        Ok(())
+    }
+
     fn request(self) -> Result<EnqueueRequest, CliError> {
         let payload_text = match (&self.payload, &self.payload_file) {
             (Some(p), _) => Some(p.clone()),

@@ -16,8 +16,9 @@ pub enum KeySecretCommand {
     /// Make this process's IDEMQ_KEY_SECRET (or its absence) the
     /// installation's. Live idempotency bindings made with the old secret
     /// stop matching: a repeat of one of those keys before it expires is
-    /// accepted as new work. Every other process must restart with the new
-    /// secret, or it is refused.
+    /// accepted as new work. Processes already running keep hashing with the
+    /// old secret until restarted (stop them first, or restart them all at
+    /// once); a process started with the old secret is refused at connect.
     Reset(ResetArgs),
 }
 
@@ -44,9 +45,11 @@ pub async fn run(database: &str, cmd: KeySecretCommand, json: bool) -> Result<()
                 return Err(CliError::Usage(
                     "changing the installation's key secret orphans every live idempotency \
                      binding made with the old one: a repeat of such a key before it expires \
-                     is accepted as new work, and every process still using the old secret \
-                     is refused until restarted with the new one. Run again with --yes to \
-                     proceed"
+                     is accepted as new work. Processes already running keep hashing keys \
+                     with the old secret until they are restarted, so until then the \
+                     installation can accept a repeated key twice: stop them first, or \
+                     restart them all at once with the new secret. A process started with \
+                     the old secret is refused at connect. Run again with --yes to proceed"
                         .to_owned(),
                 ));
             }

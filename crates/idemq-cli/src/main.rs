@@ -46,7 +46,9 @@ struct Cli {
 #[derive(clap::Args, Debug)]
 struct MigrateArgs {
     /// Change nothing: report the migrations that would be applied and whether
-    /// the database's functions are this binary's; exit 1 if anything is out of date.
+    /// the database's functions are this binary's; exit 1 if `idemq migrate` has
+    /// anything to do, 5 if the schema is newer than this binary (and which idemq
+    /// wrote it).
     #[arg(long)]
     check: bool,
 }
@@ -101,6 +103,8 @@ pub(crate) mod exit {
     pub const CONFLICT: u8 = 3;
     /// The job does not exist.
     pub const NOT_FOUND: u8 = 4;
+    /// `migrate --check`: the schema is newer than this binary knows.
+    pub const NEWER_SCHEMA: u8 = 5;
 }
 
 fn exit_code(e: &idemq::Error) -> u8 {
@@ -121,21 +125,17 @@ async fn connect(url: &str) -> idemq::Result<Queue> {
 async fn run(cli: Cli) -> Result<(), CliError> {
     if let Command::Migrate(MigrateArgs { check: true }) = cli.command {
         let status = Queue::migration_status(&cli.database).await?;
-        if status.current > status.latest {
-            return Err(CliError::Lib(idemq::Error::Backend {
-                message: format!(
-                    "the schema is version {}, newer than this idemq ({}): upgrade idemq",
-                    status.current, status.latest
-                ),
-            }));
-        }
+        let newer = status.newer_schema();
         let value = serde_json::json!({
             "current": status.current, "latest": status.latest, "pending": status.pending,
             "functions_current": status.functions_current, "up_to_date": status.is_current(),
+            "newer_schema": newer, "written_by": status.written_by,
             "database": redact(&cli.database),
         });
         output::line(cli.json, &value, || {
-            if status.is_current() {
+            if let Some(newer) = &newer {
+                format!("{newer} ({})", redact(&cli.database))
+            } else if status.is_current() {
                 format!(
                     "schema is up to date: version {} ({})",
                     status.current,
@@ -157,8 +157,11 @@ async fn run(cli: Cli) -> Result<(), CliError> {
                 )
             }
         });
+        if newer.is_some() {
+            return Err(CliError::Reported(exit::NEWER_SCHEMA));
+        }
         if !status.is_current() {
-            return Err(CliError::Failed);
+            return Err(CliError::Reported(exit::FAILURE));
         }
         return Ok(());
     }
@@ -183,6 +186,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     if let Command::Serve(args) = &cli.command {
         // Before connecting: a refused address must not create a database.
         return serve::run(&cli.database, (**args).clone(), cli.json).await;
+    }
+    if let Command::Enqueue(args) = &cli.command {
+        // A usage error: before the database is opened or stdin read.
+        args.check_stdin()?;
     }
     let queue = connect(&cli.database).await?;
     match cli.command {
@@ -222,8 +229,8 @@ fn redact(url: &str) -> String {
 pub(crate) enum CliError {
     Lib(idemq::Error),
     Usage(String),
-    /// Already reported on stdout; exit 1.
-    Failed,
+    /// Already reported on stdout; exit with this code.
+    Reported(u8),
 }
 
 impl From<idemq::Error> for CliError {
@@ -246,6 +253,6 @@ async fn main() -> ExitCode {
             output::error(json, &e);
             ExitCode::from(exit_code(&e))
         }
-        Err(CliError::Failed) => ExitCode::from(exit::FAILURE),
+        Err(CliError::Reported(code)) => ExitCode::from(code),
     }
 }

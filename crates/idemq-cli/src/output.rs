@@ -53,6 +53,8 @@ pub fn error(json: bool, e: &Error) {
     eprintln!("hint: {hint}");
 }
 
+/// The error's name in `--json` (the problem types of the HTTP API where
+/// it has one).
 fn kind(e: &Error) -> &'static str {
     match e {
         Error::Validation { .. } => "validation",
@@ -61,7 +63,12 @@ fn kind(e: &Error) -> &'static str {
         Error::LeaseLost { .. } => "lease-lost",
         Error::NotDead { .. } => "not-dead",
         Error::NotFound { .. } => "not-found",
+        // The failing item's own error names the batch's.
+        Error::BatchItem { error, .. } => kind(error),
         Error::Unavailable { .. } => "unavailable",
+        Error::KeySecretMismatch { .. } => "key-secret-mismatch",
+        Error::Backend { .. } => "internal",
+        // `Error` is non-exhaustive: a variant added later.
         _ => "internal",
     }
 }

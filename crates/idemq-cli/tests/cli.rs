@@ -199,3 +199,189 @@ fn unknown_database_url_says_what_to_use() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("sqlite://"));
 }
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `migrate --check` changes nothing and exits 1 while `migrate` has
+/// something to do, 0 once it has not.
+#[test]
+fn migrate_check_exits_1_until_migrated_then_0() {
+    let db = Db::new();
+    let pending = db.run(&["migrate", "--check"]);
+    assert_eq!(pending.status.code(), Some(1), "{}", stderr(&pending));
+    assert!(
+        stdout(&pending).contains("run `idemq migrate`"),
+        "{}",
+        stdout(&pending)
+    );
+    assert!(
+        !db.dir.path().join("cli.db").exists(),
+        "--check created the database"
+    );
+    let status = db.run(&["--json", "migrate", "--check"]);
+    assert_eq!(status.status.code(), Some(1), "{}", stderr(&status));
+    let status: Value = serde_json::from_slice(&status.stdout).expect("json");
+    assert_eq!(status["up_to_date"], false);
+    assert_eq!(status["current"], 0);
+    assert!(status["pending"].as_array().is_some_and(|p| !p.is_empty()));
+    assert_eq!(status["newer_schema"], Value::Null);
+
+    db.json(&["migrate"]);
+    let current = db.run(&["migrate", "--check"]);
+    assert_eq!(current.status.code(), Some(0), "{}", stderr(&current));
+    assert!(
+        stdout(&current).contains("schema is up to date"),
+        "{}",
+        stdout(&current)
+    );
+    let status = db.json(&["migrate", "--check"]);
+    assert_eq!(status["up_to_date"], true);
+    assert_eq!(status["current"], status["latest"]);
+    assert_eq!(status["pending"], serde_json::json!([]));
+}
+
+/// A schema newer than this binary: `migrate --check` exits 5, not the 1 of
+/// "run `idemq migrate`", and names the idemq that wrote it, as `connect`
+/// and `migrate` do.
+#[test]
+fn migrate_check_of_a_newer_schema_exits_5_naming_the_idemq_that_wrote_it() {
+    let db = Db::new();
+    db.json(&["migrate"]);
+    let conn = rusqlite::Connection::open(db.dir.path().join("cli.db")).expect("open");
+    conn.execute(
+        "INSERT INTO idemq_migrations (version, name, applied_at, idemq_version)
+         VALUES (9999, 'from_the_future', 0, '9.9.9')",
+        [],
+    )
+    .expect("insert");
+    drop(conn);
+    let out = db.run(&["migrate", "--check"]);
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let text = stdout(&out);
+    assert!(text.contains("version 9999"), "{text}");
+    assert!(
+        text.contains("run idemq 9.9.9 (which wrote it) or later"),
+        "{text}"
+    );
+    // The same words as the refusal of every other command.
+    let refused = db.run(&["jobs", "list"]);
+    assert_eq!(refused.status.code(), Some(1), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("run idemq 9.9.9 (which wrote it) or later"),
+        "{}",
+        stderr(&refused)
+    );
+
+    let out = db.run(&["--json", "migrate", "--check"]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let status: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["current"], 9999);
+    assert_eq!(status["up_to_date"], false);
+    assert_eq!(status["written_by"], "9.9.9");
+    assert!(
+        status["newer_schema"]
+            .as_str()
+            .is_some_and(|m| m.contains("run idemq 9.9.9")),
+        "{status}"
+    );
+}
+
+/// `-` for both the payload and the key is a usage error (exit 2) saying
+/// that stdin feeds only one of them, before stdin is read or the
+/// database opened; the payload no longer takes stdin and leaves the key
+/// empty.
+#[test]
+fn stdin_for_both_payload_and_key_is_a_usage_error() {
+    let db = Db::new();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idemq"))
+        .args([
+            "enqueue",
+            "--type",
+            "t",
+            "--payload-file",
+            "-",
+            "--idempotency-key-file",
+            "-",
+        ])
+        .env("IDEMQ_DATABASE_URL", db.url())
+        .env_remove("IDEMQ_KEY_SECRET")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    use std::io::Write;
+    // The command may exit before reading: a broken pipe is fine.
+    let _ = child.stdin.take().expect("stdin").write_all(b"{}");
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("--payload-file - and --idempotency-key-file - both read stdin")
+            && err.contains("only one of them"),
+        "{err}"
+    );
+    assert!(
+        !db.dir.path().join("cli.db").exists(),
+        "the database was opened"
+    );
+}
+
+/// The same on PostgreSQL, where the idemq is read from
+/// `idemq.schema_migrations`.
+#[test]
+fn migrate_check_of_a_newer_postgres_schema_exits_5_naming_the_idemq_that_wrote_it() {
+    let (url, db) = idemq_testkit::pg_database();
+    struct Drop_(String);
+    impl Drop for Drop_ {
+        fn drop(&mut self) {
+            idemq_testkit::drop_pg_database(&self.0);
+        }
+    }
+    let _guard = Drop_(db);
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_idemq"))
+            .args(args)
+            .env("IDEMQ_DATABASE_URL", &url)
+            .env_remove("IDEMQ_KEY_SECRET")
+            .output()
+            .expect("run idemq")
+    };
+    let current = run(&["migrate", "--check"]);
+    assert_eq!(current.status.code(), Some(0), "{}", stdout(&current));
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(async {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+            sqlx::query(
+                "INSERT INTO idemq.schema_migrations (version, name, idemq_version)
+                 VALUES (9999, 'from_the_future', '9.9.9')",
+            )
+            .execute(&mut conn)
+            .await
+            .expect("insert");
+            conn.close().await.expect("close");
+        });
+    let out = run(&["--json", "migrate", "--check"]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let status: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["current"], 9999);
+    assert_eq!(status["written_by"], "9.9.9");
+    assert!(
+        status["newer_schema"]
+            .as_str()
+            .is_some_and(|m| m.contains("run idemq 9.9.9 (which wrote it) or later")),
+        "{status}"
+    );
+}

@@ -36,6 +36,20 @@ fn refused(o: &Output) {
     assert!(!t.contains("secret-a") && !t.contains("secret-b"), "{t}");
 }
 
+/// [`refused`], run with `--json`: the error has a name of its own.
+#[track_caller]
+fn refused_json(o: &Output) {
+    refused(o);
+    let e: serde_json::Value = serde_json::from_slice(&o.stderr).expect("JSON error");
+    assert_eq!(e["error"], "key-secret-mismatch", "{e}");
+    assert!(
+        e["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("IDEMQ_KEY_SECRET")),
+        "{e}"
+    );
+}
+
 fn scenario(database: &str) {
     let enqueue = [
         "--json",
@@ -55,15 +69,29 @@ fn scenario(database: &str) {
             &["serve", "--listen", "127.0.0.1:0"],
         ));
         refused(&idemq(database, secret, &["worker", "--exec", "true"]));
-        refused(&idemq(database, secret, &enqueue));
+        refused_json(&idemq(database, secret, &enqueue));
     }
     let check = idemq(database, Some("secret-a"), &["key-secret", "check"]);
     assert!(check.status.success(), "{}", text(&check));
     refused(&idemq(database, Some("secret-b"), &["key-secret", "check"]));
-    // Reset needs --yes and says what it costs first.
+    refused_json(&idemq(
+        database,
+        Some("secret-b"),
+        &["--json", "key-secret", "check"],
+    ));
+    // Reset needs --yes and says what it costs first: processes already
+    // running are checked only at connect, so they keep the old hashing.
     let no = idemq(database, Some("secret-b"), &["key-secret", "reset"]);
     assert_eq!(no.status.code(), Some(2), "{}", text(&no));
-    assert!(text(&no).contains("--yes"), "{}", text(&no));
+    let t = text(&no);
+    assert!(t.contains("--yes"), "{t}");
+    assert!(
+        t.contains("Processes already running keep hashing keys with the old secret")
+            && t.contains("stop them first, or restart them all at once")
+            && t.contains("refused at connect"),
+        "{t}"
+    );
+    assert!(!t.contains("refused until restarted"), "{t}");
     refused(&idemq(database, Some("secret-b"), &enqueue));
     let yes = idemq(
         database,

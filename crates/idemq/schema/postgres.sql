@@ -1386,6 +1386,8 @@ CREATE TABLE idemq.schema_functions (
     one boolean DEFAULT true NOT NULL,
     digest text NOT NULL,
     applied_at timestamp with time zone DEFAULT now() NOT NULL,
+    revision bigint,
+    idemq_version text,
     CONSTRAINT schema_functions_one_check CHECK (one)
 );
 

@@ -21,12 +21,29 @@ pub struct MigrationStatus {
     /// Whether the database's functions are this binary's (always true on
     /// backends without server-side functions).
     pub functions_current: bool,
+    /// For a schema newer than this binary's (`current > latest`): the
+    /// idemq version that wrote it, when the database recorded one.
+    pub written_by: Option<String>,
 }
 
 impl MigrationStatus {
     /// Whether `idemq migrate` has nothing to do and this binary can run.
     pub fn is_current(&self) -> bool {
         self.current == self.latest && self.pending.is_empty() && self.functions_current
+    }
+
+    /// For a schema newer than this binary's: why this binary refuses it,
+    /// in the words of `connect` and `migrate` (naming the idemq that wrote
+    /// it when recorded). `None` when this binary knows the schema.
+    pub fn newer_schema(&self) -> Option<String> {
+        (self.current > self.latest).then(|| {
+            crate::store::newer_schema_message(
+                "the schema",
+                self.current,
+                self.latest,
+                self.written_by.as_deref(),
+            )
+        })
     }
 }
 

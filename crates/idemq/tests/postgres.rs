@@ -622,6 +622,70 @@ async fn a_newer_schema_is_refused_naming_the_idemq_that_wrote_it() {
     assert!(text.contains("schema is version 9999 or later"), "{text}");
 }
 
+/// The functions record their revision and the idemq that installed them;
+/// a binary whose functions are older refuses to replace newer ones (an
+/// older `idemq serve` or `migrate` in a rolling upgrade) and to run on
+/// them, naming the idemq to run, and leaves them as they are. Functions
+/// recorded before revisions existed are replaced as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newer_functions_are_neither_replaced_nor_run_on() {
+    let h = Harness::postgres().await;
+    let url = h.db_url.clone().expect("postgres");
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let recorded = || async {
+        let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::query_as::<_, (String, Option<i64>, Option<String>)>(
+            "SELECT digest, revision, idemq_version FROM idemq.schema_functions",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+    };
+    let (digest, revision, version) = recorded().await;
+    assert_eq!(
+        (revision, version.as_deref()),
+        (
+            Some(idemq::store::postgres::FUNCTIONS_REVISION),
+            Some(env!("CARGO_PKG_VERSION"))
+        )
+    );
+    // Functions a newer idemq installed: another body, a higher revision.
+    exec(
+        &mut conn,
+        format!(
+            "UPDATE idemq.schema_functions SET digest = 'newer', revision = {},
+                 idemq_version = '9.9.9'",
+            idemq::store::postgres::FUNCTIONS_REVISION + 1
+        ),
+    )
+    .await;
+    for err in [
+        idemq::store::postgres::migrate_url(&url).await.unwrap_err(),
+        Queue::connect(&url).await.unwrap_err(),
+    ] {
+        let text = err.to_string();
+        assert!(text.contains("revision of the idemq functions"), "{text}");
+        assert!(text.contains("run idemq 9.9.9"), "{text}");
+    }
+    // Installing functions records their digest in the same transaction.
+    assert_eq!(
+        recorded().await.0,
+        "newer",
+        "the functions were left as they were"
+    );
+    // Recorded before revisions: the functions are this binary's again.
+    exec(
+        &mut conn,
+        "UPDATE idemq.schema_functions SET revision = NULL, idemq_version = NULL".into(),
+    )
+    .await;
+    idemq::store::postgres::migrate_url(&url)
+        .await
+        .expect("migrate");
+    assert_eq!(recorded().await.0, digest);
+    Queue::connect(&url).await.expect("connect after migrate");
+}
+
 /// The migrated schema, as pg_dump prints it, is committed in
 /// `crates/idemq/schema/postgres.sql` so every change to it is reviewed.
 /// `IDEMQ_UPDATE_SCHEMA=1` rewrites the file.

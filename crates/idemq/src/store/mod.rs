@@ -62,16 +62,25 @@ pub(crate) fn newer_schema(
     known: i64,
     written_by: Option<&str>,
 ) -> crate::Error {
+    crate::Error::Backend {
+        message: newer_schema_message(what, found, known, written_by),
+    }
+}
+
+/// The words of [`newer_schema`].
+pub(crate) fn newer_schema_message(
+    what: &str,
+    found: i64,
+    known: i64,
+    written_by: Option<&str>,
+) -> String {
     let run = match written_by {
         Some(v) => format!("run idemq {v} (which wrote it) or later"),
         None => format!("run an idemq whose schema is version {found} or later"),
     };
-    crate::Error::Backend {
-        message: format!(
-            "{what} is version {found}, newer than this idemq {IDEMQ_VERSION} knows ({known}): \
-             {run}"
-        ),
-    }
+    format!(
+        "{what} is version {found}, newer than this idemq {IDEMQ_VERSION} knows ({known}): {run}"
+    )
 }
 
 /// `job_enqueue`: one or many prepared requests, decided in order.

@@ -85,6 +85,14 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
 /// Every function of the schema, as this binary defines them.
 pub const FUNCTIONS: &str = include_str!("../../../migrations/postgres/functions.sql");
 
+/// The revision of [`FUNCTIONS`]: raised by one at every change of
+/// `functions.sql` (a unit test pins the file's digest to it). The database
+/// records the revision it has, and a binary refuses to install older
+/// functions over newer ones: an older `idemq serve` or `idemq migrate`
+/// started during a rolling upgrade would otherwise swap every process's
+/// functions for its own.
+pub const FUNCTIONS_REVISION: i64 = 1;
+
 /// The digest recorded for [`FUNCTIONS`] once applied.
 fn functions_digest() -> String {
     Sha256::digest(FUNCTIONS.as_bytes())
@@ -166,7 +174,9 @@ pub const BOOKKEEPING: &str = "
     ALTER TABLE idemq.schema_migrations ADD COLUMN IF NOT EXISTS idemq_version text;
     CREATE TABLE IF NOT EXISTS idemq.schema_functions (
         one boolean PRIMARY KEY DEFAULT true CHECK (one), digest text NOT NULL,
-        applied_at timestamptz NOT NULL DEFAULT now())";
+        applied_at timestamptz NOT NULL DEFAULT now());
+    ALTER TABLE idemq.schema_functions ADD COLUMN IF NOT EXISTS revision bigint;
+    ALTER TABLE idemq.schema_functions ADD COLUMN IF NOT EXISTS idemq_version text";
 
 async fn apply(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>> {
     sqlx::raw_sql(BOOKKEEPING)
@@ -176,6 +186,10 @@ async fn apply(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>> {
     let current = current_version(conn).await?;
     if current > latest() {
         return Err(newer(conn, current).await);
+    }
+    let recorded = functions_recorded(&mut *conn).await?;
+    if let Some(newer) = newer_functions(recorded.as_ref()) {
+        return Err(newer);
     }
     let pending: Vec<_> = MIGRATIONS.iter().filter(|m| m.0 > current).collect();
     let mut applied = Vec::new();
@@ -205,9 +219,7 @@ async fn apply(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>> {
         tx.commit().await.map_err(db_err)?;
         applied.push(version);
     }
-    if pending.is_empty()
-        && functions_recorded(&mut *conn).await?.as_deref() != Some(&functions_digest())
-    {
+    if pending.is_empty() && recorded.map(|r| r.digest) != Some(functions_digest()) {
         let mut tx = conn.begin().await.map_err(db_err)?;
         apply_functions(&mut tx).await?;
         tx.commit().await.map_err(db_err)?;
@@ -223,10 +235,13 @@ async fn apply_functions(tx: &mut sqlx::PgConnection) -> Result<()> {
             message: format!("installing the functions (functions.sql) failed: {e}"),
         })?;
     sqlx::query(
-        "INSERT INTO idemq.schema_functions (digest) VALUES ($1)
-         ON CONFLICT (one) DO UPDATE SET digest = excluded.digest, applied_at = now()",
+        "INSERT INTO idemq.schema_functions (digest, revision, idemq_version) VALUES ($1, $2, $3)
+         ON CONFLICT (one) DO UPDATE SET digest = excluded.digest, revision = excluded.revision,
+             idemq_version = excluded.idemq_version, applied_at = now()",
     )
     .bind(functions_digest())
+    .bind(FUNCTIONS_REVISION)
+    .bind(IDEMQ_VERSION)
     .execute(&mut *tx)
     .await
     .map_err(db_err)?;
@@ -240,8 +255,32 @@ async fn current_version(conn: &mut sqlx::PgConnection) -> Result<i64> {
         .map_err(db_err)
 }
 
-/// The digest of the functions the database has, if it records one.
-async fn functions_recorded(conn: &mut sqlx::PgConnection) -> Result<Option<String>> {
+/// What the database records of the functions it has.
+struct RecordedFunctions {
+    digest: String,
+    /// NULL when written by an idemq older than revisions.
+    revision: Option<i64>,
+    idemq_version: Option<String>,
+}
+
+/// The refusal of functions newer than this binary's, if they are.
+fn newer_functions(recorded: Option<&RecordedFunctions>) -> Option<Error> {
+    let r = recorded?;
+    let revision = r.revision?;
+    (revision > FUNCTIONS_REVISION).then(|| {
+        newer_schema(
+            "the revision of the idemq functions",
+            revision,
+            FUNCTIONS_REVISION,
+            r.idemq_version.as_deref(),
+        )
+    })
+}
+
+/// What the database records of its functions, if anything. The columns
+/// are read by name from the row, so a database recorded before they
+/// existed answers none.
+async fn functions_recorded(conn: &mut sqlx::PgConnection) -> Result<Option<RecordedFunctions>> {
     let recorded: bool =
         sqlx::query_scalar("SELECT to_regclass('idemq.schema_functions') IS NOT NULL")
             .persistent(false)
@@ -251,11 +290,21 @@ async fn functions_recorded(conn: &mut sqlx::PgConnection) -> Result<Option<Stri
     if !recorded {
         return Ok(None);
     }
-    sqlx::query_scalar("SELECT digest FROM idemq.schema_functions")
-        .persistent(false)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db_err)
+    let row: Option<(String, Option<i64>, Option<String>)> = sqlx::query_as(
+        "SELECT f.digest, (to_jsonb(f) ->> 'revision')::bigint, to_jsonb(f) ->> 'idemq_version'
+         FROM idemq.schema_functions f",
+    )
+    .persistent(false)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db_err)?;
+    Ok(
+        row.map(|(digest, revision, idemq_version)| RecordedFunctions {
+            digest,
+            revision,
+            idemq_version,
+        }),
+    )
 }
 
 /// How far the database's schema is from this binary's, changing nothing.
@@ -279,6 +328,21 @@ pub async fn status(pool: &PgPool) -> Result<MigrationStatus> {
     } else {
         0
     };
+    // Which idemq wrote a newer schema (the column is read by name from the
+    // row, so a database without it answers none).
+    let written_by: Option<String> = if current > latest() {
+        sqlx::query_scalar(
+            "SELECT to_jsonb(m) ->> 'idemq_version' FROM idemq.schema_migrations m
+             ORDER BY version DESC LIMIT 1",
+        )
+        .persistent(false)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db_err)?
+        .flatten()
+    } else {
+        None
+    };
     let functions = functions_recorded(&mut tx).await?;
     tx.rollback().await.map_err(db_err)?;
     Ok(MigrationStatus {
@@ -289,7 +353,8 @@ pub async fn status(pool: &PgPool) -> Result<MigrationStatus> {
             .map(|m| m.0)
             .filter(|v| *v > current)
             .collect(),
-        functions_current: functions.as_deref() == Some(&functions_digest()),
+        functions_current: functions.map(|f| f.digest) == Some(functions_digest()),
+        written_by,
     })
 }
 
@@ -318,6 +383,12 @@ pub(crate) async fn check(pool: &PgPool) -> Result<()> {
         let mut conn = pool.acquire().await.map_err(db_err)?;
         return Err(newer(&mut conn, s.current).await);
     }
+    if !s.functions_current {
+        let mut conn = pool.acquire().await.map_err(db_err)?;
+        if let Some(newer) = newer_functions(functions_recorded(&mut conn).await?.as_ref()) {
+            return Err(newer);
+        }
+    }
     if s.current < s.latest || !s.functions_current {
         return Err(Error::Backend {
             message: "the idemq schema is missing or out of date in this database: \
@@ -326,4 +397,24 @@ pub(crate) async fn check(pool: &PgPool) -> Result<()> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `functions.sql` and its revision change together: a database records
+    /// the revision, and a binary refuses to replace newer functions with
+    /// its own. A change of the file without a new revision fails here.
+    #[test]
+    fn the_functions_revision_follows_functions_sql() {
+        assert_eq!(
+            (FUNCTIONS_REVISION, functions_digest().as_str()),
+            (
+                1,
+                "91d55a8e3a067f2069d81f9b1d1429cf53906f7bac26c153e391fb55b3ff768c"
+            ),
+            "functions.sql changed: raise FUNCTIONS_REVISION by one and pin the new digest here"
+        );
+    }
 }

@@ -30,8 +30,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{PgConnection, Row};
 
 pub use migrate::{
-    BOOKKEEPING, FUNCTIONS, MIGRATIONS, latest as schema_version, migrate, migrate_url,
-    status as migration_status, status_url as migration_status_url,
+    BOOKKEEPING, FUNCTIONS, FUNCTIONS_REVISION, MIGRATIONS, latest as schema_version, migrate,
+    migrate_url, status as migration_status, status_url as migration_status_url,
 };
 
 use super::*;

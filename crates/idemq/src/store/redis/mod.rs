@@ -311,6 +311,16 @@ pub async fn migration_status(url: &str) -> Result<MigrationStatus> {
     let (layout, version) = installed(&mut conn, &url.prefix).await?;
     let functions_current =
         version.as_deref() == Some(LIBRARY.version.as_str()) && loaded(&mut conn).await?;
+    // Which idemq wrote a newer layout, when it recorded itself.
+    let written_by: Option<String> = if layout > LAYOUT {
+        ::redis::cmd("GET")
+            .arg(format!("{}idemq", url.prefix))
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_err)?
+    } else {
+        None
+    };
     Ok(MigrationStatus {
         current: layout,
         latest: LAYOUT,
@@ -320,6 +330,7 @@ pub async fn migration_status(url: &str) -> Result<MigrationStatus> {
             Vec::new()
         },
         functions_current,
+        written_by,
     })
 }
 

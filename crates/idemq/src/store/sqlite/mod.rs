@@ -516,6 +516,7 @@ pub fn migrate_file(path: &Path) -> Result<Vec<i64>> {
 /// changing nothing (a missing file is version 0).
 pub fn migration_status(path: &Path) -> Result<crate::store::MigrationStatus> {
     let latest = MIGRATIONS.last().map_or(0, |m| m.0);
+    let mut written_by = None;
     let current: i64 = if path.exists() {
         let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
         let has: bool = conn.query_row(
@@ -524,11 +525,28 @@ pub fn migration_status(path: &Path) -> Result<crate::store::MigrationStatus> {
             |r| r.get(0),
         )?;
         if has {
-            conn.query_row(
+            let current = conn.query_row(
                 "SELECT coalesce(max(version), 0) FROM idemq_migrations",
                 [],
                 |r| r.get(0),
-            )?
+            )?;
+            // Which idemq wrote a newer schema (a column an older database
+            // may lack).
+            if current > latest
+                && conn.query_row(
+                    "SELECT count(*) > 0 FROM pragma_table_info('idemq_migrations')
+                     WHERE name = 'idemq_version'",
+                    [],
+                    |r| r.get::<_, bool>(0),
+                )?
+            {
+                written_by = conn.query_row(
+                    "SELECT idemq_version FROM idemq_migrations ORDER BY version DESC LIMIT 1",
+                    [],
+                    |r| r.get(0),
+                )?;
+            }
+            current
         } else {
             0
         }
@@ -544,6 +562,7 @@ pub fn migration_status(path: &Path) -> Result<crate::store::MigrationStatus> {
             .filter(|v| *v > current)
             .collect(),
         functions_current: true,
+        written_by,
     })
 }
 
