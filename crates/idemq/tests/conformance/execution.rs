@@ -607,8 +607,8 @@ async fn a_backlog_behind_a_held_key_hides_no_other_job(h: Harness) {
     for expected in &backlog[..3] {
         let next = h.claim(10).await;
         assert_eq!(
-            &ids(&next),
-            &[expected.clone()],
+            ids(&next),
+            vec![expected.clone()],
             "the backlog goes on in order"
         );
         assert!(h.claim(10).await.is_empty(), "key k is held by {expected}");
