@@ -1133,14 +1133,18 @@ impl Queue {
     /// limit, refused by validation) is recorded on the schedule as its
     /// `last_error` and passed. A schedule that cannot fire because the
     /// backend failed stays due for the next pass; the others still fire,
-    /// and the first such error is returned.
+    /// and the first such error is returned. So is a due schedule whose
+    /// stored row this binary cannot read (a template written by a newer
+    /// idemq, say): it is left as it is, for a process that can read it.
     pub async fn fire_schedules(&self, limit: u32) -> Result<u64> {
         if !(1..=1000).contains(&limit) {
             return Err(Error::validation("limit", "must be 1–1000"));
         }
         let due = self.store.schedule_due(ScheduleDue { limit }).await?;
         let mut fired = 0;
-        let mut first_error = None;
+        // A schedule this binary cannot read is left for one that can; the
+        // others fire, and the call reports it.
+        let mut first_error = due.unreadable.into_iter().next();
         for schedule in &due.schedules {
             match self.fire_schedule(schedule, due.now).await {
                 Ok(n) => fired += n,

@@ -600,12 +600,17 @@ pub struct ScheduleDue {
 }
 
 /// What `schedule_due` found.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct DueSchedules {
     /// The clock of record the schedules were found due at.
     pub now: DateTime<Utc>,
     /// The due schedules, earliest next fire first.
     pub schedules: Vec<Schedule>,
+    /// Why each due schedule whose row could not be read (a template this
+    /// binary cannot decode, say one a newer idemq wrote) was left out: the
+    /// others fire all the same, and the row is left as it is for a process
+    /// that can read it.
+    pub unreadable: Vec<crate::Error>,
 }
 
 /// `schedule_mark_fired`: moves `last_fired_at` forward (never back) and

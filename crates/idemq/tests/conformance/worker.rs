@@ -1112,14 +1112,16 @@ async fn a_failing_maintenance_step_does_not_stop_the_others(h: Harness) {
     let c = h.claim_one().await;
     assert_eq!(c.id, done);
     h.queue.complete(&done, &c.lease_token, None).await.unwrap();
-    // A schedule whose stored template no longer reads back.
+    // A schedule whose stored template no longer reads back (one a newer
+    // idemq wrote, say), beside one that does.
     let def = idemq::ScheduleDefinition::every(Duration::from_secs(10), EnqueueRequest::new("s"));
-    h.queue.schedule_set("broken", def).await.unwrap();
+    h.queue.schedule_set("broken", def.clone()).await.unwrap();
+    h.queue.schedule_set("fine", def).await.unwrap();
     let redis_key = format!("{}sch:broken", h.redis_prefix.as_deref().unwrap_or(""));
     raw_write(
         &h,
-        r#"UPDATE idemq_schedules SET job = '{"type": 5}'"#,
-        r#"UPDATE idemq.schedules SET job = '{"type": 5}'"#,
+        r#"UPDATE idemq_schedules SET job = '{"type": 5}' WHERE name = 'broken'"#,
+        r#"UPDATE idemq.schedules SET job = '{"type": 5}' WHERE name = 'broken'"#,
         &["HSET", &redis_key, "job", r#"{"type": 5}"#],
     )
     .await;
@@ -1128,10 +1130,28 @@ async fn a_failing_maintenance_step_does_not_stop_the_others(h: Harness) {
     let pass = m.pass().await;
     let failed: Vec<Step> = pass.errors.iter().map(|e| e.step).collect();
     assert_eq!(failed, [Step::FireSchedules], "{:?}", pass.errors);
+    assert!(
+        pass.errors[0].error.to_string().contains("broken"),
+        "{:?}",
+        pass.errors
+    );
     assert_eq!((pass.leases_reaped, pass.jobs_deleted), (1, 1));
+    // The schedule that reads back fired all the same; the other is left
+    // as it was, still due, for a process that can read it. (A failed step
+    // counts nothing in the report: the jobs show what it did.)
+    let fired = || async {
+        h.jobs()
+            .await
+            .into_iter()
+            .filter(|j| j.job_type == "s")
+            .count()
+    };
+    let ticks = fired().await;
+    assert!(ticks > 0, "the readable schedule fired");
     // The next pass runs every step again.
     let again = m.pass().await;
     assert_eq!(again.errors.len(), 1);
+    assert_eq!(fired().await, ticks);
     assert_eq!(h.job(&leased).await.state, JobState::Ready);
     assert!(h.queue.get(&done).await.unwrap().is_none());
 }

@@ -115,16 +115,23 @@ pub(super) async fn due(pool: Db<'_>, limit: u32) -> Result<DueSchedules> {
             });
         }
     };
-    let mut schedules = Vec::with_capacity(rows.len());
+    let (mut schedules, mut unreadable) = (Vec::with_capacity(rows.len()), Vec::new());
     for r in &rows {
         if r.try_get::<Option<String>, _>("name")
             .map_err(db_err)?
             .is_some()
         {
-            schedules.push(schedule_of(r)?);
+            match schedule_of(r) {
+                Ok(s) => schedules.push(s),
+                Err(e) => unreadable.push(e),
+            }
         }
     }
-    Ok(DueSchedules { now, schedules })
+    Ok(DueSchedules {
+        now,
+        schedules,
+        unreadable,
+    })
 }
 
 pub(super) async fn mark_fired(pool: Db<'_>, p: &ScheduleMarkFired) -> Result<bool> {

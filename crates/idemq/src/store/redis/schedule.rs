@@ -62,9 +62,17 @@ pub(super) async fn due(store: &RedisStore, p: ScheduleDue) -> Result<DueSchedul
     let Some((now, rest)) = r.split_first() else {
         return Err(super::codec::corrupt("schedule_due"));
     };
+    let (mut schedules, mut unreadable) = (Vec::new(), Vec::new());
+    for s in rest.iter().map(schedule) {
+        match s {
+            Ok(s) => schedules.push(s),
+            Err(e) => unreadable.push(e),
+        }
+    }
     Ok(DueSchedules {
         now: super::codec::ts(int(now)?)?,
-        schedules: rest.iter().map(schedule).collect::<Result<_>>()?,
+        schedules,
+        unreadable,
     })
 }
 

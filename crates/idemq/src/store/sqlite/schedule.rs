@@ -110,10 +110,17 @@ pub(super) fn due(cx: &Cx, limit: u32) -> Result<DueSchedules> {
          WHERE next_fire_at IS NOT NULL AND next_fire_at <= ?1
          ORDER BY next_fire_at, name LIMIT ?2"
     ))?;
-    let schedules = all(stmt, params![cx.now, limit], schedule_of)?;
+    let (mut schedules, mut unreadable) = (Vec::new(), Vec::new());
+    for s in all(stmt, params![cx.now, limit], |r| Ok(schedule_of(r)))? {
+        match s {
+            Ok(s) => schedules.push(s),
+            Err(e) => unreadable.push(e),
+        }
+    }
     Ok(DueSchedules {
         now: ts(cx.now)?,
         schedules,
+        unreadable,
     })
 }
 
