@@ -86,7 +86,12 @@ pub mod bounds {
 /// The backoff between failed attempts.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(
+    tag = "kind",
+    rename_all = "snake_case",
+    deny_unknown_fields,
+    from = "RetryWire"
+)]
 pub enum RetryPolicy {
     /// `initial × factor^(n-1)`, capped at `max`; with full jitter a delay is
     /// drawn uniformly from `[0, that]`.
@@ -117,6 +122,51 @@ pub enum RetryPolicy {
     },
     /// No retries: the first failure is final.
     None,
+}
+
+/// A retry policy as it is read: [`RetryPolicy`]'s own form, but for
+/// `none`, a variant without members instead of a unit variant, since
+/// serde lets an internally tagged unit variant ignore every member beside
+/// its tag (`{"kind": "none", "delay_ms": 5}` read as `none`); here any
+/// other member is refused, as for the other kinds.
+#[derive(Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+enum RetryWire {
+    Exponential {
+        #[serde(default = "d_initial", deserialize_with = "null_initial")]
+        initial_ms: i64,
+        #[serde(default = "d_factor", deserialize_with = "null_factor")]
+        factor: f64,
+        #[serde(default = "d_max", deserialize_with = "null_max")]
+        max_ms: i64,
+        #[serde(default = "d_jitter", deserialize_with = "null_jitter")]
+        jitter: bool,
+    },
+    Fixed {
+        #[serde(deserialize_with = "crate::wire::int")]
+        delay_ms: i64,
+    },
+    None {},
+}
+
+impl From<RetryWire> for RetryPolicy {
+    fn from(w: RetryWire) -> Self {
+        match w {
+            RetryWire::Exponential {
+                initial_ms,
+                factor,
+                max_ms,
+                jitter,
+            } => Self::Exponential {
+                initial_ms,
+                factor,
+                max_ms,
+                jitter,
+            },
+            RetryWire::Fixed { delay_ms } => Self::Fixed { delay_ms },
+            RetryWire::None {} => Self::None,
+        }
+    }
 }
 
 fn d_initial() -> i64 {
@@ -975,5 +1025,37 @@ impl EnqueueRequest {
         };
         p.fingerprint = Fingerprint::of(&p, &self.payload);
         Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod retry_wire_tests {
+    use super::RetryPolicy;
+    use serde_json::json;
+
+    #[test]
+    fn every_kind_refuses_a_member_it_does_not_have() {
+        for bad in [
+            json!({"kind": "none", "delay_ms": 5}),
+            json!({"kind": "fixed", "delay_ms": 5, "factor": 2}),
+            json!({"kind": "exponential", "delay_ms": 5}),
+        ] {
+            let err = serde_json::from_value::<RetryPolicy>(bad.clone()).unwrap_err();
+            assert!(err.to_string().contains("unknown field"), "{bad}: {err}");
+        }
+        for (good, want) in [
+            (json!({"kind": "none"}), RetryPolicy::None),
+            (
+                json!({"kind": "fixed", "delay_ms": 5}),
+                RetryPolicy::Fixed { delay_ms: 5 },
+            ),
+            (json!({"kind": "exponential"}), RetryPolicy::default()),
+        ] {
+            let read: RetryPolicy = serde_json::from_value(good.clone()).unwrap();
+            assert_eq!(read, want, "{good}");
+            let again: RetryPolicy =
+                serde_json::from_value(serde_json::to_value(&read).unwrap()).unwrap();
+            assert_eq!(again, want, "{good} round trip");
+        }
     }
 }

@@ -199,6 +199,7 @@ async fn retry_members_are_named_by_path(b: Backend) {
         (json!({"kind": 3}), "retry.kind"),
         (json!({"kind": null}), "retry.kind"),
         (json!({"kind": "fixed", "delay_ms": 5, "x": 1}), "retry.x"),
+        (json!({"kind": "none", "delay_ms": 5}), "retry.delay_ms"),
         (json!({"kind": "fixed"}), "retry.delay_ms"),
         (json!({"delay_ms": 5}), "retry.kind"),
     ];
