@@ -222,6 +222,81 @@ async fn every_route_needs_the_token() {
     s.stop().await;
 }
 
+/// The dashboard's cookie goes with a same-site page's requests too
+/// (another port of this host, a sibling subdomain): an API write it alone
+/// authorizes must come from this server's own pages. The bearer token is
+/// what API clients send, and no page can send it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_authorized_by_the_cookie_alone_must_come_from_this_origin() {
+    let s = Server::start_with(Backend::Sqlite, Some(TOKEN)).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let id = s
+        .queue
+        .enqueue(idemq::EnqueueRequest::new("t"))
+        .await
+        .expect("enqueue");
+    let purge = format!("/v1/jobs/{id}/purge");
+    let cookie = format!("idemq_token={TOKEN}");
+    let bearer = format!("Bearer {TOKEN}");
+    let host = s.base.trim_start_matches("http://").to_owned();
+    let own_origin = format!("http://{host}");
+    for page in [
+        vec![("sec-fetch-site", "same-site")],
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("origin", "http://127.0.0.1:1")],
+    ] {
+        let mut headers = vec![("cookie", cookie.as_str())];
+        headers.extend(page.iter().copied());
+        let (st, _, body) = raw(&client, &s.base, Method::POST, &purge, &headers).await;
+        assert_eq!(st, 403, "{page:?}: {body}");
+        assert!(body.contains("forbidden-host"), "{body}");
+        assert!(s.queue.get(&id).await.expect("get").is_some(), "{page:?}");
+        // Reads stay open to the cookie.
+        let (st, _, body) = raw(
+            &client,
+            &s.base,
+            Method::GET,
+            &format!("/v1/jobs/{id}"),
+            &headers,
+        )
+        .await;
+        assert_eq!(st, 200, "{page:?}: {body}");
+    }
+    // From this server's own pages, the cookie is enough.
+    let (st, _, body) = raw(
+        &client,
+        &s.base,
+        Method::POST,
+        "/v1/queues/q/pause",
+        &[
+            ("cookie", cookie.as_str()),
+            ("sec-fetch-site", "same-origin"),
+            ("origin", own_origin.as_str()),
+        ],
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    // The bearer token, with whatever browser headers.
+    let (st, _, body) = raw(
+        &client,
+        &s.base,
+        Method::POST,
+        &purge,
+        &[
+            ("authorization", bearer.as_str()),
+            ("cookie", cookie.as_str()),
+            ("sec-fetch-site", "cross-site"),
+        ],
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    assert!(s.queue.get(&id).await.expect("get").is_none());
+    s.stop().await;
+}
+
 // ---------------------------------------------------------------------------
 // 2. Limits.
 

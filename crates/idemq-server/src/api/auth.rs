@@ -70,7 +70,20 @@ pub(crate) async fn require_token(
     {
         return next.run(req).await;
     }
-    if presented(req.headers()).any(|t| equal(t, token)) {
+    let bearer = bearer_tokens(req.headers()).any(|t| equal(t, token));
+    if bearer || cookie_tokens(req.headers()).any(|t| equal(t, token)) {
+        // The cookie goes with every request a browser sends to this host,
+        // a same-site page's too (another port of it, a sibling subdomain:
+        // SameSite=Strict does not tell those apart), so a write the cookie
+        // alone authorizes must come from this server's own pages, as the
+        // dashboard's actions must. API clients send the bearer token.
+        if !bearer && is_cross_site_write(&req) {
+            return Problem::new(
+                "forbidden-host",
+                "a state-changing request authorized by the dashboard's cookie alone must come                  from this server's own pages (Origin or Sec-Fetch-Site says it did not); API                  clients send Authorization: Bearer <token>",
+            )
+            .into_response();
+        }
         req.extensions_mut().insert(Authenticated);
         return next.run(req).await;
     }
@@ -145,9 +158,9 @@ fn wants_html(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.contains("text/html"))
 }
 
-/// Every token the request presents: the bearer token and the cookie.
-fn presented(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
-    let bearer = headers
+/// The bearer tokens the request presents.
+fn bearer_tokens(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers
         .get_all(header::AUTHORIZATION)
         .iter()
         .filter_map(|v| {
@@ -156,8 +169,12 @@ fn presented(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
             scheme
                 .eq_ignore_ascii_case(b"bearer ")
                 .then(|| v[7..].trim_ascii())
-        });
-    let cookies = headers
+        })
+}
+
+/// The tokens the request presents in the dashboard's cookie.
+fn cookie_tokens(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers
         .get_all(header::COOKIE)
         .iter()
         .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
@@ -165,8 +182,7 @@ fn presented(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
             let pair = pair.trim_ascii();
             let (name, value) = pair.split_at(pair.iter().position(|b| *b == b'=')?);
             (name == COOKIE.as_bytes()).then(|| &value[1..])
-        });
-    bearer.chain(cookies)
+        })
 }
 
 /// Constant-time comparison (the length may leak, the content does not).
@@ -224,8 +240,9 @@ mod tests {
             header::COOKIE,
             HeaderValue::from_static("theme=dark; idemq_token=xyz"),
         );
-        let found: Vec<&[u8]> = presented(&h).collect();
-        assert_eq!(found, vec![&b"abc"[..], &b"xyz"[..]]);
+        let bearer: Vec<&[u8]> = bearer_tokens(&h).collect();
+        let cookie: Vec<&[u8]> = cookie_tokens(&h).collect();
+        assert_eq!((bearer, cookie), (vec![&b"abc"[..]], vec![&b"xyz"[..]]));
         assert!(equal(b"abc", "abc"));
         assert!(!equal(b"abd", "abc"));
         assert!(!equal(b"ab", "abc"));
