@@ -216,19 +216,38 @@ impl HandlerContext {
         self.signals.is_cancelled()
     }
 
-    /// Resolves when the job is cancelled. The runtime also stops the handler
-    /// then; this lets a handler clean up first.
+    /// Resolves when the job is cancelled. The runtime stops the handler
+    /// once the cancel grace ([`Worker::cancel_grace`](super::Worker::cancel_grace),
+    /// 1 s by default) has passed; meanwhile the handler can clean up, and
+    /// returning `Ok` then completes the job (the effect happened).
     pub async fn cancelled(&self) {
         self.signals.until(|s| s.is_cancelled().then_some(())).await;
     }
 
-    /// Renews the lease now (the runtime heartbeats every lease/3 anyway).
+    /// Renews the lease now (the runtime heartbeats every lease/3 anyway),
+    /// and passes on what the store answers as the runtime's heartbeat
+    /// does: a cancel request is seen at once ([`is_cancelled`](Self::is_cancelled),
+    /// [`cancelled`](Self::cancelled)), and a lost lease (an `Err`) stops
+    /// the attempt, whose result is then dropped.
     pub async fn heartbeat(&self) -> Result<(), JobError> {
-        self.queue
+        match self
+            .queue
             .heartbeat(&self.job.id, &self.job.lease_token)
             .await
-            .map(|_| ())
-            .map_err(JobError::retryable)
+        {
+            Ok(hb) => {
+                if hb.cancel_requested {
+                    self.signals.cancel();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, Error::LeaseLost { .. }) {
+                    self.signals.stop(Stop::LeaseLost);
+                }
+                Err(JobError::retryable(e))
+            }
+        }
     }
 
     #[cfg(feature = "postgres")]

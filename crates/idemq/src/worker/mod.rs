@@ -73,6 +73,8 @@ pub struct Worker {
     pub(crate) poll_interval: Duration,
     pub(crate) name: String,
     pub(crate) grace: Duration,
+    /// How long a handler runs on once a cancel of its job is seen.
+    pub(crate) cancel_grace: Duration,
     pub(crate) maintenance: bool,
 }
 
@@ -90,7 +92,8 @@ impl std::fmt::Debug for Worker {
 impl Worker {
     /// A worker on `queue` with no handlers: 10 concurrent jobs, a 30 s
     /// lease, polling every second as the fallback of wake-ups, a 30 s
-    /// shutdown grace period, and the maintenance loop on.
+    /// shutdown grace period, a 1 s cancel grace period, and the
+    /// maintenance loop on.
     pub fn new(queue: Queue) -> Self {
         let name = format!(
             "{}-{}-{}",
@@ -108,6 +111,7 @@ impl Worker {
             poll_interval: Duration::from_secs(1),
             name,
             grace: Duration::from_secs(30),
+            cancel_grace: Duration::from_secs(1),
             maintenance: true,
         }
     }
@@ -196,6 +200,17 @@ impl Worker {
     /// the rest are stopped and their leases released.
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
+        self
+    }
+
+    /// How long a handler runs on once a cancel of its job is seen (at a
+    /// heartbeat; default 1 s): [`HandlerContext::cancelled`] has resolved,
+    /// so it can clean up, and what it returns within this time ends the
+    /// attempt (`Ok` completes the job: the effect happened). A handler
+    /// still running then is stopped (its future dropped) and the job
+    /// turns `cancelled`.
+    pub fn cancel_grace(mut self, grace: Duration) -> Self {
+        self.cancel_grace = grace;
         self
     }
 

@@ -40,12 +40,27 @@ struct Call {
 /// What `complete_and_claim` answers: each completion's result, then the claim's.
 type Answer = (Vec<Result<()>>, Result<Vec<ClaimedJob>>);
 
+/// One attempt this worker holds: its job's id keys it, its lease token
+/// tells it from an earlier attempt of the same job.
 struct Slot {
     token: crate::LeaseToken,
     signals: Arc<Signals>,
 }
 
+/// The attempts this worker holds, running or waiting for a slot: at most
+/// one per job, the newest. An entry is removed only by its own attempt
+/// (same token), and a heartbeat's answer reaches only the attempt whose
+/// token it renewed.
 type Slots = Arc<Mutex<HashMap<String, Slot>>>;
+
+/// Forgets the attempt of `id` holding `token`, not a newer one of the
+/// same job.
+fn forget(slots: &Slots, id: &str, token: &crate::LeaseToken) {
+    let mut slots = lock(slots);
+    if slots.get(id).is_some_and(|s| &s.token == token) {
+        slots.remove(id);
+    }
+}
 
 #[derive(Clone, Copy)]
 enum Ended {
@@ -158,8 +173,9 @@ pub(super) async fn run(
     let mut retry = Backoff::new(w.poll_interval);
     // A claim refused for good ends the run (after the running handlers).
     let mut fatal: Option<Error> = None;
-    // Shutdown (or a fatal refusal) came: no more calls; the ones in flight
-    // are taken in (their jobs run in the grace period) before the loop ends.
+    // Shutdown (or a fatal refusal) came: no more calls, and no job starts;
+    // the calls in flight are taken in (their completions recorded, their
+    // jobs released with the waiting ones) before the loop ends.
     let mut stopping = false;
     // The last claim came back short and nothing has happened since.
     let mut idle = false;
@@ -244,7 +260,9 @@ pub(super) async fn run(
                 }
             }
         }
-        while tasks.len() < w.concurrency {
+        // After shutdown nothing starts: the jobs waiting, and those of a
+        // call still in flight, are released once the calls are back.
+        while !stopping && tasks.len() < w.concurrency {
             let Some(queued) = local.pop() else { break };
             launch(&w, &slots, &pending, &mut tasks, queued);
         }
@@ -332,7 +350,7 @@ pub(super) async fn run(
 
     // Jobs that waited for a slot never started: other workers may take
     // them at once (a release is not a consumed attempt).
-    release_waiting(&w.queue, &slots, &mut local, &mut report).await;
+    release_waiting(&w.queue, w.lease, &slots, &mut local, &mut report).await;
     // Shutdown: no more claims; running handlers get the grace period. A
     // completion is recorded as soon as its handler returns: it no longer
     // heartbeats, so waiting for the slowest handler could let its lease run
@@ -378,13 +396,21 @@ fn admit(w: &Worker, slots: &Slots, job: ClaimedJob) -> Option<Queued<Control>> 
     let claimed = tokio::time::Instant::now();
     let handler = w.registry.get(&job.job_type)?;
     let signals = Arc::new(Signals::default());
-    lock(slots).insert(
+    let older = lock(slots).insert(
         job.id.clone(),
         Slot {
             token: job.lease_token.clone(),
             signals: signals.clone(),
         },
     );
+    // This worker still held an earlier attempt of the job (its lease
+    // expired while the store was unreachable or the process paused, and
+    // this worker's own claim took the job again): that lease is gone, so
+    // the older attempt stops as lost and its result is dropped.
+    if let Some(older) = older.filter(|o| o.token != job.lease_token) {
+        tracing::warn!(job_id = %job.id, attempt = job.attempt, "this worker claimed its own job again; stopping the earlier attempt");
+        older.signals.stop(Stop::LeaseLost);
+    }
     Some(Queued {
         job,
         handler,
@@ -401,13 +427,14 @@ fn launch(
     tasks: &mut JoinSet<(Ended, Duration)>,
     queued: Queued<Control>,
 ) {
-    let (queue, slots, lease) = (w.queue.clone(), slots.clone(), w.lease);
+    let (queue, slots, lease, cancel_grace) =
+        (w.queue.clone(), slots.clone(), w.lease, w.cancel_grace);
     let pending = pending.clone();
     tasks.spawn(async move {
         let began = tokio::time::Instant::now();
-        let id = queued.job.id.clone();
-        let ended = supervise(queue, &pending, queued, lease).await;
-        lock(&slots).remove(&id);
+        let (id, token) = (queued.job.id.clone(), queued.job.lease_token.clone());
+        let ended = supervise(queue, &pending, queued, lease, cancel_grace).await;
+        forget(&slots, &id, &token);
         (ended, began.elapsed())
     });
 }
@@ -415,6 +442,7 @@ fn launch(
 /// Releases the leases of the jobs still waiting for a slot, all at once.
 async fn release_waiting(
     queue: &Queue,
+    lease: Duration,
     slots: &Slots,
     local: &mut Local<Control>,
     report: &mut WorkerReport,
@@ -425,8 +453,8 @@ async fn release_waiting(
         let slots = slots.clone();
         releases.spawn(async move {
             let (id, token) = (&queued.job.id, &queued.job.lease_token);
-            let released = queue.release(id, token).await.is_ok();
-            lock(&slots).remove(id);
+            let released = release(&queue, id, token, lease).await.is_ok();
+            forget(&slots, id, token);
             released
         });
     }
@@ -609,8 +637,13 @@ async fn heartbeat_loop(
                 }
             };
             let slots = lock(&slots);
-            for ((id, _), outcome) in batch.into_iter().zip(outcomes) {
-                let Some(slot) = slots.get(&id) else { continue };
+            for ((id, token), outcome) in batch.into_iter().zip(outcomes) {
+                // The answer is for the attempt whose token was sent: one
+                // that ended meanwhile, or was replaced by a newer attempt
+                // of the same job, is not this answer's.
+                let Some(slot) = slots.get(&id).filter(|s| s.token == token) else {
+                    continue;
+                };
                 match outcome {
                     Ok(hb) if hb.cancel_requested => {
                         slot.signals.cancel();
@@ -647,6 +680,7 @@ async fn supervise(
     pending: &Pending,
     queued: Queued<Control>,
     lease: Duration,
+    cancel_grace: Duration,
 ) -> Ended {
     let Queued {
         job,
@@ -654,16 +688,22 @@ async fn supervise(
         control: signals,
         claimed,
     } = queued;
-    // A lease lost while the job waited for its slot: it is not ours to run.
-    if signals.stopped() != Stop::Running {
-        return Ended::Lost;
-    }
     let job = Arc::new(job);
     let ctx = HandlerContext {
         job: job.clone(),
         queue: queue.clone(),
         signals: signals.clone(),
     };
+    // A lease lost while the job waited for its slot: it is not ours to
+    // run. A heartbeat may have found its attempt ended by the store (its
+    // deadline, or its timeout, passed on the store's clock while it
+    // waited): that attempt failed, as a running one would have; the store
+    // says which.
+    match signals.stopped() {
+        Stop::Running => {}
+        Stop::LeaseLost => return ended_by_store(&queue, &ctx).await,
+        Stop::Shutdown => return Ended::Lost,
+    }
     // The timeout counts from the claim, as the store counts it (a job may
     // have waited for its slot).
     let timeout = claimed + Duration::from_millis(u64::try_from(job.timeout_ms).unwrap_or(0));
@@ -713,12 +753,20 @@ async fn supervise(
         () = deadline_passes(&queue, &job, &signals, lease, deadline) => {
             return ended_by_store(&queue, &ctx).await;
         }
-        () = ctx.cancelled() => {
+        // A cancel seen: the handler runs on for the cancel grace, so it
+        // can clean up (`ctx.cancelled()` has resolved); if it returns
+        // within it, what it returns ends the attempt (`Ok` completes: the
+        // effect happened). Else it is dropped and the attempt fails, and
+        // the job turns cancelled.
+        () = async {
+            ctx.cancelled().await;
+            tokio::time::sleep(cancel_grace).await;
+        } => {
             Err(JobError::retryable("cancelled"))
         }
         stop = signals.until(|s| Some(s.stopped()).filter(|&s| s != Stop::Running)) => {
             return match stop {
-                Stop::Shutdown => match queue.release(&job.id, &job.lease_token).await {
+                Stop::Shutdown => match release(&queue, &job.id, &job.lease_token, lease).await {
                     Ok(_) => Ended::Released,
                     Err(_) => lost_or_completed_in_tx(&queue, &ctx).await,
                 },
@@ -926,6 +974,30 @@ impl Contained {
 impl Drop for Contained {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+/// Releases a lease at shutdown. While the backend is unavailable, keeps
+/// trying for as long as the lease could still be ours, as a failure is
+/// recorded: a job left to its lease's expiry would wait out the lease and
+/// lose the attempt.
+async fn release(
+    queue: &Queue,
+    job_id: &str,
+    token: &crate::LeaseToken,
+    lease: Duration,
+) -> Result<JobState> {
+    let give_up = tokio::time::Instant::now() + lease;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match queue.release(job_id, token).await {
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() + backoff < give_up => {
+                tracing::debug!(%job_id, error = %e, "a release failed; trying again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            done => return done,
+        }
     }
 }
 

@@ -20,6 +20,8 @@ idemq_testkit::instantiate!(
     a_waiting_jobs_timeout_counts_from_its_claim,
     a_waiting_jobs_deadline_is_the_stores_to_decide,
     without_prefetch_no_job_waits,
+    no_waiting_job_starts_after_shutdown,
+    a_waiting_job_the_store_ended_at_its_deadline_counts_as_failed,
 );
 
 /// The slow jobs' handler: counts its starts, then waits for `go`.
@@ -50,8 +52,13 @@ impl Slow {
 /// A worker of one slot whose handler of `quick` returns at once and of
 /// `slow` waits for `slow.go`.
 fn one_slot(h: &Harness, slow: &Slow, prefetch: usize) -> Worker {
+    one_slot_on(h.queue.clone(), slow, prefetch)
+}
+
+/// [`one_slot`] on `queue`.
+fn one_slot_on(queue: idemq::Queue, slow: &Slow, prefetch: usize) -> Worker {
     let s = slow.clone();
-    Worker::new(h.queue.clone())
+    Worker::new(queue)
         .concurrency(1)
         .prefetch(prefetch)
         .poll_interval(Duration::from_millis(50))
@@ -292,4 +299,104 @@ async fn without_prefetch_no_job_waits(h: Harness) {
     let _ = stop.send(());
     let report = run.await.expect("worker task").expect("worker run");
     assert_eq!(report.released, 1);
+}
+
+/// Shutdown comes while a claim is still out: a slot that frees meanwhile
+/// starts none of the jobs waiting in the worker; they are released unrun.
+async fn no_waiting_job_starts_after_shutdown(h: Harness) {
+    let slow = Slow::default();
+    let (queue, faulty) = crate::worker::Faulty::queue(&h);
+    let (ids, stop, run) = start_with(&h, one_slot_on(queue, &slow, 8), slow_jobs(3), |jobs| {
+        jobs.len() == 3 && jobs.iter().all(|j| j.state == JobState::Active)
+    })
+    .await;
+    assert_eq!(slow.started().await, 1, "one slot, one handler");
+    // The worker's next claim (it polls every 50 ms) stays out until let go.
+    faulty.hold_claims();
+    let start = tokio::time::Instant::now();
+    while faulty.held.load(Ordering::SeqCst) == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no claim went out"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = stop.send(());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The slot frees while the claim is out, after shutdown.
+    slow.go.notify_one();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    faulty.let_go();
+    let report = run.await.expect("worker task").expect("worker run");
+    assert_eq!(
+        slow.started.load(Ordering::SeqCst),
+        1,
+        "no waiting job started after shutdown"
+    );
+    // The quick job and the slow one that ran; the two waiting released.
+    assert_eq!((report.completed, report.released), (2, 2), "{report:?}");
+    let mut states = Vec::new();
+    for id in &ids {
+        let job = h.job(id).await;
+        states.push((job.state, job.attempts_used));
+    }
+    states.sort_by_key(|(s, _)| *s != JobState::Completed);
+    assert_eq!(
+        states,
+        vec![
+            (JobState::Completed, 1),
+            (JobState::Ready, 0),
+            (JobState::Ready, 0)
+        ]
+    );
+}
+
+/// The store ends a waiting job's attempt at its deadline when a heartbeat
+/// finds the deadline passed on its clock: the worker counts that attempt
+/// failed (and dead), as it counts a running one, not lost.
+async fn a_waiting_job_the_store_ended_at_its_deadline_counts_as_failed(h: Harness) {
+    let slow = Slow::default();
+    let deadline = h.now().await + chrono::Duration::seconds(2);
+    let mut jobs = slow_jobs(1);
+    jobs.push(
+        EnqueueRequest::new("slow")
+            .deadline(deadline)
+            .max_attempts(5)
+            .retry(RetryPolicy::Fixed { delay_ms: 1 }),
+    );
+    // A 3 s lease (heartbeats every second): moving the clock of record
+    // 2.5 s passes the deadline, not the leases.
+    let worker = one_slot(&h, &slow, 8).lease(Duration::from_secs(3));
+    let (ids, stop, run) = start_with(&h, worker, jobs, |jobs| {
+        jobs.len() == 2 && jobs.iter().all(|j| j.state == JobState::Active)
+    })
+    .await;
+    assert_eq!(slow.started().await, 1);
+    let dead_before = h.queue.stats().dead;
+    h.advance(Duration::from_millis(2500));
+    // The next heartbeat of the waiting job ends its attempt there.
+    wait_until(&h, |jobs| {
+        jobs.iter()
+            .any(|j| j.id == ids[1] && j.state == JobState::Dead)
+    })
+    .await;
+    slow.go.notify_one();
+    wait_until(&h, |jobs| {
+        jobs.iter()
+            .any(|j| j.id == ids[0] && j.state == JobState::Completed)
+    })
+    .await;
+    let _ = stop.send(());
+    let report = run.await.expect("worker task").expect("worker run");
+    assert_eq!(slow.started.load(Ordering::SeqCst), 1, "it never ran");
+    // The quick job and the first slow one completed; the waiting one failed.
+    assert_eq!(
+        (report.completed, report.failed, report.lost),
+        (2, 1, 0),
+        "{report:?}"
+    );
+    assert_eq!(h.queue.stats().dead - dead_before, 1, "counted dead");
+    let events = h.queue.events(&ids[1]).await.expect("events");
+    let dead = events.iter().find(|e| e.kind == "dead").expect("dead");
+    assert_eq!(dead.data["reason"], "deadline");
 }

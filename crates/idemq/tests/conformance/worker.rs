@@ -44,6 +44,11 @@ idemq_testkit::instantiate!(
     a_worker_whose_claims_would_be_refused_fails_at_run,
     a_failing_maintenance_step_does_not_stop_the_others,
     an_oversized_checkpoint_fails_the_attempt_for_good,
+    a_job_the_worker_reclaims_itself_stops_its_older_attempt,
+    a_release_at_shutdown_is_retried_while_the_store_is_briefly_down,
+    a_heartbeat_from_the_handler_passes_on_a_cancel,
+    a_cancelled_handler_may_clean_up_and_complete,
+    a_handler_that_ignores_a_cancel_is_stopped_after_the_cancel_grace,
 );
 
 /// Sets its flag when dropped: a handler holding one was stopped (its
@@ -585,14 +590,21 @@ async fn shutdown_releases_jobs_past_the_grace_period(h: Harness) {
 
 async fn shutdown_lets_quick_handlers_finish(h: Harness) {
     let id = h.put(EnqueueRequest::new("t")).await;
+    let started = Arc::new(AtomicUsize::new(0));
+    let s = started.clone();
     let w = worker(&h).shutdown_grace(Duration::from_secs(10)).handle(
         "t",
-        |_c: HandlerContext, _p: Value| async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            Ok::<_, JobError>(())
+        move |_c: HandlerContext, _p: Value| {
+            s.fetch_add(1, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok::<_, JobError>(())
+            }
         },
     );
-    let report = run_until(w, || async { state(&h, &id).await == JobState::Active }).await;
+    // Shut down once the handler runs: a job not started by then is
+    // released unrun.
+    let report = run_until(w, || async { started.load(Ordering::SeqCst) > 0 }).await;
     assert_eq!((report.completed, report.released), (1, 0));
     assert_eq!(state(&h, &id).await, JobState::Completed);
 }
@@ -1207,4 +1219,506 @@ async fn raw_write(h: &Harness, sqlite: &str, postgres: &str, redis: &[&str]) {
         }
         (None, None) => panic!("the harness has no database"),
     }
+}
+
+/// A store that passes every call to the harness's store, but can fail the
+/// next releases with `Unavailable` and hold claims until let go: the
+/// backend briefly down, or slow, at a chosen moment.
+#[derive(Debug)]
+pub(crate) struct Faulty {
+    inner: Arc<dyn idemq::store::Store>,
+    /// Releases still to fail with `Unavailable`.
+    pub(crate) fail_releases: AtomicUsize,
+    /// Releases asked for (failed or not).
+    pub(crate) releases: AtomicUsize,
+    /// While set, claim calls wait until it is cleared.
+    hold: std::sync::atomic::AtomicBool,
+    /// Claim calls that waited (or wait) while held.
+    pub(crate) held: AtomicUsize,
+    open: tokio::sync::Notify,
+}
+
+impl Faulty {
+    /// A queue over the harness's store, through a `Faulty` store.
+    pub(crate) fn queue(h: &Harness) -> (idemq::Queue, Arc<Faulty>) {
+        let faulty = Arc::new(Faulty {
+            inner: h.queue.store().clone(),
+            fail_releases: AtomicUsize::new(0),
+            releases: AtomicUsize::new(0),
+            hold: std::sync::atomic::AtomicBool::new(false),
+            held: AtomicUsize::new(0),
+            open: tokio::sync::Notify::new(),
+        });
+        let queue = idemq::Queue::from_store(faulty.clone(), idemq::QueueOptions::default());
+        (queue, faulty)
+    }
+
+    /// Holds every claim call from now on until [`let_go`](Self::let_go).
+    pub(crate) fn hold_claims(&self) {
+        self.hold.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn let_go(&self) {
+        self.hold.store(false, Ordering::SeqCst);
+        self.open.notify_waiters();
+    }
+
+    async fn gate(&self) {
+        if !self.hold.load(Ordering::SeqCst) {
+            return;
+        }
+        self.held.fetch_add(1, Ordering::SeqCst);
+        loop {
+            let open = self.open.notified();
+            if !self.hold.load(Ordering::SeqCst) {
+                return;
+            }
+            open.await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl idemq::store::Store for Faulty {
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    fn claims_in_flight(&self) -> usize {
+        self.inner.claims_in_flight()
+    }
+    fn supports(&self, capability: idemq::store::Capability) -> bool {
+        self.inner.supports(capability)
+    }
+    fn durability(&self) -> idemq::Durability {
+        self.inner.durability()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.inner.as_any()
+    }
+    async fn wakeups(&self) -> idemq::Result<idemq::store::Wakeups> {
+        self.inner.wakeups().await
+    }
+    async fn now(&self) -> idemq::Result<chrono::DateTime<chrono::Utc>> {
+        self.inner.now().await
+    }
+    async fn job_enqueue(
+        &self,
+        p: idemq::store::JobEnqueue,
+    ) -> idemq::Result<Vec<idemq::Result<idemq::EnqueueResult>>> {
+        self.inner.job_enqueue(p).await
+    }
+    async fn job_explain(&self, p: idemq::store::JobExplain) -> idemq::Result<idemq::Explain> {
+        self.inner.job_explain(p).await
+    }
+    async fn job_get(&self, p: idemq::store::JobRef) -> idemq::Result<Option<idemq::Job>> {
+        self.inner.job_get(p).await
+    }
+    async fn job_list(&self, p: idemq::store::JobListing) -> idemq::Result<idemq::JobPage> {
+        self.inner.job_list(p).await
+    }
+    async fn job_events(&self, p: idemq::store::JobRef) -> idemq::Result<Vec<idemq::Event>> {
+        self.inner.job_events(p).await
+    }
+    async fn job_runs(&self, p: idemq::store::JobRef) -> idemq::Result<Vec<idemq::Run>> {
+        self.inner.job_runs(p).await
+    }
+    async fn checkpoint_list(
+        &self,
+        p: idemq::store::JobRef,
+    ) -> idemq::Result<std::collections::BTreeMap<String, Value>> {
+        self.inner.checkpoint_list(p).await
+    }
+    async fn job_cancel(&self, p: idemq::store::JobRef) -> idemq::Result<idemq::CancelOutcome> {
+        self.inner.job_cancel(p).await
+    }
+    async fn job_cancel_by_key(&self, p: idemq::store::JobCancelByKey) -> idemq::Result<bool> {
+        self.inner.job_cancel_by_key(p).await
+    }
+    async fn job_purge(&self, p: idemq::store::JobRef) -> idemq::Result<bool> {
+        self.inner.job_purge(p).await
+    }
+    async fn job_promote(&self, p: idemq::store::JobRef) -> idemq::Result<bool> {
+        self.inner.job_promote(p).await
+    }
+    async fn job_redrive(
+        &self,
+        p: idemq::store::JobRedrive,
+    ) -> idemq::Result<idemq::EnqueueResult> {
+        self.inner.job_redrive(p).await
+    }
+    async fn queue_pause(&self, p: idemq::store::QueuePause) -> idemq::Result<bool> {
+        self.inner.queue_pause(p).await
+    }
+    async fn queue_list(&self) -> idemq::Result<Vec<idemq::QueueInfo>> {
+        self.inner.queue_list().await
+    }
+    async fn job_claim(&self, p: idemq::store::JobClaim) -> idemq::Result<Vec<idemq::ClaimedJob>> {
+        self.gate().await;
+        self.inner.job_claim(p).await
+    }
+    async fn lease_heartbeat(&self, p: idemq::store::LeaseRef) -> idemq::Result<idemq::Heartbeat> {
+        self.inner.lease_heartbeat(p).await
+    }
+    async fn lease_heartbeat_many(
+        &self,
+        p: idemq::store::LeaseHeartbeatMany,
+    ) -> idemq::Result<Vec<idemq::Result<idemq::Heartbeat>>> {
+        self.inner.lease_heartbeat_many(p).await
+    }
+    async fn job_complete(&self, p: idemq::store::JobComplete) -> idemq::Result<()> {
+        self.inner.job_complete(p).await
+    }
+    async fn job_complete_many(
+        &self,
+        p: idemq::store::JobCompleteMany,
+    ) -> idemq::Result<Vec<idemq::Result<()>>> {
+        self.inner.job_complete_many(p).await
+    }
+    async fn job_complete_and_claim(
+        &self,
+        done: idemq::store::JobCompleteMany,
+        claim: idemq::store::JobClaim,
+    ) -> idemq::Result<(
+        Vec<idemq::Result<()>>,
+        idemq::Result<Vec<idemq::ClaimedJob>>,
+    )> {
+        if claim.limit > 0 {
+            self.gate().await;
+        }
+        self.inner.job_complete_and_claim(done, claim).await
+    }
+    async fn job_fail(&self, p: idemq::store::JobFail) -> idemq::Result<idemq::FailOutcome> {
+        self.inner.job_fail(p).await
+    }
+    async fn job_release(&self, p: idemq::store::LeaseRef) -> idemq::Result<JobState> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        let fail = self
+            .fail_releases
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(idemq::Error::Unavailable {
+                message: "the test's store is briefly down".into(),
+            });
+        }
+        self.inner.job_release(p).await
+    }
+    async fn checkpoint_put(&self, p: idemq::store::CheckpointPut) -> idemq::Result<bool> {
+        self.inner.checkpoint_put(p).await
+    }
+    async fn checkpoint_get(&self, p: idemq::store::CheckpointGet) -> idemq::Result<Option<Value>> {
+        self.inner.checkpoint_get(p).await
+    }
+    async fn binding_lookup(
+        &self,
+        p: idemq::store::BindingRef,
+    ) -> idemq::Result<Option<idemq::BindingInfo>> {
+        self.inner.binding_lookup(p).await
+    }
+    async fn binding_release(&self, p: idemq::store::BindingRef) -> idemq::Result<bool> {
+        self.inner.binding_release(p).await
+    }
+    async fn dedupe_lookup(
+        &self,
+        p: idemq::store::DedupeRef,
+    ) -> idemq::Result<Option<idemq::ExplainDedupe>> {
+        self.inner.dedupe_lookup(p).await
+    }
+    async fn binding_sweep(&self, p: idemq::store::Sweep) -> idemq::Result<u64> {
+        self.inner.binding_sweep(p).await
+    }
+    async fn lease_reap(&self, p: idemq::store::Sweep) -> idemq::Result<u64> {
+        self.inner.lease_reap(p).await
+    }
+    async fn job_retention_sweep(&self, p: idemq::store::Sweep) -> idemq::Result<u64> {
+        self.inner.job_retention_sweep(p).await
+    }
+    async fn schedule_put(&self, p: idemq::store::SchedulePut) -> idemq::Result<bool> {
+        self.inner.schedule_put(p).await
+    }
+    async fn schedule_delete(&self, p: idemq::store::ScheduleRef) -> idemq::Result<bool> {
+        self.inner.schedule_delete(p).await
+    }
+    async fn schedule_list(&self) -> idemq::Result<Vec<idemq::Schedule>> {
+        self.inner.schedule_list().await
+    }
+    async fn schedule_due(
+        &self,
+        p: idemq::store::ScheduleDue,
+    ) -> idemq::Result<idemq::store::DueSchedules> {
+        self.inner.schedule_due(p).await
+    }
+    async fn schedule_mark_fired(&self, p: idemq::store::ScheduleMarkFired) -> idemq::Result<bool> {
+        self.inner.schedule_mark_fired(p).await
+    }
+    async fn installation_key_check(&self, p: idemq::store::KeyCheck) -> idemq::Result<String> {
+        self.inner.installation_key_check(p).await
+    }
+    async fn installation_key_check_replace(
+        &self,
+        p: idemq::store::KeyCheck,
+    ) -> idemq::Result<idemq::KeyCheckChange> {
+        self.inner.installation_key_check_replace(p).await
+    }
+}
+
+/// The worker's own claim takes back its job whose lease expired while the
+/// handler still ran (the store unreachable, or the process paused, past
+/// the lease): the older attempt is stopped as lease-lost, its result
+/// dropped, and the newer one is the one heartbeated, stopped and released.
+async fn a_job_the_worker_reclaims_itself_stops_its_older_attempt(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let attempts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (a, d, f) = (attempts.clone(), dropped.clone(), finished.clone());
+    // A 30 s lease: the first heartbeat is 10 s away. Two slots: one is
+    // free for the worker's own claim of the expired lease.
+    let grace = Duration::from_millis(300);
+    let w = worker(&h).concurrency(2).shutdown_grace(grace).handle(
+        "t",
+        move |ctx: HandlerContext, _p: Value| {
+            let (a, d, f) = (a.clone(), d.clone(), f.clone());
+            async move {
+                a.lock().unwrap().push(ctx.attempt());
+                let _guard = (ctx.attempt() == 1).then(|| DropFlag(d));
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                if ctx.attempt() == 1 {
+                    f.store(true, Ordering::SeqCst);
+                }
+                Ok::<_, JobError>(json!(format!("attempt {}", ctx.attempt())))
+            }
+        },
+    );
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(w.run(async move {
+        let _ = rx.await;
+    }));
+    let wait_for = |n: i32| {
+        let attempts = attempts.clone();
+        async move {
+            let start = tokio::time::Instant::now();
+            while !attempts.lock().unwrap().contains(&n) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "attempt {n} did not start"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    wait_for(1).await;
+    // The clock of record passes the lease: the worker's next claim (every
+    // 50 ms) takes the job back, as attempt 2.
+    h.advance(Duration::from_secs(60));
+    wait_for(2).await;
+    let start = tokio::time::Instant::now();
+    while !dropped.load(Ordering::SeqCst) {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "attempt 1 still runs beside attempt 2"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!finished.load(Ordering::SeqCst), "stopped while it ran");
+    assert_eq!(*attempts.lock().unwrap(), vec![1, 2]);
+    assert_eq!(h.job(&id).await.state, JobState::Active);
+    // Attempt 2 is still this worker's: at shutdown it is stopped after
+    // the grace period and released.
+    let _ = tx.send(());
+    let report = tokio::time::timeout(grace + Duration::from_secs(1), handle)
+        .await
+        .expect("run returns within the grace period and a second")
+        .expect("worker task")
+        .expect("worker run");
+    assert_eq!(
+        (report.lost, report.released, report.completed),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    let job = h.job(&id).await;
+    assert_eq!(
+        (job.state, job.attempt, job.result),
+        (JobState::Ready, 2, None)
+    );
+    let outcomes: Vec<_> = h
+        .queue
+        .runs(&id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.outcome)
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            Some("lease_expired".to_string()),
+            Some("released".to_string())
+        ]
+    );
+}
+
+/// The backend is unavailable when the worker releases a lease at shutdown:
+/// the release is tried again while the lease lasts, so the job is ready
+/// at once, not left to its lease's expiry.
+async fn a_release_at_shutdown_is_retried_while_the_store_is_briefly_down(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let (queue, faulty) = Faulty::queue(&h);
+    faulty.fail_releases.store(1, Ordering::SeqCst);
+    let started = Arc::new(AtomicUsize::new(0));
+    let s = started.clone();
+    let w = Worker::new(queue)
+        .poll_interval(Duration::from_millis(50))
+        .lease(Duration::from_secs(30))
+        .maintenance(false)
+        .shutdown_grace(Duration::from_millis(200))
+        .handle("t", move |_c: HandlerContext, _p: Value| {
+            s.fetch_add(1, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok::<_, JobError>(())
+            }
+        });
+    // Shut down once the handler runs: its lease is released after the
+    // grace period.
+    let report = run_until(w, || async { started.load(Ordering::SeqCst) > 0 }).await;
+    assert_eq!((report.released, report.lost), (1, 0), "{report:?}");
+    assert!(faulty.releases.load(Ordering::SeqCst) >= 2, "tried again");
+    let job = h.job(&id).await;
+    assert_eq!((job.state, job.attempts_used), (JobState::Ready, 0));
+}
+
+/// `ctx.heartbeat()` passes on what the heartbeat says: a cancel request is
+/// seen by the handler at once, not at the worker's next beat.
+async fn a_heartbeat_from_the_handler_passes_on_a_cancel(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let go = Arc::new(tokio::sync::Notify::new());
+    let (s, g) = (started.clone(), go.clone());
+    // A 30 s lease: the worker's own first heartbeat is 10 s away.
+    let w = worker(&h).handle("t", move |ctx: HandlerContext, _p: Value| {
+        let (s, g) = (s.clone(), g.clone());
+        async move {
+            s.notify_one();
+            g.notified().await;
+            ctx.heartbeat().await?;
+            Ok::<_, JobError>(json!(ctx.is_cancelled()))
+        }
+    });
+    let q = h.queue.clone();
+    let id2 = id.clone();
+    tokio::spawn(async move {
+        started.notified().await;
+        q.cancel(&id2).await.expect("cancel");
+        go.notify_one();
+    });
+    run_until(w, || async {
+        matches!(
+            state(&h, &id).await,
+            JobState::Completed | JobState::Cancelled
+        )
+    })
+    .await;
+    let job = h.job(&id).await;
+    assert_eq!(
+        (job.state, job.result),
+        (JobState::Completed, Some(json!(true)))
+    );
+}
+
+/// A cancelled handler keeps running for the cancel grace (1 s by
+/// default) once the cancel is seen: one that cleans up and returns `Ok`
+/// completes its job (the effect happened).
+async fn a_cancelled_handler_may_clean_up_and_complete(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let cleaned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s, c) = (started.clone(), cleaned.clone());
+    let w = worker(&h).lease(Duration::from_millis(300)).handle(
+        "t",
+        move |ctx: HandlerContext, _p: Value| {
+            let (s, c) = (s.clone(), c.clone());
+            async move {
+                s.notify_one();
+                ctx.cancelled().await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                c.store(true, Ordering::SeqCst);
+                Ok::<_, JobError>(json!("cleaned up"))
+            }
+        },
+    );
+    let q = h.queue.clone();
+    let id2 = id.clone();
+    tokio::spawn(async move {
+        started.notified().await;
+        q.cancel(&id2).await.expect("cancel");
+    });
+    run_until(w, || async {
+        matches!(
+            state(&h, &id).await,
+            JobState::Completed | JobState::Cancelled
+        )
+    })
+    .await;
+    assert!(cleaned.load(Ordering::SeqCst), "the handler cleaned up");
+    let job = h.job(&id).await;
+    assert_eq!(
+        (job.state, job.result),
+        (JobState::Completed, Some(json!("cleaned up")))
+    );
+}
+
+/// A handler that goes on after a cancel is stopped once the cancel grace
+/// (1 s by default) has passed, and the job ends cancelled.
+async fn a_handler_that_ignores_a_cancel_is_stopped_after_the_cancel_grace(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let stopped = Arc::new(std::sync::Mutex::new(None));
+    let (s, sn, st) = (started.clone(), seen.clone(), stopped.clone());
+    /// Records when it is dropped.
+    struct At(Arc<std::sync::Mutex<Option<tokio::time::Instant>>>);
+    impl Drop for At {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() = Some(tokio::time::Instant::now());
+        }
+    }
+    let w = worker(&h).lease(Duration::from_millis(300)).handle(
+        "t",
+        move |ctx: HandlerContext, _p: Value| {
+            let (s, sn, st) = (s.clone(), sn.clone(), st.clone());
+            async move {
+                let _at = At(st);
+                s.notify_one();
+                ctx.cancelled().await;
+                *sn.lock().unwrap() = Some(tokio::time::Instant::now());
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok::<_, JobError>(json!("too late"))
+            }
+        },
+    );
+    let q = h.queue.clone();
+    let id2 = id.clone();
+    tokio::spawn(async move {
+        started.notified().await;
+        q.cancel(&id2).await.expect("cancel");
+    });
+    run_until(w, || async {
+        matches!(
+            state(&h, &id).await,
+            JobState::Completed | JobState::Cancelled
+        )
+    })
+    .await;
+    let seen = seen.lock().unwrap().expect("the handler saw the cancel");
+    let stopped = stopped.lock().unwrap().expect("the handler was stopped");
+    let ran_on = stopped - seen;
+    assert!(
+        ran_on >= Duration::from_millis(900) && ran_on < Duration::from_secs(5),
+        "ran on for {ran_on:?} after the cancel"
+    );
+    let job = h.job(&id).await;
+    assert_eq!((job.state, job.result), (JobState::Cancelled, None));
+    let runs = h.queue.runs(&id).await.unwrap();
+    assert_eq!(runs[0].outcome.as_deref(), Some("cancelled"));
 }
