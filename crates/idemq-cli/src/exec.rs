@@ -67,7 +67,10 @@ pub fn shell_worker(queue: idemq::Queue, command: &str, options: &ExecOptions) -
         .concurrency(options.concurrency)
         .lease(Duration::from_millis(options.lease_ms))
         .poll_interval(Duration::from_millis(options.poll_ms.max(10)))
-        .shutdown_grace(options.grace);
+        .shutdown_grace(options.grace)
+        // A command cannot see a cancel, so it gets no time to clean up
+        // after one: its process group is killed at once (docs/cli.md).
+        .cancel_grace(Duration::ZERO);
     let types: Vec<&String> = options.types.iter().filter(|t| !t.is_empty()).collect();
     if types.is_empty() {
         worker = worker.handle_any(handler);
