@@ -732,14 +732,7 @@ async fn lost_lease_stops_the_handler_and_drops_its_result(h: Harness) {
         (job.state, job.result),
         (JobState::Completed, Some(json!("from w-2")))
     );
-    let outcomes: Vec<_> = h
-        .queue
-        .runs(&id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.outcome)
-        .collect();
+    let outcomes = run_outcomes(&h, &id).await;
     assert_eq!(
         outcomes,
         vec![
@@ -1023,6 +1016,17 @@ async fn maintenance_loop_ends_when_its_stop_sender_is_dropped(h: Harness) {
     tokio::time::timeout(Duration::from_secs(5), m.run_until(stopped))
         .await
         .expect("a loop started without a sender ends at once");
+}
+
+/// The outcome of each recorded run of `id`, oldest first.
+async fn run_outcomes(h: &Harness, id: &str) -> Vec<Option<String>> {
+    h.queue
+        .runs(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.outcome)
+        .collect()
 }
 
 /// Moves the clock `by` (past the job's lease), then another worker on its
@@ -1541,14 +1545,7 @@ async fn a_job_the_worker_reclaims_itself_stops_its_older_attempt(h: Harness) {
         (job.state, job.attempt, job.result),
         (JobState::Ready, 2, None)
     );
-    let outcomes: Vec<_> = h
-        .queue
-        .runs(&id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.outcome)
-        .collect();
+    let outcomes = run_outcomes(&h, &id).await;
     assert_eq!(
         outcomes,
         vec![
