@@ -97,19 +97,19 @@ pub enum RetryPolicy {
     /// drawn uniformly from `[0, that]`.
     Exponential {
         /// First delay in milliseconds.
-        #[serde(default = "d_initial", deserialize_with = "null_initial")]
+        #[serde(default = "d_initial")]
         #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::PositiveMs>))]
         initial_ms: i64,
         /// Growth factor (≥ 1).
-        #[serde(default = "d_factor", deserialize_with = "null_factor")]
+        #[serde(default = "d_factor")]
         #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::RetryFactor>))]
         factor: f64,
         /// Largest delay in milliseconds.
-        #[serde(default = "d_max", deserialize_with = "null_max")]
+        #[serde(default = "d_max")]
         #[cfg_attr(feature = "openapi", schema(value_type = Option<crate::openapi::PositiveMs>))]
         max_ms: i64,
         /// Full jitter.
-        #[serde(default = "d_jitter", deserialize_with = "null_jitter")]
+        #[serde(default = "d_jitter")]
         #[cfg_attr(feature = "openapi", schema(value_type = Option<bool>))]
         jitter: bool,
     },
@@ -124,78 +124,48 @@ pub enum RetryPolicy {
     None,
 }
 
-/// A retry policy as it is read: [`RetryPolicy`]'s own form, but for
-/// `none`, a variant without members instead of a unit variant, since
-/// serde lets an internally tagged unit variant ignore every member beside
-/// its tag (`{"kind": "none", "delay_ms": 5}` read as `none`); here any
-/// other member is refused, as for the other kinds.
+/// A retry policy as it is read: one member form per kind
+/// ([`crate::wire::retry`]), each refusing a member it does not have. A
+/// unit variant would not: serde lets an internally tagged unit variant
+/// ignore every member beside its tag (`{"kind": "none", "delay_ms": 5}`
+/// read as `none`).
 #[derive(Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 enum RetryWire {
-    Exponential {
-        #[serde(default = "d_initial", deserialize_with = "null_initial")]
-        initial_ms: i64,
-        #[serde(default = "d_factor", deserialize_with = "null_factor")]
-        factor: f64,
-        #[serde(default = "d_max", deserialize_with = "null_max")]
-        max_ms: i64,
-        #[serde(default = "d_jitter", deserialize_with = "null_jitter")]
-        jitter: bool,
-    },
-    Fixed {
-        #[serde(deserialize_with = "crate::wire::int")]
-        delay_ms: i64,
-    },
-    None {},
+    Exponential(crate::wire::retry::Exponential),
+    Fixed(crate::wire::retry::Fixed),
+    None(crate::wire::retry::NoRetries),
 }
 
 impl From<RetryWire> for RetryPolicy {
     fn from(w: RetryWire) -> Self {
         match w {
-            RetryWire::Exponential {
-                initial_ms,
-                factor,
-                max_ms,
-                jitter,
-            } => Self::Exponential {
-                initial_ms,
-                factor,
-                max_ms,
-                jitter,
+            RetryWire::Exponential(e) => Self::Exponential {
+                initial_ms: e.initial_ms,
+                factor: e.factor,
+                max_ms: e.max_ms,
+                jitter: e.jitter,
             },
-            RetryWire::Fixed { delay_ms } => Self::Fixed { delay_ms },
-            RetryWire::None {} => Self::None,
+            RetryWire::Fixed(f) => Self::Fixed {
+                delay_ms: f.delay_ms,
+            },
+            RetryWire::None(crate::wire::retry::NoRetries {}) => Self::None,
         }
     }
 }
 
-fn d_initial() -> i64 {
+pub(crate) fn d_initial() -> i64 {
     defaults::RETRY_INITIAL_MS
 }
-fn d_factor() -> f64 {
+pub(crate) fn d_factor() -> f64 {
     defaults::RETRY_FACTOR
 }
-fn d_max() -> i64 {
+pub(crate) fn d_max() -> i64 {
     defaults::RETRY_MAX_MS
 }
-fn d_jitter() -> bool {
+pub(crate) fn d_jitter() -> bool {
     true
 }
-
-/// `null` for an exponential policy's member is its default, as when omitted.
-macro_rules! null_is {
-    ($($name:ident: $ty:ty = $default:ident via $read:path),* $(,)?) => {$(
-        fn $name<'de, D: Deserializer<'de>>(d: D) -> Result<$ty, D::Error> {
-            Ok($read(d)?.unwrap_or_else($default))
-        }
-    )*};
-}
-null_is!(
-    null_initial: i64 = d_initial via crate::wire::opt_int,
-    null_factor: f64 = d_factor via crate::wire::opt_float,
-    null_max: i64 = d_max via crate::wire::opt_int,
-    null_jitter: bool = d_jitter via Option::<bool>::deserialize,
-);
 
 impl Default for RetryPolicy {
     fn default() -> Self {

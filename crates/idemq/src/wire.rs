@@ -248,3 +248,60 @@ mod tests {
         assert!(serde_json::from_str::<Inner>("[1]").is_ok());
     }
 }
+
+/// The members of each kind of retry policy as they are read, the `kind`
+/// member aside: [`crate::RetryPolicy`] is read through them, and the HTTP
+/// server reads a policy that did not parse through them again, to name
+/// the member at fault (serde's path stops at an internally tagged enum).
+pub mod retry {
+    use serde::{Deserialize, Deserializer};
+
+    use crate::request::{d_factor, d_initial, d_jitter, d_max};
+
+    /// `null` for an exponential policy's member is its default, as when omitted.
+    macro_rules! null_is {
+        ($($name:ident: $ty:ty = $default:ident via $read:path),* $(,)?) => {$(
+            fn $name<'de, D: Deserializer<'de>>(d: D) -> Result<$ty, D::Error> {
+                Ok($read(d)?.unwrap_or_else($default))
+            }
+        )*};
+    }
+    null_is!(
+        null_initial: i64 = d_initial via super::opt_int,
+        null_factor: f64 = d_factor via super::opt_float,
+        null_max: i64 = d_max via super::opt_int,
+        null_jitter: bool = d_jitter via Option::<bool>::deserialize,
+    );
+
+    /// `{"kind": "exponential", …}`: every member optional.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Exponential {
+        /// First delay in milliseconds.
+        #[serde(default = "d_initial", deserialize_with = "null_initial")]
+        pub initial_ms: i64,
+        /// Growth factor.
+        #[serde(default = "d_factor", deserialize_with = "null_factor")]
+        pub factor: f64,
+        /// Largest delay in milliseconds.
+        #[serde(default = "d_max", deserialize_with = "null_max")]
+        pub max_ms: i64,
+        /// Full jitter.
+        #[serde(default = "d_jitter", deserialize_with = "null_jitter")]
+        pub jitter: bool,
+    }
+
+    /// `{"kind": "fixed", "delay_ms": N}`.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Fixed {
+        /// The delay in milliseconds.
+        #[serde(deserialize_with = "super::int")]
+        pub delay_ms: i64,
+    }
+
+    /// `{"kind": "none"}`: no other member.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct NoRetries {}
+}

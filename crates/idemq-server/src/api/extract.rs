@@ -279,45 +279,24 @@ fn member_problem(mut path: Vec<String>, message: &str) -> Problem {
 const RETRY_KINDS: &str = "must be `exponential`, `fixed` or `none`";
 
 /// The member at fault in a retry policy that did not parse, and serde's
-/// message about it, found by reading the object again through forms that
-/// mirror each kind of [`idemq::RetryPolicy`] (their members read the same
-/// way). `None` when they find no fault (the first message then stands).
+/// message about it, found by reading the object again, `kind` aside,
+/// through the form of its kind that the library reads it with
+/// ([`idemq::wire::retry`]). `None` when that finds no fault (the first
+/// message then stands).
 fn retry_error(retry: &Value) -> Option<(Vec<String>, String)> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    #[allow(dead_code)]
-    struct Exponential {
-        kind: serde::de::IgnoredAny,
-        #[serde(default, deserialize_with = "idemq::wire::opt_int")]
-        initial_ms: Option<i64>,
-        #[serde(default, deserialize_with = "idemq::wire::opt_float")]
-        factor: Option<f64>,
-        #[serde(default, deserialize_with = "idemq::wire::opt_int")]
-        max_ms: Option<i64>,
-        #[serde(default)]
-        jitter: Option<bool>,
-    }
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    #[allow(dead_code)]
-    struct Fixed {
-        kind: serde::de::IgnoredAny,
-        #[serde(deserialize_with = "idemq::wire::int")]
-        delay_ms: i64,
-    }
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    #[allow(dead_code)]
-    struct NoRetries {
-        kind: serde::de::IgnoredAny,
-    }
-    fn fault<T: DeserializeOwned>(v: &Value) -> Option<(Vec<String>, String)> {
-        serde_path_to_error::deserialize::<_, T>(v)
+    use idemq::wire::retry::{Exponential, Fixed, NoRetries};
+    fn fault<T: DeserializeOwned>(
+        retry: &serde_json::Map<String, Value>,
+    ) -> Option<(Vec<String>, String)> {
+        let mut members = retry.clone();
+        members.remove("kind");
+        serde_path_to_error::deserialize::<_, T>(Value::Object(members))
             .err()
             .map(|e| (segments(e.path()), e.inner().to_string()))
     }
     let kind = || Some((vec!["kind".to_owned()], RETRY_KINDS.to_owned()));
-    match retry.as_object()?.get("kind") {
+    let retry = retry.as_object()?;
+    match retry.get("kind") {
         // A missing `kind` is named by serde's own message.
         None => None,
         Some(Value::String(k)) => match k.as_str() {
