@@ -525,12 +525,7 @@ async fn cancel_of_a_running_job_stops_it_at_the_next_heartbeat(h: Harness) {
             }
         },
     );
-    let q = h.queue.clone();
-    let id2 = id.clone();
-    tokio::spawn(async move {
-        started.notified().await;
-        q.cancel(&id2).await.expect("cancel");
-    });
+    cancel_once_started(&h, &id, started);
     run_until(w, || async { state(&h, &id).await == JobState::Cancelled }).await;
     let runs = h.queue.runs(&id).await.unwrap();
     assert_eq!(runs[0].outcome.as_deref(), Some("cancelled"));
@@ -1016,6 +1011,15 @@ async fn maintenance_loop_ends_when_its_stop_sender_is_dropped(h: Harness) {
     tokio::time::timeout(Duration::from_secs(5), m.run_until(stopped))
         .await
         .expect("a loop started without a sender ends at once");
+}
+
+/// Cancels `id` once its handler signals `started`.
+fn cancel_once_started(h: &Harness, id: &str, started: Arc<tokio::sync::Notify>) {
+    let (queue, id) = (h.queue.clone(), id.to_owned());
+    tokio::spawn(async move {
+        started.notified().await;
+        queue.cancel(&id).await.expect("cancel");
+    });
 }
 
 /// The outcome of each recorded run of `id`, oldest first.
@@ -1644,12 +1648,7 @@ async fn a_cancelled_handler_may_clean_up_and_complete(h: Harness) {
             }
         },
     );
-    let q = h.queue.clone();
-    let id2 = id.clone();
-    tokio::spawn(async move {
-        started.notified().await;
-        q.cancel(&id2).await.expect("cancel");
-    });
+    cancel_once_started(&h, &id, started);
     run_until(w, || async {
         matches!(
             state(&h, &id).await,
@@ -1694,12 +1693,7 @@ async fn a_handler_that_ignores_a_cancel_is_stopped_after_the_cancel_grace(h: Ha
             }
         },
     );
-    let q = h.queue.clone();
-    let id2 = id.clone();
-    tokio::spawn(async move {
-        started.notified().await;
-        q.cancel(&id2).await.expect("cancel");
-    });
+    cancel_once_started(&h, &id, started);
     run_until(w, || async {
         matches!(
             state(&h, &id).await,
