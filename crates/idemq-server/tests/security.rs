@@ -354,7 +354,7 @@ async fn body_payload_and_key_limits() {
         );
     }
     // A streamed (chunked) body without Content-Length is cut at the limit too.
-    let status = chunked_post(&s.base, "/v1/jobs", limit + 64 * 1024 + 4096).await;
+    let (status, _) = s.post_chunked("/v1/jobs", limit + 64 * 1024 + 4096).await;
     assert_eq!(status, 413, "a chunked body over the limit");
     // Batches: more than 1,000 items, or more than 16 MiB + 64 KiB.
     let items: Vec<Value> = (0..1001).map(|_| json!({"type": "x"})).collect();
@@ -489,46 +489,11 @@ async fn declared_post(base: &str, path: &str, n: usize) -> u16 {
         sock.read_to_end(&mut out),
     )
     .await;
-    let text = String::from_utf8_lossy(&out);
-    text.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {text:?}"))
+    harness::status_of(&String::from_utf8_lossy(&out))
 }
 
 /// A limit case: path, body, extra headers, the field named in the 422.
 type KeyCase<'a> = (&'a str, Value, Vec<(&'a str, &'a str)>, &'a str);
-
-/// Posts a chunked body of `n` bytes (a JSON object) and returns the status.
-async fn chunked_post(base: &str, path: &str, n: usize) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = base.strip_prefix("http://").expect("http");
-    let mut sock = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-    );
-    sock.write_all(head.as_bytes()).await.expect("head");
-    let mut body = format!("{{\"type\":\"x\",\"payload\":\"{}", "c".repeat(n)).into_bytes();
-    body.extend_from_slice(b"\"}");
-    for chunk in body.chunks(64 * 1024) {
-        let frame = format!("{:x}\r\n", chunk.len());
-        if sock.write_all(frame.as_bytes()).await.is_err()
-            || sock.write_all(chunk).await.is_err()
-            || sock.write_all(b"\r\n").await.is_err()
-        {
-            break; // The server answered and closed early.
-        }
-    }
-    let _ = sock.write_all(b"0\r\n\r\n").await;
-    let mut out = Vec::new();
-    let _ = sock.read_to_end(&mut out).await;
-    let text = String::from_utf8_lossy(&out);
-    text.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {text:?}"))
-}
 
 // ---------------------------------------------------------------------------
 // 3. The raw key never leaves the request.

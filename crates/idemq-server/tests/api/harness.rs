@@ -262,12 +262,7 @@ impl Server {
         )
         .await;
         let text = String::from_utf8_lossy(&out).into_owned();
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("no status line: {text:?}"));
-        (status, text)
+        (status_of(&text), text)
     }
 
     /// Posts a JSON object of about `n` bytes as a streamed (chunked) body
@@ -297,12 +292,7 @@ impl Server {
         let mut out = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(10), sock.read_to_end(&mut out)).await;
         let text = String::from_utf8_lossy(&out).into_owned();
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("no status line: {text:?}"));
-        (status, text)
+        (status_of(&text), text)
     }
 
     /// Sends `request` (a whole HTTP/1.1 request, `{addr}` replaced by the
@@ -321,12 +311,7 @@ impl Server {
             .expect("the server answers")
             .expect("read");
         let text = String::from_utf8_lossy(&out).into_owned();
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("no status line: {text:?}"));
-        (status, text)
+        (status_of(&text), text)
     }
 
     pub async fn put(&self, path: &str, body: Value) -> Answer {
@@ -390,4 +375,12 @@ impl Drop for Server {
             idemq_testkit::drop_pg_database(&db);
         }
     }
+}
+
+/// The status code of a raw HTTP/1.1 response.
+pub fn status_of(text: &str) -> u16 {
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {text:?}"))
 }
