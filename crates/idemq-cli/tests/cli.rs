@@ -339,14 +339,8 @@ fn stdin_for_both_payload_and_key_is_a_usage_error() {
 /// `idemq.schema_migrations`.
 #[test]
 fn migrate_check_of_a_newer_postgres_schema_exits_5_naming_the_idemq_that_wrote_it() {
-    let (url, db) = idemq_testkit::pg_database();
-    struct Drop_(String);
-    impl Drop for Drop_ {
-        fn drop(&mut self) {
-            idemq_testkit::drop_pg_database(&self.0);
-        }
-    }
-    let _guard = Drop_(db);
+    let db = idemq_testkit::PgDatabase::new();
+    let url = db.url.clone();
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_idemq"))
             .args(args)

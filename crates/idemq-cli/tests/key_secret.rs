@@ -118,13 +118,7 @@ fn key_secret_is_checked_on_sqlite() {
 
 #[test]
 fn key_secret_is_checked_on_postgres() {
-    let (url, db) = idemq_testkit::pg_database();
-    struct Drop_(String);
-    impl Drop for Drop_ {
-        fn drop(&mut self) {
-            idemq_testkit::drop_pg_database(&self.0);
-        }
-    }
-    let _guard = Drop_(db);
+    let db = idemq_testkit::PgDatabase::new();
+    let url = db.url.clone();
     scenario(&url);
 }

@@ -355,13 +355,7 @@ async fn serve_sigkilled_under_load_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn serve_sigkilled_under_load_postgres() {
-    let (url, db) = idemq_testkit::pg_database();
-    struct DropDb(String);
-    impl Drop for DropDb {
-        fn drop(&mut self) {
-            idemq_testkit::drop_pg_database(&self.0);
-        }
-    }
-    let _guard = DropDb(db);
+    let db = idemq_testkit::PgDatabase::new();
+    let url = db.url.clone();
     kill_under_load(&url, "postgres").await;
 }

@@ -41,7 +41,7 @@ mod redis;
 
 pub use backends::Supports;
 pub use harness::{Harness, epoch};
-pub use postgres::{drop_pg_database, pg_admin_url, pg_database, pg_url};
+pub use postgres::{PgDatabase, drop_pg_database, pg_admin_url, pg_database, pg_url};
 pub use redis::{
     redis_command, redis_contents, redis_dir, redis_own_server, redis_own_server_with, redis_url,
 };

@@ -123,3 +123,31 @@ pub fn drop_pg_database(db: &str) {
     let sql = format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)");
     let _ = on_own_runtime(async move || admin_exec(sql).await);
 }
+
+/// A database made by [`pg_database`], dropped with this guard, also when
+/// the test fails.
+pub struct PgDatabase {
+    /// Its URL.
+    pub url: String,
+    name: String,
+}
+
+impl PgDatabase {
+    /// A new database, as [`pg_database`] makes it.
+    pub fn new() -> Self {
+        let (url, name) = pg_database();
+        Self { url, name }
+    }
+}
+
+impl Default for PgDatabase {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        drop_pg_database(&self.name);
+    }
+}

@@ -279,16 +279,6 @@ async fn sqlite_effect_and_completion_commit_once_across_a_kill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_effect_and_completion_commit_once_across_a_kill() {
-    let (url, db) = idemq_testkit::pg_database();
-    let _drop = DropDb(db);
-    kill_between_write_and_commit(&url, "postgres").await;
-}
-
-/// Drops the test database, also when the test fails.
-struct DropDb(String);
-
-impl Drop for DropDb {
-    fn drop(&mut self) {
-        idemq_testkit::drop_pg_database(&self.0);
-    }
+    let db = idemq_testkit::PgDatabase::new();
+    kill_between_write_and_commit(&db.url, "postgres").await;
 }
