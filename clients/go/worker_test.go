@@ -40,6 +40,25 @@ func runWorker(t *testing.T, w *Worker) (stop func() error) {
 	return stop
 }
 
+// expectStats waits until the worker's stats satisfy want, or fails the test
+// after five seconds. A worker counts an attempt once the server answered for
+// it, so a test that already saw the job's new state can read the stats a
+// moment before they are counted.
+func expectStats(t *testing.T, w *Worker, want func(WorkerStats) bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st := w.Stats()
+		if want(st) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // waitState polls until the job is in state, or fails the test.
 func waitState(t *testing.T, c *Client, id, state string, within time.Duration) *Job {
 	t.Helper()
@@ -214,9 +233,7 @@ func TestWorkerStopsOnCancel(t *testing.T) {
 		t.Fatal("the handler was not stopped by the cancel")
 	}
 	waitState(t, c, id, StateCancelled, 5*time.Second)
-	if st := w.Stats(); st.Cancelled != 1 || st.Failed != 1 || st.Completed != 0 {
-		t.Fatalf("stats %+v", st)
-	}
+	expectStats(t, w, func(st WorkerStats) bool { return st.Cancelled == 1 && st.Failed == 1 && st.Completed == 0 })
 }
 
 // A handler that ignores its ctx after a cancel gets CancelGrace to return;
@@ -282,9 +299,9 @@ func TestWorkerFailsAHandlerThatIgnoresACancel(t *testing.T) {
 	if job, err := c.GetJob(ctx, id); err != nil || job.State != StateCancelled {
 		t.Fatalf("after the handler returned: %+v %v", job, err)
 	}
-	if st := w.Stats(); st.Cancelled != 1 || st.Failed != 1 || st.Completed != 1 || st.Lost != 0 {
-		t.Fatalf("stats %+v", st)
-	}
+	expectStats(t, w, func(st WorkerStats) bool {
+		return st.Cancelled == 1 && st.Failed == 1 && st.Completed == 1 && st.Lost == 0
+	})
 }
 
 // callRecorder records the completions a worker sends: carried on claims
@@ -422,9 +439,7 @@ func TestWorkerLosesALeaseAndDoesNotComplete(t *testing.T) {
 	if n := len(carried) + len(batched) + len(singles); n != 1 {
 		t.Fatalf("%d completions sent; the stale attempt must send none", n)
 	}
-	if st := w.Stats(); st.Lost != 1 || st.Completed != 1 {
-		t.Fatalf("stats %+v", st)
-	}
+	expectStats(t, w, func(st WorkerStats) bool { return st.Lost == 1 && st.Completed == 1 })
 }
 
 func TestCheckpointsSurviveARetry(t *testing.T) {
@@ -736,9 +751,7 @@ func TestDeadlineWaitsForTheServersClock(t *testing.T) {
 	if got := statuses(skew.of(hung)); len(got) < 2 || got[0] != http.StatusOK || got[len(got)-1] != http.StatusConflict {
 		t.Fatalf("heartbeats of the job that ran past its deadline: %v", got)
 	}
-	if st := w.Stats(); st.Completed != 1 || st.Failed != 1 || st.Lost != 0 {
-		t.Fatalf("stats %+v", st)
-	}
+	expectStats(t, w, func(st WorkerStats) bool { return st.Completed == 1 && st.Failed == 1 && st.Lost == 0 })
 }
 
 func TestDeadlineIsAskedAgainWhileTheServerIsUnreachable(t *testing.T) {
@@ -793,9 +806,7 @@ func TestDeadlineIsAskedAgainWhileTheServerIsUnreachable(t *testing.T) {
 	if last <= first {
 		t.Fatalf("the backoff did not grow: %v then %v", first, last)
 	}
-	if st := w.Stats(); st.Failed != 1 || st.Lost != 0 {
-		t.Fatalf("stats %+v", st)
-	}
+	expectStats(t, w, func(st WorkerStats) bool { return st.Failed == 1 && st.Lost == 0 })
 	if n := atomic.LoadInt64(&reported); n < int64(len(down)) {
 		t.Fatalf("%d errors reported for %d failed questions", n, len(down))
 	}
@@ -917,9 +928,7 @@ func TestNoHeartbeatEndsACompletedAttemptPastTheDeadline(t *testing.T) {
 				b.status, b.at.Sub(last.Add(-50*time.Millisecond)), deadline.Sub(b.at))
 		}
 	}
-	if st := w.Stats(); st.Completed != 1 || st.Lost != 0 || st.Failed != 0 {
-		t.Fatalf("stats %+v", st)
-	}
+	expectStats(t, w, func(st WorkerStats) bool { return st.Completed == 1 && st.Lost == 0 && st.Failed == 0 })
 }
 
 // TestARegularHeartbeatFindsTheDeadlinePassed: the server's clock reaches
@@ -967,9 +976,7 @@ func TestARegularHeartbeatFindsTheDeadlinePassed(t *testing.T) {
 	if len(beats) < 2 || beats[len(beats)-1].status != http.StatusConflict || !beats[len(beats)-1].at.Before(deadline.Add(2*time.Second)) {
 		t.Fatalf("heartbeats %v", statuses(beats))
 	}
-	if st := w.Stats(); st.Failed != 1 || st.Lost != 0 {
-		t.Fatalf("stats %+v", st)
-	}
+	expectStats(t, w, func(st WorkerStats) bool { return st.Failed == 1 && st.Lost == 0 })
 }
 
 func TestGracefulShutdownReleasesLeases(t *testing.T) {
@@ -1010,9 +1017,7 @@ func TestGracefulShutdownReleasesLeases(t *testing.T) {
 	if job.AttemptsUsed != 0 || len(runs) != 1 || *runs[0].Outcome != "released" {
 		t.Fatalf("released job: used %d, runs %+v", job.AttemptsUsed, runs)
 	}
-	if st := w.Stats(); st.Completed != 1 || st.Released != 1 {
-		t.Fatalf("stats %+v", st)
-	}
+	expectStats(t, w, func(st WorkerStats) bool { return st.Completed == 1 && st.Released == 1 })
 }
 
 func TestWorkerStopsOnAFatalClaimError(t *testing.T) {
@@ -1120,9 +1125,7 @@ func drainWithRecorder(t *testing.T, rec *callRecorder, n int) (ids []string) {
 			t.Fatalf("job %s ran %d times", id, runs[id])
 		}
 	}
-	if st := w.Stats(); st != (WorkerStats{Completed: int64(n)}) {
-		t.Fatalf("stats %+v", st)
-	}
+	expectStats(t, w, func(st WorkerStats) bool { return st == (WorkerStats{Completed: int64(n)}) })
 	return ids
 }
 
