@@ -24,6 +24,14 @@ pub enum Step {
 }
 
 impl Step {
+    /// Every step, in the order of a pass.
+    pub const ALL: [Step; 4] = [
+        Self::ReapLeases,
+        Self::FireSchedules,
+        Self::SweepBindings,
+        Self::SweepRetention,
+    ];
+
     /// Its name in logs.
     pub fn name(self) -> &'static str {
         match self {
@@ -111,61 +119,89 @@ impl Maintenance {
     /// [`PassReport::errors`] and never keeps the other steps from running.
     pub async fn pass(&self) -> PassReport {
         let mut report = PassReport::default();
-        let mut step = |step: Step, outcome: Result<u64>| match outcome {
-            Ok(n) => n,
-            Err(error) => {
-                report.errors.push(StepError { step, error });
-                0
-            }
-        };
-        let reaped = step(Step::ReapLeases, self.queue.reap_leases(self.batch).await);
-        let fired = step(
-            Step::FireSchedules,
-            self.queue.fire_schedules(self.batch.min(1000)).await,
-        );
-        let removed = step(
-            Step::SweepBindings,
-            self.queue.sweep_bindings(self.batch).await,
-        );
-        let deleted = step(
-            Step::SweepRetention,
-            self.queue.sweep_retention(self.batch).await,
-        );
-        report.leases_reaped = reaped;
-        report.ticks_fired = fired;
-        report.bindings_removed = removed;
-        report.jobs_deleted = deleted;
+        for step in Step::ALL {
+            let n = match self.run_step(step).await {
+                Ok(n) => n,
+                Err(error) => {
+                    report.errors.push(StepError { step, error });
+                    0
+                }
+            };
+            *match step {
+                Step::ReapLeases => &mut report.leases_reaped,
+                Step::FireSchedules => &mut report.ticks_fired,
+                Step::SweepBindings => &mut report.bindings_removed,
+                Step::SweepRetention => &mut report.jobs_deleted,
+            } = n;
+        }
         report
     }
 
-    /// Runs passes until `stop` turns true, or until its sender is dropped
-    /// (nothing could stop the loop after that: a dropped `Worker::run`, say).
-    /// A failed step is logged (`tracing`, a warning when a step starts
-    /// failing, at debug level while it keeps failing) and runs again at the
-    /// next pass.
-    pub async fn run_until(self, mut stop: watch::Receiver<bool>) {
-        let mut failing: Vec<Step> = Vec::new();
+    /// Runs the steps until `stop` turns true, or until its sender is
+    /// dropped (nothing could stop the loop after that: a dropped
+    /// `Worker::run`, say).
+    ///
+    /// Each step runs in a loop of its own, every [`every`](Self::every) and
+    /// at once again while it fills its batch, so a step that waits never
+    /// holds up another: a schedule's tick waiting for a lock that an
+    /// application's open transaction holds (its dedupe key, on PostgreSQL)
+    /// leaves expired leases reaped and bindings swept on time. A failed
+    /// step is logged (`tracing`, a warning when it starts failing, at debug
+    /// level while it keeps failing, at info level when it recovers) and
+    /// runs again after `every`.
+    pub async fn run_until(self, stop: watch::Receiver<bool>) {
+        let steps = Step::ALL.map(|step| self.step_loop(step, stop.clone()));
+        futures_util::future::join_all(steps).await;
+    }
+
+    /// The most rows one call of `step` takes (a schedule step fires at
+    /// most 1,000 ticks a call).
+    fn limit(&self, step: Step) -> u32 {
+        match step {
+            Step::FireSchedules => self.batch.min(1000),
+            _ => self.batch,
+        }
+    }
+
+    /// Runs one step once.
+    async fn run_step(&self, step: Step) -> Result<u64> {
+        let limit = self.limit(step);
+        match step {
+            Step::ReapLeases => self.queue.reap_leases(limit).await,
+            Step::FireSchedules => self.queue.fire_schedules(limit).await,
+            Step::SweepBindings => self.queue.sweep_bindings(limit).await,
+            Step::SweepRetention => self.queue.sweep_retention(limit).await,
+        }
+    }
+
+    /// The loop of one step, until `stop`.
+    async fn step_loop(&self, step: Step, mut stop: watch::Receiver<bool>) {
+        let mut failing = false;
         loop {
             if *stop.borrow() || stop.has_changed().is_err() {
                 return;
             }
-            let r = self.pass().await;
-            let now_failing: Vec<Step> = r.errors.iter().map(|e| e.step).collect();
-            for e in &r.errors {
-                if failing.contains(&e.step) {
-                    tracing::debug!(step = e.step.name(), error = %e.error, "maintenance step still failing");
-                } else {
-                    tracing::warn!(step = e.step.name(), error = %e.error, "maintenance step failed; it runs again at the next pass");
+            let mut full = false;
+            match self.run_step(step).await {
+                Ok(n) => {
+                    if failing {
+                        tracing::info!(step = step.name(), "maintenance step recovered");
+                    }
+                    failing = false;
+                    full = n >= u64::from(self.limit(step));
+                }
+                Err(error) if failing => {
+                    tracing::debug!(step = step.name(), %error, "maintenance step still failing");
+                }
+                Err(error) => {
+                    failing = true;
+                    tracing::warn!(step = step.name(), %error, "maintenance step failed; it runs again at the next pass");
                 }
             }
-            for s in failing.iter().filter(|s| !now_failing.contains(s)) {
-                tracing::info!(step = s.name(), "maintenance step recovered");
-            }
-            failing = now_failing;
-            // A step that filled its batch has more to do: the next pass runs
-            // at once, so sweeping keeps up with any rate of work while each
-            // pass stays bounded in rows.
-            if r.is_full(self.batch) {
+            // A step that filled its batch has more to do: it runs again at
+            // once, so sweeping keeps up with any rate of work while each
+            // call stays bounded in rows.
+            if full {
                 tokio::task::yield_now().await;
                 continue;
             }

@@ -39,6 +39,7 @@ idemq_testkit::instantiate!(
     concurrent_maintenance_passes_reap_each_lease_once,
     maintenance_loop_catches_up_beyond_one_batch,
     maintenance_loop_ends_when_its_stop_sender_is_dropped,
+    a_waiting_maintenance_step_holds_up_no_other,
     an_oversized_result_fails_its_own_job_and_no_other,
     a_late_result_after_a_lost_lease_is_refused,
     a_worker_whose_claims_would_be_refused_fails_at_run,
@@ -1013,6 +1014,45 @@ async fn maintenance_loop_ends_when_its_stop_sender_is_dropped(h: Harness) {
         .expect("a loop started without a sender ends at once");
 }
 
+/// The maintenance loop runs each step on its own: while firing schedules
+/// waits (a tick's enqueue waiting for a lock an application's transaction
+/// holds, say), expired leases are still reaped, pass after pass.
+async fn a_waiting_maintenance_step_holds_up_no_other(h: Harness) {
+    let (queue, faulty) = Faulty::queue(&h);
+    faulty.hold_schedules();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(
+        Maintenance::new(queue)
+            .every(Duration::from_millis(50))
+            .run_until(stopped),
+    );
+    // Two leases expire one after the other while the schedule step waits.
+    for round in 0..2 {
+        let id = h.put(EnqueueRequest::new("t").retry(no_retry_soon())).await;
+        assert_eq!(h.claim_one().await.id, id);
+        h.advance(Duration::from_secs(120));
+        let reaped = tokio::time::timeout(Duration::from_secs(10), async {
+            while state(&h, &id).await != JobState::Ready {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(reaped.is_ok(), "round {round}: the lease was not reaped");
+        h.queue.cancel(&id).await.unwrap();
+    }
+    assert_eq!(
+        faulty.held_schedules.load(Ordering::SeqCst),
+        1,
+        "the schedule step was waiting all along"
+    );
+    faulty.let_go();
+    let _ = stop.send(true);
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the loop ends once the waiting step goes on")
+        .unwrap();
+}
+
 /// Cancels `id` once its handler signals `started`.
 fn cancel_once_started(h: &Harness, id: &str, started: Arc<tokio::sync::Notify>) {
     let (queue, id) = (h.queue.clone(), id.to_owned());
@@ -1243,6 +1283,10 @@ pub(crate) struct Faulty {
     hold: std::sync::atomic::AtomicBool,
     /// Claim calls that waited (or wait) while held.
     pub(crate) held: AtomicUsize,
+    /// While set, reads of the due schedules wait until it is cleared.
+    hold_schedules: std::sync::atomic::AtomicBool,
+    /// Reads of the due schedules that waited (or wait) while held.
+    pub(crate) held_schedules: AtomicUsize,
     open: tokio::sync::Notify,
 }
 
@@ -1255,6 +1299,8 @@ impl Faulty {
             releases: AtomicUsize::new(0),
             hold: std::sync::atomic::AtomicBool::new(false),
             held: AtomicUsize::new(0),
+            hold_schedules: std::sync::atomic::AtomicBool::new(false),
+            held_schedules: AtomicUsize::new(0),
             open: tokio::sync::Notify::new(),
         });
         let queue = idemq::Queue::from_store(faulty.clone(), idemq::QueueOptions::default());
@@ -1266,22 +1312,38 @@ impl Faulty {
         self.hold.store(true, Ordering::SeqCst);
     }
 
+    /// Holds every read of the due schedules from now on until
+    /// [`let_go`](Self::let_go): a schedule step that waits (for a lock,
+    /// say).
+    pub(crate) fn hold_schedules(&self) {
+        self.hold_schedules.store(true, Ordering::SeqCst);
+    }
+
     pub(crate) fn let_go(&self) {
         self.hold.store(false, Ordering::SeqCst);
+        self.hold_schedules.store(false, Ordering::SeqCst);
         self.open.notify_waiters();
     }
 
     async fn gate(&self) {
-        if !self.hold.load(Ordering::SeqCst) {
+        Self::wait_while(&self.hold, &self.held, &self.open).await;
+    }
+
+    async fn wait_while(
+        hold: &std::sync::atomic::AtomicBool,
+        held: &AtomicUsize,
+        open: &tokio::sync::Notify,
+    ) {
+        if !hold.load(Ordering::SeqCst) {
             return;
         }
-        self.held.fetch_add(1, Ordering::SeqCst);
+        held.fetch_add(1, Ordering::SeqCst);
         loop {
-            let open = self.open.notified();
-            if !self.hold.load(Ordering::SeqCst) {
+            let opened = open.notified();
+            if !hold.load(Ordering::SeqCst) {
                 return;
             }
-            open.await;
+            opened.await;
         }
     }
 }
@@ -1454,6 +1516,7 @@ impl idemq::store::Store for Faulty {
         &self,
         p: idemq::store::ScheduleDue,
     ) -> idemq::Result<idemq::store::DueSchedules> {
+        Self::wait_while(&self.hold_schedules, &self.held_schedules, &self.open).await;
         self.inner.schedule_due(p).await
     }
     async fn schedule_mark_fired(&self, p: idemq::store::ScheduleMarkFired) -> idemq::Result<bool> {
