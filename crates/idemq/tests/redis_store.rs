@@ -258,6 +258,333 @@ async fn an_installation_of_layout_1_is_refused_until_migrate_converts_it() {
     );
 }
 
+/// An installation of layout 2 (no parked jobs: a claim left a job whose
+/// concurrency key was held in its lane) is refused until `idemq migrate`
+/// records layout 3, which converts nothing; its jobs then run on as they
+/// were: the keyed request replays, the counts hold, the key's active job
+/// completes and its waiting jobs are claimed one at a time in acceptance
+/// order, every job completed once.
+#[tokio::test]
+async fn an_installation_of_layout_2_runs_after_migrate() {
+    async fn claim(queue: &Queue, queues: &[&str], limit: u32) -> Vec<idemq::ClaimedJob> {
+        queue
+            .claim(ClaimOptions {
+                queues: queues.iter().map(|q| (*q).to_owned()).collect(),
+                limit,
+                worker: "w-1".into(),
+                ..ClaimOptions::default()
+            })
+            .await
+            .expect("claim")
+    }
+    fn ids(claimed: &[idemq::ClaimedJob]) -> Vec<String> {
+        claimed.iter().map(|c| c.id.clone()).collect()
+    }
+    let server = Server::start(&[]);
+    let url = server.url("?prefix=old:");
+    let raw = |args: &[&str]| {
+        let url = url.clone();
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            idemq_testkit::redis_command(&url, &args)
+                .await
+                .expect("raw command")
+        }
+    };
+    // Every key of the installation but its layout, with its content.
+    let snapshot = || async {
+        let strings =
+            |v: redis::Value| -> Vec<String> { redis::from_redis_value(v).expect("read") };
+        let keys = strings(raw(&["KEYS", "old:*"]).await);
+        let mut values = Vec::new();
+        for key in keys.into_iter().filter(|k| k != "old:layout") {
+            let kind: String = redis::from_redis_value(raw(&["TYPE", &key]).await).expect("type");
+            let content = match kind.as_str() {
+                "string" => strings(raw(&["GET", &key]).await),
+                "hash" => {
+                    let fields: std::collections::BTreeMap<String, String> =
+                        redis::from_redis_value(raw(&["HGETALL", &key]).await).expect("hash");
+                    fields
+                        .into_iter()
+                        .map(|(f, v)| format!("{f}={v}"))
+                        .collect()
+                }
+                "set" => {
+                    let mut members = strings(raw(&["SMEMBERS", &key]).await);
+                    members.sort();
+                    members
+                }
+                "zset" => strings(raw(&["ZRANGE", &key, "0", "-1", "WITHSCORES"]).await),
+                "list" => strings(raw(&["LRANGE", &key, "0", "-1"]).await),
+                other => panic!("{key} is a {other}"),
+            };
+            values.push((key, kind, content));
+        }
+        values.sort();
+        values
+    };
+    let connect = || async {
+        let store = RedisStore::connect(&url, RedisOptions { test_clock: true }).await?;
+        Ok::<_, Error>(Queue::from_store(Arc::new(store), QueueOptions::default()))
+    };
+
+    // Jobs a layout-2 installation held, written by this binary: each
+    // claim takes the first due job of its queues and stops, so none meets
+    // a job whose key is held, and none is parked (a layout-2 claim that
+    // passed one left it in its lane, as here).
+    idemq::store::redis::migrate(&url).await.expect("migrate");
+    let clock = RedisStore::connect(&url, RedisOptions { test_clock: true })
+        .await
+        .expect("connect");
+    clock.set_test_clock(Some(epoch())).await.expect("clock");
+    drop(clock);
+    let queue = connect().await.expect("connect");
+    let enqueue = |req: EnqueueRequest| {
+        let queue = &queue;
+        async move { queue.enqueue(req).await.expect("enqueue") }
+    };
+    let keyed = || {
+        EnqueueRequest::new("t")
+            .queue("b")
+            .payload(json!("keyed"))
+            .idempotency_key("order-1")
+    };
+    let done = enqueue(EnqueueRequest::new("t").queue("a").payload(json!("done"))).await;
+    let a1 = enqueue(EnqueueRequest::new("t").queue("a").payload(json!("a1"))).await;
+    let key = |n: &str, t: &str| {
+        EnqueueRequest::new(t)
+            .queue("k")
+            .payload(json!(n))
+            .concurrency_key("tenant")
+    };
+    let k1 = enqueue(key("k1", "t")).await;
+    let k2 = enqueue(key("k2", "t")).await;
+    let b1 = enqueue(EnqueueRequest::new("t").queue("b").payload(json!("b1"))).await;
+    // Another lane (type) of the same key.
+    let k3 = enqueue(key("k3", "u")).await;
+    let bound = queue.enqueue_with_result(keyed()).await.expect("keyed");
+    assert_eq!(bound.outcome, Outcome::Accepted);
+    let k4 = enqueue(key("k4", "t")).await;
+    let a2 = enqueue(EnqueueRequest::new("t").queue("a").payload(json!("a2"))).await;
+    let later = enqueue(
+        EnqueueRequest::new("t")
+            .queue("b")
+            .payload(json!("later"))
+            .delay(Duration::from_secs(3600)),
+    )
+    .await;
+    let first = claim(&queue, &["a"], 1).await;
+    assert_eq!(ids(&first), vec![done.clone()]);
+    queue
+        .complete(&done, &first[0].lease_token, Some(json!({"ok": "done"})))
+        .await
+        .expect("complete");
+    let active = claim(&queue, &["k"], 1).await;
+    assert_eq!(ids(&active), vec![k1.clone()]);
+    drop(queue);
+    let before = snapshot().await;
+    let keys: Vec<&str> = before.iter().map(|(k, _, _)| k.as_str()).collect();
+    assert!(
+        !keys
+            .iter()
+            .any(|k| k.starts_with("old:ckw") || *k == "old:ckp"),
+        "{keys:?}"
+    );
+    let all = [
+        &done,
+        &a1,
+        &k1,
+        &k2,
+        &b1,
+        &k3,
+        &bound.job_id,
+        &k4,
+        &a2,
+        &later,
+    ];
+    for id in all {
+        assert_eq!(
+            raw(&["HEXISTS", &format!("old:job:{id}"), "parked"]).await,
+            redis::Value::Int(0)
+        );
+    }
+    assert_eq!(
+        raw(&["GET", "old:ck:tenant"]).await,
+        redis::Value::BulkString(k1.clone().into_bytes())
+    );
+    raw(&["SET", "old:layout", "2"]).await;
+
+    // Refused, named as not current, until migrate; which converts nothing.
+    let err = RedisStore::connect(&url, RedisOptions { test_clock: true })
+        .await
+        .expect_err("layout 2");
+    assert!(err.to_string().contains("older layout"), "{err}");
+    assert!(err.to_string().contains("idemq migrate"), "{err}");
+    let status = idemq::store::redis::migration_status(&url)
+        .await
+        .expect("status");
+    assert!(!status.is_current(), "{status:?}");
+    assert_eq!(
+        (
+            status.current,
+            status.latest,
+            status.pending.clone(),
+            status.functions_current
+        ),
+        (
+            2,
+            idemq::store::redis::LAYOUT,
+            vec![idemq::store::redis::LAYOUT],
+            true
+        )
+    );
+    assert_eq!(
+        idemq::store::redis::migrate(&url).await.expect("upgrade"),
+        vec![idemq::store::redis::LAYOUT]
+    );
+    assert!(
+        idemq::store::redis::migration_status(&url)
+            .await
+            .expect("status")
+            .is_current()
+    );
+    assert_eq!(
+        raw(&["GET", "old:layout"]).await,
+        redis::Value::BulkString(idemq::store::redis::LAYOUT.to_string().into_bytes())
+    );
+    let after = snapshot().await;
+    let changed: Vec<&str> = before
+        .iter()
+        .chain(&after)
+        .filter(|kv| !before.contains(kv) || !after.contains(kv))
+        .map(|(k, _, _)| k.as_str())
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "migrate from layout 2 changed {changed:?}"
+    );
+
+    let queue = connect().await.expect("connect after migrate");
+    let again = queue.enqueue_with_result(keyed()).await.expect("replay");
+    assert_eq!(
+        (again.job_id.as_str(), again.outcome),
+        (bound.job_id.as_str(), Outcome::Replayed)
+    );
+    let counts = |scheduled, ready, active, completed| idemq::StateCounts {
+        scheduled,
+        ready,
+        active,
+        completed,
+        ..idemq::StateCounts::default()
+    };
+    let by_queue = |queues: Vec<idemq::QueueInfo>| {
+        queues
+            .into_iter()
+            .map(|q| (q.name, q.counts))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        by_queue(queue.queues().await.expect("queues")),
+        vec![
+            ("a".to_owned(), counts(0, 2, 0, 1)),
+            ("b".to_owned(), counts(1, 2, 0, 0)),
+            ("k".to_owned(), counts(0, 3, 1, 0)),
+        ]
+    );
+
+    // The key's active job completes; its waiting jobs then run one at a
+    // time, in acceptance order across the key's two lanes.
+    queue
+        .complete(&k1, &active[0].lease_token, None)
+        .await
+        .expect("complete the active job");
+    let (mut order, mut parked) = (Vec::new(), Vec::new());
+    loop {
+        let claimed = claim(&queue, &[], 10).await;
+        if claimed.is_empty() {
+            break;
+        }
+        let keyed_now: Vec<String> = claimed
+            .iter()
+            .filter(|c| [&k2, &k3, &k4].contains(&&c.id))
+            .map(|c| c.id.clone())
+            .collect();
+        assert!(keyed_now.len() <= 1, "{keyed_now:?}");
+        order.push(ids(&claimed));
+        // The key's jobs this claim passed are parked now (layout 3).
+        parked.push(raw(&["SISMEMBER", "old:ckp", "tenant"]).await);
+        for c in claimed {
+            queue
+                .complete(&c.id, &c.lease_token, None)
+                .await
+                .expect("complete");
+        }
+    }
+    assert_eq!(
+        order,
+        vec![
+            vec![
+                a1.clone(),
+                k2.clone(),
+                b1.clone(),
+                bound.job_id.clone(),
+                a2.clone()
+            ],
+            vec![k3.clone()],
+            vec![k4.clone()],
+        ]
+    );
+    assert_eq!(
+        parked,
+        [1, 1, 0].map(redis::Value::Int).to_vec(),
+        "the key's parked jobs after each claim"
+    );
+    // The scheduled job when due.
+    let clock = RedisStore::connect(&url, RedisOptions { test_clock: true })
+        .await
+        .expect("connect");
+    clock
+        .set_test_clock(Some(epoch() + chrono::Duration::hours(1)))
+        .await
+        .expect("clock");
+    let due = claim(&queue, &[], 10).await;
+    assert_eq!(ids(&due), vec![later.clone()]);
+    queue
+        .complete(&later, &due[0].lease_token, None)
+        .await
+        .expect("complete");
+    assert!(claim(&queue, &[], 10).await.is_empty());
+
+    for id in all {
+        let job = queue.get(id).await.expect("get").expect("job");
+        assert_eq!((job.state, job.attempt), (JobState::Completed, 1), "{id}");
+        let kinds: Vec<String> = queue
+            .events(id)
+            .await
+            .expect("events")
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, vec!["accepted", "claimed", "completed"], "{id}");
+    }
+    assert_eq!(
+        queue.get(&done).await.expect("get").expect("job").result,
+        Some(json!({"ok": "done"}))
+    );
+    assert_eq!(
+        by_queue(queue.queues().await.expect("queues")),
+        vec![
+            ("a".to_owned(), counts(0, 0, 0, 3)),
+            ("b".to_owned(), counts(0, 0, 0, 3)),
+            ("k".to_owned(), counts(0, 0, 0, 4)),
+        ]
+    );
+    // Nothing of the key is left held or parked.
+    let left: Vec<String> = redis::from_redis_value(raw(&["KEYS", "old:ck*"]).await).expect("keys");
+    assert!(left.is_empty(), "{left:?}");
+}
+
 #[tokio::test]
 async fn refuses_a_server_without_durable_settings_unless_relaxed() {
     let server = Server::start(&["--appendfsync", "everysec"]);
