@@ -261,7 +261,12 @@ pub(super) async fn run(
             }
         }
         // After shutdown nothing starts: the jobs waiting, and those of a
-        // call still in flight, are released once the calls are back.
+        // call still in flight, are released once the calls are back. A
+        // shutdown that came while something else woke this loop (a slot
+        // freed, say) counts first.
+        if !stopping && futures_util::FutureExt::now_or_never(&mut shutdown).is_some() {
+            stopping = true;
+        }
         while !stopping && tasks.len() < w.concurrency {
             let Some(queued) = local.pop() else { break };
             launch(&w, &slots, &pending, &mut tasks, queued);

@@ -169,7 +169,8 @@ async fn jobs_waiting_for_a_slot_are_released_at_shutdown_unrun(h: Harness) {
 
 async fn a_job_cancelled_while_it_waits_ends_cancelled_unrun(h: Harness) {
     let slow = Slow::default();
-    let (ids, stop, run) = start_with(&h, one_slot(&h, &slow, 8), slow_jobs(2), |jobs| {
+    let (queue, faulty) = crate::worker::Faulty::queue(&h);
+    let (ids, stop, run) = start_with(&h, one_slot_on(queue, &slow, 8), slow_jobs(2), |jobs| {
         jobs.len() == 2 && jobs.iter().all(|j| j.state == JobState::Active)
     })
     .await;
@@ -177,9 +178,19 @@ async fn a_job_cancelled_while_it_waits_ends_cancelled_unrun(h: Harness) {
     let waiting = ids[1].clone();
     assert_eq!(slow.started().await, 1);
     assert!(h.queue.cancel(&waiting).await.expect("cancel").cancelled);
-    // Heartbeats run every 100 ms (lease 300 ms): let a few carry the
-    // request to the waiting job, then free the slot.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Heartbeats run every 100 ms (lease 300 ms), one beat at a time, each
+    // answer applied before the next beat: the second call to end from now
+    // on began after the cancel, and the third began after the second's
+    // answer (the request) reached the waiting job. Then the slot is freed.
+    let beats = faulty.heartbeats.load(Ordering::SeqCst);
+    let start = tokio::time::Instant::now();
+    while faulty.heartbeats.load(Ordering::SeqCst) < beats + 3 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no heartbeat after the cancel"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     slow.go.notify_one();
     wait_until(&h, |jobs| {
         jobs.iter()
@@ -322,8 +333,8 @@ async fn no_waiting_job_starts_after_shutdown(h: Harness) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let _ = stop.send(());
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // The slot frees while the claim is out, after shutdown.
+    // The slot frees while the claim is out, right after shutdown: the
+    // worker may see both at once, and takes the shutdown first.
     slow.go.notify_one();
     tokio::time::sleep(Duration::from_millis(300)).await;
     faulty.let_go();
