@@ -181,6 +181,13 @@ async fn migrate_records_the_version_and_connect_refuses_other_versions() {
     }
 }
 
+/// Runs one Redis command on the installation at `url`, outside idemq.
+async fn raw(url: &str, args: &[&str]) -> redis::Value {
+    idemq_testkit::redis_command(url, args)
+        .await
+        .expect("raw command")
+}
+
 /// An installation of layout 1 (an index of every job, `P jobs`, and a
 /// waiting count per queue in `P cnt:<queue>`) is refused until `idemq
 /// migrate` converts it, and reads the same afterwards.
@@ -201,22 +208,12 @@ async fn an_installation_of_layout_1_is_refused_until_migrate_converts_it() {
     }
     drop(queue);
     // What layout 1 kept besides: every job in `jobs`, the waiting counts.
-    let raw = |args: &[&str]| {
-        let url = url.clone();
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        async move {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            idemq_testkit::redis_command(&url, &args)
-                .await
-                .expect("raw command")
-        }
-    };
     for (seq, id) in ids.iter().enumerate() {
-        raw(&["ZADD", "old:jobs", &(seq + 1).to_string(), id]).await;
+        raw(&url, &["ZADD", "old:jobs", &(seq + 1).to_string(), id]).await;
     }
-    raw(&["HSET", "old:cnt:a", "waiting", "2"]).await;
-    raw(&["HSET", "old:cnt:b", "waiting", "1"]).await;
-    raw(&["SET", "old:layout", "1"]).await;
+    raw(&url, &["HSET", "old:cnt:a", "waiting", "2"]).await;
+    raw(&url, &["HSET", "old:cnt:b", "waiting", "1"]).await;
+    raw(&url, &["SET", "old:layout", "1"]).await;
 
     let err = RedisStore::connect(&url, RedisOptions::default())
         .await
@@ -233,9 +230,12 @@ async fn an_installation_of_layout_1_is_refused_until_migrate_converts_it() {
         idemq::store::redis::migrate(&url).await.expect("upgrade"),
         vec![idemq::store::redis::LAYOUT]
     );
-    assert_eq!(raw(&["EXISTS", "old:jobs"]).await, redis::Value::Int(0));
     assert_eq!(
-        raw(&["HEXISTS", "old:cnt:a", "waiting"]).await,
+        raw(&url, &["EXISTS", "old:jobs"]).await,
+        redis::Value::Int(0)
+    );
+    assert_eq!(
+        raw(&url, &["HEXISTS", "old:cnt:a", "waiting"]).await,
         redis::Value::Int(0)
     );
     let queue = Queue::connect(&url).await.expect("connect after migrate");
@@ -282,41 +282,32 @@ async fn an_installation_of_layout_2_runs_after_migrate() {
     }
     let server = Server::start(&[]);
     let url = server.url("?prefix=old:");
-    let raw = |args: &[&str]| {
-        let url = url.clone();
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        async move {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            idemq_testkit::redis_command(&url, &args)
-                .await
-                .expect("raw command")
-        }
-    };
     // Every key of the installation but its layout, with its content.
     let snapshot = || async {
         let strings =
             |v: redis::Value| -> Vec<String> { redis::from_redis_value(v).expect("read") };
-        let keys = strings(raw(&["KEYS", "old:*"]).await);
+        let keys = strings(raw(&url, &["KEYS", "old:*"]).await);
         let mut values = Vec::new();
         for key in keys.into_iter().filter(|k| k != "old:layout") {
-            let kind: String = redis::from_redis_value(raw(&["TYPE", &key]).await).expect("type");
+            let kind: String =
+                redis::from_redis_value(raw(&url, &["TYPE", &key]).await).expect("type");
             let content = match kind.as_str() {
-                "string" => strings(raw(&["GET", &key]).await),
+                "string" => strings(raw(&url, &["GET", &key]).await),
                 "hash" => {
                     let fields: std::collections::BTreeMap<String, String> =
-                        redis::from_redis_value(raw(&["HGETALL", &key]).await).expect("hash");
+                        redis::from_redis_value(raw(&url, &["HGETALL", &key]).await).expect("hash");
                     fields
                         .into_iter()
                         .map(|(f, v)| format!("{f}={v}"))
                         .collect()
                 }
                 "set" => {
-                    let mut members = strings(raw(&["SMEMBERS", &key]).await);
+                    let mut members = strings(raw(&url, &["SMEMBERS", &key]).await);
                     members.sort();
                     members
                 }
-                "zset" => strings(raw(&["ZRANGE", &key, "0", "-1", "WITHSCORES"]).await),
-                "list" => strings(raw(&["LRANGE", &key, "0", "-1"]).await),
+                "zset" => strings(raw(&url, &["ZRANGE", &key, "0", "-1", "WITHSCORES"]).await),
+                "list" => strings(raw(&url, &["LRANGE", &key, "0", "-1"]).await),
                 other => panic!("{key} is a {other}"),
             };
             values.push((key, kind, content));
@@ -405,15 +396,15 @@ async fn an_installation_of_layout_2_runs_after_migrate() {
     ];
     for id in all {
         assert_eq!(
-            raw(&["HEXISTS", &format!("old:job:{id}"), "parked"]).await,
+            raw(&url, &["HEXISTS", &format!("old:job:{id}"), "parked"]).await,
             redis::Value::Int(0)
         );
     }
     assert_eq!(
-        raw(&["GET", "old:ck:tenant"]).await,
+        raw(&url, &["GET", "old:ck:tenant"]).await,
         redis::Value::BulkString(k1.clone().into_bytes())
     );
-    raw(&["SET", "old:layout", "2"]).await;
+    raw(&url, &["SET", "old:layout", "2"]).await;
 
     // Refused, named as not current, until migrate; which converts nothing.
     let err = RedisStore::connect(&url, RedisOptions { test_clock: true })
@@ -450,7 +441,7 @@ async fn an_installation_of_layout_2_runs_after_migrate() {
             .is_current()
     );
     assert_eq!(
-        raw(&["GET", "old:layout"]).await,
+        raw(&url, &["GET", "old:layout"]).await,
         redis::Value::BulkString(idemq::store::redis::LAYOUT.to_string().into_bytes())
     );
     let after = snapshot().await;
@@ -513,7 +504,7 @@ async fn an_installation_of_layout_2_runs_after_migrate() {
         assert!(keyed_now.len() <= 1, "{keyed_now:?}");
         order.push(ids(&claimed));
         // The key's jobs this claim passed are parked now (layout 3).
-        parked.push(raw(&["SISMEMBER", "old:ckp", "tenant"]).await);
+        parked.push(raw(&url, &["SISMEMBER", "old:ckp", "tenant"]).await);
         for c in claimed {
             queue
                 .complete(&c.id, &c.lease_token, None)
@@ -581,7 +572,8 @@ async fn an_installation_of_layout_2_runs_after_migrate() {
         ]
     );
     // Nothing of the key is left held or parked.
-    let left: Vec<String> = redis::from_redis_value(raw(&["KEYS", "old:ck*"]).await).expect("keys");
+    let left: Vec<String> =
+        redis::from_redis_value(raw(&url, &["KEYS", "old:ck*"]).await).expect("keys");
     assert!(left.is_empty(), "{left:?}");
 }
 
