@@ -245,6 +245,12 @@ func TestWorkerFailsAHandlerThatIgnoresACancel(t *testing.T) {
 	q, typ := uniq("cancel-ignored"), uniq("stubborn")
 	started := make(chan string, 2)
 	returned := make(chan struct{}, 2)
+	// The first handler ignores its ctx: it returns only once the test
+	// closes release, after the next job completed, however long the
+	// cancel, the grace and that job took.
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	releaseHandler := func() { releaseOnce.Do(func() { close(release) }) }
 	w := NewWorker(c, WorkerOptions{
 		Queues: []string{q}, Concurrency: 1, Lease: 600 * time.Millisecond, PollWait: 200 * time.Millisecond,
 		CancelGrace: 300 * time.Millisecond,
@@ -253,26 +259,27 @@ func TestWorkerFailsAHandlerThatIgnoresACancel(t *testing.T) {
 			if job.Payload != nil && string(job.Payload) == `"quick"` {
 				return "quick", nil
 			}
-			time.Sleep(4 * time.Second) // ignores ctx
+			<-release // ignores ctx
 			returned <- struct{}{}
 			return "done", nil
 		}},
 	})
 	id, _ := c.Enqueue(ctx, typ, nil, &EnqueueOptions{Queue: q})
 	runWorker(t, w)
+	// Registered after runWorker, so that it runs before the worker is
+	// stopped: a test that fails early does not leave the handler blocked.
+	t.Cleanup(releaseHandler)
 	select {
 	case <-started:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the job never started")
 	}
-	cancelled := time.Now()
 	if cr, err := c.CancelJob(ctx, id); err != nil || !cr.Cancelled || cr.State != StateActive {
 		t.Fatalf("cancel: %+v %v", cr, err)
 	}
-	job := waitState(t, c, id, StateCancelled, 3*time.Second)
-	if el := time.Since(cancelled); el > 3*time.Second {
-		t.Fatalf("cancelled after %v", el)
-	}
+	// The handler cannot return before release is closed: the job turns
+	// cancelled only because the worker failed the attempt after CancelGrace.
+	job := waitState(t, c, id, StateCancelled, 10*time.Second)
 	runs, err := c.JobRuns(ctx, id)
 	if err != nil || len(runs) != 1 || runs[0].Error == nil || *runs[0].Error != "cancelled while running" {
 		t.Fatalf("runs %+v %v", runs, err)
@@ -280,16 +287,17 @@ func TestWorkerFailsAHandlerThatIgnoresACancel(t *testing.T) {
 	if job.Result != nil && string(job.Result) != "null" {
 		t.Fatalf("result %s", job.Result)
 	}
-	// The slot is free while the first handler still sleeps: with
+	// The slot is free while the first handler still waits: with
 	// Concurrency 1, another job runs.
 	next, _ := c.Enqueue(ctx, typ, "quick", &EnqueueOptions{Queue: q})
-	waitState(t, c, next, StateCompleted, 3*time.Second)
+	waitState(t, c, next, StateCompleted, 10*time.Second)
 	select {
 	case <-returned:
 		t.Fatal("the first handler returned before the second job ran")
 	default:
 	}
 	// Its eventual return records nothing.
+	releaseHandler()
 	select {
 	case <-returned:
 	case <-time.After(10 * time.Second):
@@ -707,12 +715,25 @@ func TestDeadlineWaitsForTheServersClock(t *testing.T) {
 				seen(job)
 				return "too late", nil
 			},
-			// Ends after the worker's timer says "deadline", before the server's clock does.
+			// Ends after the worker's timer says "deadline", before the server's
+			// clock does: once the early question was answered ("not yet"),
+			// however late the claim came, and well before the worker asks
+			// again at the deadline. The bound only keeps a broken worker
+			// from hanging the test.
 			finish: func(ctx context.Context, job *ClaimedJob) (any, error) {
-				select {
-				case <-ctx.Done():
-					seen(job)
-				case <-time.After(2 * time.Second):
+				bound := time.NewTimer(10 * time.Second)
+				defer bound.Stop()
+				tick := time.NewTicker(5 * time.Millisecond)
+				defer tick.Stop()
+				for len(skew.of(job.ID)) == 0 {
+					select {
+					case <-ctx.Done():
+						seen(job)
+						return "in time", nil
+					case <-bound.C:
+						return "in time", nil
+					case <-tick.C:
+					}
 				}
 				return "in time", nil
 			},
@@ -863,10 +884,10 @@ func (s *slowCompletions) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // TestNoHeartbeatEndsACompletedAttemptPastTheDeadline: the handler returns
-// just before the deadline and its completion is slow to reach the server.
-// A heartbeat sent meanwhile would reach the server past the deadline and
-// end the attempt there (dead, deadline), and the completion would be
-// refused; the worker sends none, and the completion is recorded.
+// before the deadline and its completion is slow to reach the server, past
+// the deadline. A heartbeat sent meanwhile would reach the server past the
+// deadline and end the attempt there (dead, deadline), and the completion
+// would be refused; the worker sends none, and the completion is recorded.
 func TestNoHeartbeatEndsACompletedAttemptPastTheDeadline(t *testing.T) {
 	c := newTestClient()
 	ctx := ctxT(t)
@@ -876,9 +897,13 @@ func TestNoHeartbeatEndsACompletedAttemptPastTheDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Held for more than two heartbeat intervals: without care, a heartbeat
-	// goes out while it waits, past the deadline.
-	slow := &slowCompletions{hold: 700 * time.Millisecond}
+	// The handler returns 600 ms before the deadline (or at once, when the
+	// claim came later), so that neither its return nor a heartbeat already
+	// under way races the deadline. The completion is held 1.2 s: it reaches
+	// the server past the deadline, well within the lease, and while it
+	// waits at least two heartbeat intervals pass after the deadline, so a
+	// worker that went on beating would end the attempt there.
+	slow := &slowCompletions{hold: 1200 * time.Millisecond}
 	var returned int64
 	w := NewWorker(newTestClient(WithHTTPClient(&http.Client{Transport: slow})), WorkerOptions{
 		Queues: []string{q}, PollWait: 200 * time.Millisecond,
@@ -887,7 +912,7 @@ func TestNoHeartbeatEndsACompletedAttemptPastTheDeadline(t *testing.T) {
 			select {
 			case <-ctx.Done():
 				return nil, ctx.Err()
-			case <-time.After(time.Until(deadline.Add(-100 * time.Millisecond))):
+			case <-time.After(time.Until(deadline.Add(-600 * time.Millisecond))):
 			}
 			atomic.StoreInt64(&returned, time.Now().UnixNano())
 			return "in time", nil
@@ -920,12 +945,13 @@ func TestNoHeartbeatEndsACompletedAttemptPastTheDeadline(t *testing.T) {
 	if held == 0 {
 		t.Fatal("no completion was held")
 	}
-	// A tick may race the handler's return by a hair; none came after it.
-	last := time.Unix(0, atomic.LoadInt64(&returned)).Add(50 * time.Millisecond)
+	// Every heartbeat of the job was sent before the deadline and renewed
+	// the lease: none went out while the completion waited past it.
+	ret := time.Unix(0, atomic.LoadInt64(&returned))
 	for _, b := range beats {
-		if b.id == id && (b.status != http.StatusOK || b.at.After(last) || !b.at.Before(deadline)) {
-			t.Fatalf("heartbeat answered %d, %v after the handler returned (deadline %v later)",
-				b.status, b.at.Sub(last.Add(-50*time.Millisecond)), deadline.Sub(b.at))
+		if b.id == id && (b.status != http.StatusOK || !b.at.Before(deadline)) {
+			t.Fatalf("heartbeat answered %d, sent %v after the handler returned (deadline %v later)",
+				b.status, b.at.Sub(ret), deadline.Sub(b.at))
 		}
 	}
 	expectStats(t, w, func(st WorkerStats) bool { return st.Completed == 1 && st.Lost == 0 && st.Failed == 0 })
