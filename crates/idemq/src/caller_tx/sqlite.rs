@@ -40,7 +40,10 @@ impl Queue {
     /// request (a conflict, a validation failure) writes nothing and leaves
     /// the transaction and the caller's other writes as they were. Workers
     /// of this process are not woken (the commit is the caller's): they
-    /// find the job at their next poll.
+    /// find the job at their next poll. On a connection with no transaction
+    /// open, the call is a `BEGIN IMMEDIATE` transaction of its own: it
+    /// waits for the write lock, commits before it returns and wakes this
+    /// process's workers.
     ///
     /// ```
     /// use idemq::rusqlite::TransactionBehavior;

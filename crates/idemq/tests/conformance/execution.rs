@@ -29,6 +29,7 @@ idemq_testkit::instantiate!(
     concurrency_key_is_freed_by_fail_and_not_held_by_a_retry,
     concurrency_keys_are_global_across_queues,
     a_passed_deadline_behind_a_held_key_is_found_once_the_key_is_free,
+    a_claim_ends_a_bounded_number_of_passed_deadlines,
     a_backlog_behind_a_held_key_hides_no_other_job,
     a_freed_key_offers_its_next_job_to_every_queue_and_type,
     a_freed_key_goes_on_when_its_next_job_is_cancelled,
@@ -566,6 +567,48 @@ async fn a_passed_deadline_behind_a_held_key_is_found_once_the_key_is_free(h: Ha
     assert!(h.claim(10).await.is_empty());
     assert_eq!(state(&h, &b).await, JobState::Dead);
     assert_eq!(last_event(&h, &b, "dead").await["reason"], "deadline");
+}
+
+/// A claim ends at most 2,048 due jobs past their deadline (8 pages of 256
+/// on SQL, the same bound on Redis), so one call never holds the store for
+/// a backlog of any size; the claims after it end the rest, and the live
+/// job behind them is handed out once they are gone.
+async fn a_claim_ends_a_bounded_number_of_passed_deadlines(h: Harness) {
+    const BOUND: u64 = 2048;
+    const EXPIRED: u64 = BOUND + 100;
+    let deadline = at(h.now().await, secs(10));
+    for n in [1000, 1000, EXPIRED - 2000] {
+        let reqs = (0..n).map(|_| job("t").deadline(deadline)).collect();
+        for r in h
+            .queue
+            .enqueue_many(reqs, idemq::BatchOptions::default())
+            .await
+            .expect("batch")
+        {
+            r.expect("item");
+        }
+    }
+    h.advance_ms(15_000);
+    // Behind every job past its deadline in claim order.
+    let live = h.put(job("t")).await;
+    let ready = || async {
+        let queues = h.queue.queues().await.expect("queues");
+        queues.iter().map(|q| q.counts.ready).sum::<u64>()
+    };
+    assert_eq!(ready().await, EXPIRED + 1);
+    assert!(
+        h.claim(1).await.is_empty(),
+        "the first claim stops at its bound"
+    );
+    assert_eq!(ready().await, EXPIRED - BOUND + 1);
+    assert_eq!(ids(&h.claim(1).await), vec![live.clone()]);
+    assert_eq!(ready().await, 0);
+    // The newest thousand jobs: the live one, and the last expired ones,
+    // ended by the second claim.
+    for j in h.jobs().await.iter().filter(|j| j.id != live) {
+        assert_eq!(j.state, JobState::Dead, "{}", j.id);
+        assert_eq!(j.last_error.as_deref(), Some("deadline"), "{}", j.id);
+    }
 }
 
 /// Many due jobs whose concurrency key is held, ahead of a free job in

@@ -28,6 +28,7 @@ idemq_testkit::instantiate!(
     a_transactional_enqueue_rolls_back_with_the_business_row [needs CallerTransactions],
     a_refused_transactional_enqueue_leaves_the_transaction_usable [needs CallerTransactions],
     a_transactional_enqueue_uses_the_queues_clock [needs CallerTransactions],
+    a_sqlite_enqueue_with_no_transaction_open_takes_the_write_lock_first [needs CallerTransactions],
 );
 
 /// The caller's own database access: a pool on PostgreSQL, a connection
@@ -642,4 +643,42 @@ async fn a_transactional_enqueue_uses_the_queues_clock(h: Harness) {
     assert!(h.claim(10).await.is_empty());
     h.advance(Duration::from_secs(60));
     assert_eq!(h.claim(10).await.len(), 1);
+}
+
+/// On a connection with no transaction open, the call is a transaction of
+/// its own that takes the file's write lock before it reads anything
+/// (`BEGIN IMMEDIATE`): while another connection holds the lock it waits
+/// (the busy timeout), then reads the clock of record, and commits.
+async fn a_sqlite_enqueue_with_no_transaction_open_takes_the_write_lock_first(h: Harness) {
+    if h.backend == "postgres" {
+        // No file lock: a connection with no transaction open runs the
+        // enqueue as one statement, its own transaction.
+        return;
+    }
+    let conn = h.queue.sqlite_connection().expect("a connection");
+    assert!(conn.is_autocommit());
+    let holder = h.queue.sqlite_connection().expect("another connection");
+    holder
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("take the write lock");
+    let before = h.now().await;
+    let h = &h;
+    let r = std::thread::scope(|s| {
+        s.spawn(move || {
+            // The clock moves while the lock is held, then the lock is released.
+            std::thread::sleep(Duration::from_millis(300));
+            h.advance(Duration::from_secs(60));
+            holder.execute_batch("COMMIT").expect("release the lock");
+        });
+        h.queue.enqueue_in_sqlite(&conn, EnqueueRequest::new("t"))
+    });
+    let r = r.expect("waited for the lock, then accepted");
+    assert!(conn.is_autocommit(), "no transaction left open");
+    let job = h.job(&r.job_id).await;
+    assert_eq!(
+        job.created_at,
+        before + chrono::Duration::seconds(60),
+        "the clock is read once the lock is taken"
+    );
+    assert_eq!(job.state, JobState::Ready);
 }

@@ -32,6 +32,7 @@ idemq_testkit::instantiate!(
     concurrency_limit_is_respected,
     lost_lease_stops_the_handler_and_drops_its_result,
     wakeups_start_new_work_without_waiting_for_the_poll,
+    a_heartbeat_that_records_a_timeout_wakes_the_workers,
     a_wake_up_while_a_claim_is_out_is_not_lost,
     snooze_from_a_handler_keeps_the_attempt,
     worker_without_handlers_is_refused,
@@ -757,6 +758,53 @@ async fn wakeups_start_new_work_without_waiting_for_the_poll(h: Harness) {
         assert!(
             start.elapsed() < Duration::from_secs(20),
             "not woken: the poll interval is 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = tx.send(());
+    handle.await.unwrap().unwrap();
+}
+
+/// A heartbeat past the timeout ends the attempt and puts the job back to
+/// waiting for its retry, which frees its concurrency key: the heartbeat's
+/// wake-up starts the job waiting behind that key without waiting for the
+/// poll (120 s here).
+async fn a_heartbeat_that_records_a_timeout_wakes_the_workers(h: Harness) {
+    let first = h
+        .put(
+            EnqueueRequest::new("t")
+                .concurrency_key("k")
+                .timeout(Duration::from_secs(1))
+                .retry(no_retry_soon()),
+        )
+        .await;
+    let held = h.claim_one().await;
+    let next = h.put(EnqueueRequest::new("t").concurrency_key("k")).await;
+    let w = Worker::new(h.queue.clone())
+        .poll_interval(Duration::from_secs(120))
+        .maintenance(false)
+        .handle("t", |_c: HandlerContext, _p: Value| async move {
+            Ok::<_, JobError>(())
+        });
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(w.run(async move {
+        let _ = rx.await;
+    }));
+    // Let the worker reach its first wait; its claims find the key held.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(state(&h, &next).await, JobState::Ready);
+    h.advance(Duration::from_secs(2));
+    let lost = h.queue.heartbeat(&first, &held.lease_token).await;
+    assert!(
+        matches!(lost, Err(idemq::Error::LeaseLost { .. })),
+        "{lost:?}"
+    );
+    assert_eq!(state(&h, &first).await, JobState::Scheduled);
+    let start = tokio::time::Instant::now();
+    while state(&h, &next).await != JobState::Completed {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not woken by the heartbeat: the poll interval is 120 s"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

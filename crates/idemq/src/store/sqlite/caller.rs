@@ -2,11 +2,12 @@
 //! they run inside whatever transaction the caller has open there, so they
 //! commit or roll back with the caller's own writes. Each runs in a
 //! savepoint of its own, so a failure part-way leaves the caller's
-//! transaction as it was, and reads the store's clock once.
+//! transaction as it was, and reads the store's clock once. With no
+//! transaction open, each is a `BEGIN IMMEDIATE` transaction of its own.
 
 use std::path::{Path, PathBuf};
 
-use rusqlite::Connection;
+use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use super::{Cx, SqliteStore, enqueue, exec};
 use crate::error::{Error, Result};
@@ -49,9 +50,22 @@ impl SqliteStore {
     }
 
     /// Runs `f` on the caller's connection in a savepoint: released when it
-    /// returns `Ok`, rolled back when it returns `Err`.
+    /// returns `Ok`, rolled back when it returns `Err`. On a connection with
+    /// no transaction open it runs in a `BEGIN IMMEDIATE` transaction of its
+    /// own instead (committed or rolled back alike), so the write lock is
+    /// taken before the clock and the rows are read.
     fn on_caller<T>(&self, conn: &Connection, f: impl FnOnce(&Cx<'_>) -> Result<T>) -> Result<T> {
         self.check_connection(conn)?;
+        if conn.is_autocommit() {
+            let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+            let now = self.inner.clock.now().timestamp_micros();
+            let out = Cx::run(&tx, now, f)?;
+            tx.commit()?;
+            // The commit is this call's: wake this process's claims, as the
+            // store's own writes do.
+            self.wake();
+            return Ok(out);
+        }
         conn.execute_batch(&format!("SAVEPOINT {SAVEPOINT}"))?;
         let now = self.inner.clock.now().timestamp_micros();
         let out = Cx::run(conn, now, f);

@@ -355,8 +355,14 @@ pub(super) fn reap(cx: &Cx, limit: u32) -> Result<u64> {
     Ok(expired.len() as u64)
 }
 
-/// Jobs taken per candidate query; the loop goes on while pages are full.
+/// Jobs taken per candidate query; the loop goes on while pages are full,
+/// for at most [`CLAIM_ROUNDS`] pages.
 const CLAIM_PAGE: u32 = 256;
+/// Most candidate queries of one claim, as on PostgreSQL. Jobs past their
+/// deadline, which a claim ends without counting them, are ended this many
+/// pages at a time: a backlog of them is ended by the claims that follow,
+/// never all in one transaction holding the only write lock.
+const CLAIM_ROUNDS: u32 = 8;
 
 /// The due jobs in claim order, with what a claim answers of each (read
 /// here, so a claimed job is not read again; `attempt + 1` is the number
@@ -389,7 +395,9 @@ pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<Vec<ClaimedJob>> {
     let expires = cx.now + p.lease_ms * 1000;
     let mut claimed = Vec::new();
     let mut taken_keys = std::collections::HashSet::new();
+    let mut rounds = 0;
     while (claimed.len() as u32) < p.limit {
+        rounds += 1;
         // The page is read only as far as the claim takes from it.
         let mut found = Vec::new();
         let mut read = 0u32;
@@ -434,7 +442,7 @@ pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<Vec<ClaimedJob>> {
                 Found::Due(seq, job) => claimed.push(claim_one(cx, seq, job, expires, p)?),
             }
         }
-        if !full || !progressed {
+        if !full || !progressed || rounds == CLAIM_ROUNDS {
             break;
         }
     }
@@ -503,28 +511,34 @@ fn claim_one(cx: &Cx, seq: i64, job: ClaimedJob, expires: i64, p: &JobClaim) -> 
     Ok(job)
 }
 
-pub(super) fn heartbeat(cx: &Cx, lease: &LeaseRef) -> Result<Result<Heartbeat>> {
+/// Renews the lease, and says whether the job went back to waiting (an
+/// attempt that ran past its timeout, ended here, is retried): the store
+/// then wakes the claims.
+pub(super) fn heartbeat(cx: &Cx, lease: &LeaseRef) -> Result<(Result<Heartbeat>, bool)> {
     let Some(a) = load_active(cx, lease)? else {
-        return Ok(Err(lease_lost(lease)));
+        return Ok((Err(lease_lost(lease)), false));
     };
     // The server enforces the timeout and the deadline for workers it cannot
     // interrupt: a heartbeat past either records the attempt so.
     if cx.now >= a.started_at + a.timeout_ms * 1000 {
-        end_attempt(cx, &a, End::TimedOut)?;
-        return Ok(Err(lease_lost(lease)));
+        let next = end_attempt(cx, &a, End::TimedOut)?;
+        return Ok((Err(lease_lost(lease)), !next.state.is_terminal()));
     }
     if a.deadline.is_some_and(|d| cx.now >= d) {
-        end_attempt(cx, &a, End::DeadlinePassed)?;
-        return Ok(Err(lease_lost(lease)));
+        let next = end_attempt(cx, &a, End::DeadlinePassed)?;
+        return Ok((Err(lease_lost(lease)), !next.state.is_terminal()));
     }
     let expires = cx.now + a.lease_ms * 1000;
     cx.db
         .prepare_cached("UPDATE idemq_jobs SET lease_expires_at = ?2 WHERE id = ?1")?
         .execute(params![a.id, expires])?;
-    Ok(Ok(Heartbeat {
-        lease_expires_at: ts(expires)?,
-        cancel_requested: a.cancel_requested,
-    }))
+    Ok((
+        Ok(Heartbeat {
+            lease_expires_at: ts(expires)?,
+            cancel_requested: a.cancel_requested,
+        }),
+        false,
+    ))
 }
 
 /// A completion of the current lease in one statement: the row moves as

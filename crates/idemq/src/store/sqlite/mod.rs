@@ -959,7 +959,11 @@ impl Store for SqliteStore {
     }
 
     async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat> {
-        flatten(self.write(move |cx| exec::heartbeat(cx, &p)).await)
+        let (beat, waiting) = self.write(move |cx| exec::heartbeat(cx, &p)).await?;
+        if waiting {
+            self.wake();
+        }
+        beat
     }
 
     async fn job_complete(&self, p: JobComplete) -> Result<()> {

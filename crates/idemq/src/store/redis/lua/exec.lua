@@ -179,6 +179,10 @@ end
 -- and the next claim goes on past them; a backlog of one held key costs
 -- claims nothing after that.
 local SKIP_LIMIT = 10000
+-- Jobs past their deadline a claim ends, at most (as on PostgreSQL and
+-- SQLite: 8 pages of 256): Redis runs nothing else while a call runs, and
+-- the claims after this one end the rest.
+local DEADLINE_LIMIT = 2048
 local PAGE = 64
 
 local function claim_one(j, c)
@@ -241,8 +245,8 @@ local function claim(c)
     return l.buf[l.pos], tonumber(l.buf[l.pos + 1])
   end
   local taken = {}
-  local skipped = 0
-  while #claimed < c.limit and skipped < SKIP_LIMIT do
+  local skipped, ended = 0, 0
+  while #claimed < c.limit and skipped < SKIP_LIMIT and ended < DEADLINE_LIMIT do
     local best, bm, bs = nil, nil, nil
     for _, l in ipairs(lists) do
       local m, s = head(l)
@@ -274,6 +278,7 @@ local function claim(c)
       -- Past its deadline: never started.
       finish(j, 'dead', tonumber(j.attempts_used), 'deadline')
       event(id, 'dead', obj('reason', js('deadline')))
+      ended = ended + 1
     elseif j.concurrency_key and taken[j.concurrency_key] then
       -- Its key was taken by this claim: parked until that job ends.
       park(j, best.key, bm)
