@@ -284,3 +284,70 @@ async fn a_newer_schema_is_refused_naming_the_idemq_that_wrote_it() {
         assert!(text.contains("run idemq 9.9.9"), "{text}");
     }
 }
+
+/// A process already running on a file that a newer idemq migrated (opening
+/// a file migrates it: a newer `idemq jobs list` beside a running worker is
+/// enough) refuses every write from then on, naming the idemq to run, and
+/// writes nothing; its statements were written for the tables it opened.
+/// A change of the schema that is not a migration (the application's own
+/// table) changes nothing.
+#[tokio::test]
+async fn a_running_process_refuses_to_write_once_a_newer_idemq_migrated_its_file() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("running.db");
+    let url = format!("sqlite://{}", path.display());
+    let queue = Queue::connect(&url).await.expect("connect");
+    queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("enqueue");
+    let conn = Connection::open(&path).expect("open");
+    conn.busy_timeout(std::time::Duration::from_secs(5))
+        .unwrap();
+    conn.execute_batch("CREATE TABLE app_orders (id TEXT PRIMARY KEY)")
+        .unwrap();
+    queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("an application's table changes nothing");
+    // What a newer idemq's migration does: new tables, and its version.
+    conn.execute_batch(
+        "BEGIN IMMEDIATE;
+         CREATE TABLE idemq_from_the_future (x INTEGER);
+         INSERT INTO idemq_migrations (version, name, applied_at, idemq_version)
+         VALUES (9999, 'from_the_future', 0, '9.9.9');
+         COMMIT;",
+    )
+    .unwrap();
+    let jobs = || -> i64 {
+        conn.query_row("SELECT count(*) FROM idemq_jobs", [], |r| r.get(0))
+            .unwrap()
+    };
+    let refused = |err: idemq::Error| {
+        let text = err.to_string();
+        assert!(!err.is_retryable(), "{err:?}");
+        assert!(text.contains("version 9999"), "{text}");
+        assert!(text.contains("run idemq 9.9.9"), "{text}");
+    };
+    refused(
+        queue
+            .enqueue(EnqueueRequest::new("t"))
+            .await
+            .expect_err("enqueue after the migration"),
+    );
+    refused(
+        queue
+            .claim(idemq::ClaimOptions::default())
+            .await
+            .expect_err("claim after the migration"),
+    );
+    let own = queue
+        .sqlite_connection()
+        .expect("a connection of the store's");
+    refused(
+        queue
+            .enqueue_in_sqlite(&own, EnqueueRequest::new("t"))
+            .expect_err("an enqueue on a connection of the application's"),
+    );
+    assert_eq!(jobs(), 2, "nothing written after the migration");
+}

@@ -56,6 +56,7 @@ pub(crate) const IDEMQ_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The refusal of a schema (`what`) at version `found`, newer than the
 /// `known` this binary has, recorded by the idemq `written_by` (none when
 /// the binary that wrote it did not record its version).
+#[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
 pub(crate) fn newer_schema(
     what: &str,
     found: i64,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
-use super::{Cx, SqliteStore, enqueue, exec};
+use super::{Cx, SqliteStore, check_schema, enqueue, exec};
 use crate::error::{Error, Result};
 use crate::job::EnqueueResult;
 use crate::request::PreparedEnqueue;
@@ -58,6 +58,7 @@ impl SqliteStore {
         self.check_connection(conn)?;
         if conn.is_autocommit() {
             let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+            check_schema(&self.inner, &tx).map_err(|f| f.error())?;
             let now = self.inner.clock.now().timestamp_micros();
             let out = Cx::run(&tx, now, f)?;
             tx.commit()?;
@@ -67,6 +68,10 @@ impl SqliteStore {
             return Ok(out);
         }
         conn.execute_batch(&format!("SAVEPOINT {SAVEPOINT}"))?;
+        if let Err(refused) = check_schema(&self.inner, conn) {
+            conn.execute_batch(&format!("ROLLBACK TO {SAVEPOINT}; RELEASE {SAVEPOINT}"))?;
+            return Err(refused.error());
+        }
         let now = self.inner.clock.now().timestamp_micros();
         let out = Cx::run(conn, now, f);
         let end = match out {

@@ -36,6 +36,7 @@ mod schedule;
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
@@ -146,6 +147,9 @@ enum Failure {
     Gone,
     /// Anything else: a bug or a broken invariant.
     Other,
+    /// This binary may no longer write the file (a newer idemq migrated it):
+    /// the message says why and what to run.
+    Refused,
 }
 
 impl Failure {
@@ -176,6 +180,9 @@ impl Failure {
             },
             Self::Other => Error::Backend {
                 message: format!("sqlite: {message}"),
+            },
+            Self::Refused => Error::Backend {
+                message: message.to_owned(),
             },
         }
     }
@@ -213,6 +220,9 @@ struct Inner {
     read_lane: mpsc::Sender<Lane>,
     /// Dropped with the store: the checkpoint thread then ends.
     _checkpoints: Option<mpsc::Sender<()>>,
+    /// The file's `PRAGMA schema_version` as this store last checked it
+    /// ([`check_schema`]).
+    schema: AtomicI64,
 }
 
 /// One operation for a store thread, given the index of the thread that
@@ -311,14 +321,64 @@ fn lane(name: &str, threads: usize) -> Result<mpsc::Sender<Lane>> {
     Ok(tx)
 }
 
+/// Refuses to write a file whose schema a newer idemq migrated since this
+/// store opened it (SPEC: a binary refuses a schema newer than it knows).
+/// Opening a file migrates it, so a newer process started beside this one
+/// (a newer `idemq jobs list`, say) moves the tables under this binary's
+/// statements; each write transaction compares the file's
+/// `PRAGMA schema_version`, which SQLite moves at every change of the
+/// schema, with the one last checked, and reads the migrations only when it
+/// moved (another change, an application's own table or index, is let be).
+/// Run inside the write transaction, so no migration lands in between.
+fn check_schema(inner: &Inner, conn: &Connection) -> std::result::Result<(), CommitFailed> {
+    let seen: i64 = conn
+        .query_row("PRAGMA schema_version", [], |r| r.get(0))
+        .map_err(|e| CommitFailed::of(&e))?;
+    if seen == inner.schema.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    if let Some(message) = newer_migration(conn).map_err(|e| CommitFailed::of(&e))? {
+        return Err(CommitFailed {
+            failure: Failure::Refused,
+            message,
+        });
+    }
+    inner.schema.store(seen, Ordering::Relaxed);
+    Ok(())
+}
+
+/// What to tell a caller when the file's schema is newer than this binary
+/// knows, or `None`.
+fn newer_migration(conn: &Connection) -> rusqlite::Result<Option<String>> {
+    let (current, written_by): (i64, Option<String>) = conn.query_row(
+        "SELECT coalesce(max(version), 0),
+                (SELECT idemq_version FROM idemq_migrations ORDER BY version DESC LIMIT 1)
+         FROM idemq_migrations",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let latest = MIGRATIONS.last().map_or(0, |m| m.0);
+    Ok((current > latest).then(|| {
+        crate::store::newer_schema_message(
+            "the database schema",
+            current,
+            latest,
+            written_by.as_deref(),
+        )
+    }))
+}
+
 /// Runs `group` in one transaction, each write in its own savepoint, and
 /// answers every caller once the transaction committed (or failed).
 fn commit_group(inner: &Inner, group: Vec<GroupedOp>) {
     let mut conn = lock(&inner.writer);
-    let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+    let begun = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| CommitFailed::of(&e))
+        .and_then(|tx| check_schema(inner, &tx).map(|()| tx));
+    let mut tx = match begun {
         Ok(tx) => tx,
-        Err(e) => {
-            let failed = CommitFailed::of(&e);
+        Err(failed) => {
             for op in group {
                 let (_, finish) = op(Err(&failed));
                 finish(Some(&failed));
@@ -468,25 +528,14 @@ fn migrate(conn: &mut Connection) -> Result<Vec<i64>> {
     if !recorded {
         tx.execute_batch("ALTER TABLE idemq_migrations ADD COLUMN idemq_version TEXT")?;
     }
+    if let Some(message) = newer_migration(&tx)? {
+        return Err(Error::Backend { message });
+    }
     let current: i64 = tx.query_row(
         "SELECT coalesce(max(version), 0) FROM idemq_migrations",
         [],
         |r| r.get(0),
     )?;
-    let latest = MIGRATIONS.last().map_or(0, |m| m.0);
-    if current > latest {
-        let written_by: Option<String> = tx.query_row(
-            "SELECT idemq_version FROM idemq_migrations ORDER BY version DESC LIMIT 1",
-            [],
-            |r| r.get(0),
-        )?;
-        return Err(crate::store::newer_schema(
-            "the database schema",
-            current,
-            latest,
-            written_by.as_deref(),
-        ));
-    }
     let mut applied = Vec::new();
     for (version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
         tx.execute_batch(sql)?;
@@ -591,6 +640,7 @@ impl SqliteStore {
             None => Vec::new(),
         };
         let reader_threads = readers.len().max(1);
+        let schema: i64 = writer.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 writer: Mutex::new(writer),
@@ -600,6 +650,7 @@ impl SqliteStore {
                 write_lane: lane("write", 1)?,
                 read_lane: lane("read", reader_threads)?,
                 _checkpoints: checkpointer,
+                schema: AtomicI64::new(schema),
             }),
             path: path.map(Path::to_path_buf),
         })
