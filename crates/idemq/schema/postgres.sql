@@ -207,6 +207,7 @@ DECLARE
     v_round integer := 0;
     v_found boolean;
     v_slow  boolean;
+    v_ended text;
 BEGIN
     PERFORM idemq.reap(1000, v_now);
     -- The claim writes the job rows only: the attempt's run and its
@@ -234,7 +235,7 @@ BEGIN
         EXIT WHEN NOT v_slow;
         v_found := false;
         FOR c IN
-            SELECT j.id, j.concurrency_key, j.deadline FROM idemq.jobs j
+            SELECT j.id, j.queue, j.concurrency_key, j.deadline FROM idemq.jobs j
             WHERE j.state = 'waiting' AND j.run_at <= v_now
               AND (p_queues IS NULL OR j.queue = ANY (p_queues))
               AND (p_types IS NULL OR j.type = ANY (p_types))
@@ -256,6 +257,7 @@ BEGIN
                     last_error = 'deadline', updated_at = v_now
                 WHERE j.id = c.id;
                 PERFORM idemq.event(c.id, 'dead', v_now, jsonb_build_object('reason', 'deadline'));
+                v_ended := c.queue;
                 CONTINUE;
             END IF;
             IF c.concurrency_key IS NOT NULL THEN
@@ -273,6 +275,14 @@ BEGIN
         v_round := v_round + 1;
         EXIT WHEN NOT v_found OR cardinality(v_ids) >= p_limit OR v_round >= 8;
     END LOOP;
+    -- Stopped at its bound with slots left, having ended jobs past their
+    -- deadline: due jobs may wait behind the ones left, so the workers are
+    -- woken to claim again at once rather than at their next poll. (Each
+    -- such claim ends jobs, so the wake-ups stop.)
+    IF v_slow AND v_found AND v_round >= 8 AND cardinality(v_ids) < p_limit
+       AND v_ended IS NOT NULL THEN
+        PERFORM idemq.wake(v_ended);
+    END IF;
 
     RETURN QUERY
     WITH claimed AS (

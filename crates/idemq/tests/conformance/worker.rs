@@ -33,6 +33,7 @@ idemq_testkit::instantiate!(
     lost_lease_stops_the_handler_and_drops_its_result,
     wakeups_start_new_work_without_waiting_for_the_poll,
     a_heartbeat_that_records_a_timeout_wakes_the_workers,
+    a_claim_stopped_by_passed_deadlines_wakes_the_workers,
     a_wake_up_while_a_claim_is_out_is_not_lost,
     snooze_from_a_handler_keeps_the_attempt,
     worker_without_handlers_is_refused,
@@ -810,6 +811,64 @@ async fn a_heartbeat_that_records_a_timeout_wakes_the_workers(h: Harness) {
     }
     let _ = tx.send(());
     handle.await.unwrap().unwrap();
+}
+
+/// A claim ends at most 2,048 jobs past their deadline; one that stopped
+/// at that bound took nothing here, and the live job behind all of them
+/// must still start at once: such a claim wakes the workers, whose poll
+/// interval is 120 s. (Before, the live job waited for polls: a new
+/// subscription or an enqueue leaves a wake-up or two, not three.)
+async fn a_claim_stopped_by_passed_deadlines_wakes_the_workers(h: Harness) {
+    const EXPIRED: usize = 3 * 2048 + 100;
+    let deadline = h.now().await + chrono::TimeDelta::seconds(10);
+    let mut left = EXPIRED;
+    while left > 0 {
+        let n = left.min(1000);
+        let reqs = (0..n)
+            .map(|_| EnqueueRequest::new("t").deadline(deadline))
+            .collect();
+        for r in h
+            .queue
+            .enqueue_many(reqs, idemq::BatchOptions::default())
+            .await
+            .expect("batch")
+        {
+            r.expect("item");
+        }
+        left -= n;
+    }
+    h.advance(Duration::from_secs(15));
+    // Behind every job past its deadline in claim order.
+    let live = h.put(EnqueueRequest::new("t")).await;
+    let w = Worker::new(h.queue.clone())
+        .poll_interval(Duration::from_secs(120))
+        .maintenance(false)
+        .handle("t", |_c: HandlerContext, _p: Value| async move {
+            Ok::<_, JobError>(())
+        });
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(w.run(async move {
+        let _ = rx.await;
+    }));
+    let start = tokio::time::Instant::now();
+    while state(&h, &live).await != JobState::Completed {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the live job did not start: its claims stopped at the bound and the poll is 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = tx.send(());
+    handle.await.unwrap().unwrap();
+    let ready: u64 = h
+        .queue
+        .queues()
+        .await
+        .expect("queues")
+        .iter()
+        .map(|q| q.counts.ready)
+        .sum();
+    assert_eq!(ready, 0, "every job past its deadline was ended");
 }
 
 /// The worker runtime's debug events, captured for the whole test process

@@ -91,7 +91,7 @@ pub const FUNCTIONS: &str = include_str!("../../../migrations/postgres/functions
 /// functions over newer ones: an older `idemq serve` or `idemq migrate`
 /// started during a rolling upgrade would otherwise swap every process's
 /// functions for its own.
-pub const FUNCTIONS_REVISION: i64 = 1;
+pub const FUNCTIONS_REVISION: i64 = 2;
 
 /// The digest recorded for [`FUNCTIONS`] once applied.
 fn functions_digest() -> String {
@@ -411,8 +411,8 @@ mod tests {
         assert_eq!(
             (FUNCTIONS_REVISION, functions_digest().as_str()),
             (
-                1,
-                "91d55a8e3a067f2069d81f9b1d1429cf53906f7bac26c153e391fb55b3ff768c"
+                2,
+                "d3764696ad818abc668225051782631ae55eae48d0d5cadc62b8b89b8031b82f"
             ),
             "functions.sql changed: raise FUNCTIONS_REVISION by one and pin the new digest here"
         );

@@ -387,7 +387,12 @@ enum Found {
     Due(i64, ClaimedJob),
 }
 
-pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<Vec<ClaimedJob>> {
+/// The jobs claimed, and whether the claim stopped at its bound of
+/// [`CLAIM_ROUNDS`] with slots left, having ended jobs past their deadline:
+/// due jobs may wait behind the ones it left, so its caller wakes the
+/// workers once it committed (each such claim ends jobs, so the wake-ups
+/// stop), as on PostgreSQL.
+pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<(Vec<ClaimedJob>, bool)> {
     reap(cx, 1000)?;
     // JSON arrays of strings for `json_each`; a list of strings always serializes.
     let queues = (!p.queues.is_empty()).then(|| json!(p.queues).to_string());
@@ -396,6 +401,8 @@ pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<Vec<ClaimedJob>> {
     let mut claimed = Vec::new();
     let mut taken_keys = std::collections::HashSet::new();
     let mut rounds = 0;
+    let mut ended = false;
+    let mut bounded = false;
     while (claimed.len() as u32) < p.limit {
         rounds += 1;
         // The page is read only as far as the claim takes from it.
@@ -438,15 +445,18 @@ pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<Vec<ClaimedJob>> {
                     )?;
                     finish(cx, &id, "dead", used, Some("deadline"), keep)?;
                     cx.event(&id, "dead", json!({ "reason": "deadline" }))?;
+                    ended = true;
                 }
                 Found::Due(seq, job) => claimed.push(claim_one(cx, seq, job, expires, p)?),
             }
         }
         if !full || !progressed || rounds == CLAIM_ROUNDS {
+            bounded = full && progressed && rounds == CLAIM_ROUNDS;
             break;
         }
     }
-    Ok(claimed)
+    let wake = bounded && ended && (claimed.len() as u32) < p.limit;
+    Ok((claimed, wake))
 }
 
 /// A candidate row as its claim answers it, under a new lease ending at

@@ -370,7 +370,15 @@ fn newer_migration(conn: &Connection) -> rusqlite::Result<Option<String>> {
 
 /// Runs `group` in one transaction, each write in its own savepoint, and
 /// answers every caller once the transaction committed (or failed).
-fn commit_group(inner: &Inner, group: Vec<GroupedOp>) {
+fn commit_group(inner: &Inner, mut group: Vec<GroupedOp>) {
+    while !group.is_empty() {
+        group = commit_once(inner, group);
+    }
+}
+
+/// One transaction of [`commit_group`]: the writes it did not run, for a
+/// transaction of their own, when SQLite ended it under them.
+fn commit_once(inner: &Inner, group: Vec<GroupedOp>) -> Vec<GroupedOp> {
     let mut conn = lock(&inner.writer);
     let begun = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -383,7 +391,7 @@ fn commit_group(inner: &Inner, group: Vec<GroupedOp>) {
                 let (_, finish) = op(Err(&failed));
                 finish(Some(&failed));
             }
-            return;
+            return Vec::new();
         }
     };
     // A write alone in its group needs no savepoint: the transaction is its
@@ -391,7 +399,7 @@ fn commit_group(inner: &Inner, group: Vec<GroupedOp>) {
     // sub-journal first (perf of a drain: a tenth of the write thread).
     if group.len() == 1 {
         let Some(op) = group.into_iter().next() else {
-            return;
+            return Vec::new();
         };
         let now = inner.clock.now().timestamp_micros();
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(Ok((&tx, now)))));
@@ -406,10 +414,12 @@ fn commit_group(inner: &Inner, group: Vec<GroupedOp>) {
             },
             Err(_) => drop(tx),
         }
-        return;
+        return Vec::new();
     }
     let mut finishes: Vec<Finish> = Vec::with_capacity(group.len());
-    for op in group {
+    let mut ops = group.into_iter();
+    let mut rest = Vec::new();
+    while let Some(op) = ops.next() {
         let now = inner.clock.now().timestamp_micros();
         let sp = match tx.savepoint() {
             Ok(sp) => sp,
@@ -423,6 +433,26 @@ fn commit_group(inner: &Inner, group: Vec<GroupedOp>) {
         // A panicking write is rolled back with its savepoint; its caller
         // sees its answer dropped.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(Ok((&sp, now)))));
+        // SQLite ends the whole transaction by itself after some errors (a
+        // full disk, an I/O error, no memory: "automatic rollback"). Every
+        // write of the group so far is then undone, and a savepoint taken
+        // now would begin a transaction of its own and commit at its
+        // release, outside the group, before the group's COMMIT failed and
+        // answered it failed. So the writes run so far are answered failed
+        // (nothing of them stands), the one that hit the error with its own
+        // error, and the writes not yet run go to a new transaction.
+        if sp.is_autocommit() {
+            drop(sp);
+            let failed = rolled_back();
+            match ran {
+                Ok((false, finish)) => finish(None),
+                Ok((true, finish)) => finish(Some(&failed)),
+                Err(_) => {}
+            }
+            finishes.drain(..).for_each(|f| f(Some(&failed)));
+            rest = ops.collect();
+            break;
+        }
         match ran {
             Ok((true, finish)) => match sp.commit() {
                 Ok(()) => finishes.push(finish),
@@ -435,12 +465,35 @@ fn commit_group(inner: &Inner, group: Vec<GroupedOp>) {
             Err(_) => drop(sp),
         }
     }
+    if !rest.is_empty() {
+        return rest;
+    }
+    if tx.is_autocommit() {
+        // Ended by SQLite with the group's last write (see above).
+        let failed = rolled_back();
+        drop(tx);
+        finishes.into_iter().for_each(|f| f(Some(&failed)));
+        return rest;
+    }
     match tx.commit() {
         Ok(()) => finishes.into_iter().for_each(|f| f(None)),
         Err(e) => {
             let failed = CommitFailed::of(&e);
             finishes.into_iter().for_each(|f| f(Some(&failed)));
         }
+    }
+    rest
+}
+
+/// The failure of a write whose group's transaction SQLite rolled back
+/// after another write's error ([`commit_group`]).
+fn rolled_back() -> CommitFailed {
+    CommitFailed {
+        failure: Failure::Gone,
+        message: "the transaction was rolled back by SQLite after an error of a write \
+                  committed with it (a full disk or an I/O error); nothing of this call \
+                  was written, and it may be retried"
+            .into(),
     }
 }
 
@@ -1006,7 +1059,11 @@ impl Store for SqliteStore {
     }
 
     async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>> {
-        self.write(move |cx| exec::claim(cx, &p)).await
+        let (claimed, wake) = self.write(move |cx| exec::claim(cx, &p)).await?;
+        if wake {
+            self.wake();
+        }
+        Ok(claimed)
     }
 
     async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat> {
@@ -1034,20 +1091,25 @@ impl Store for SqliteStore {
     ) -> Result<(Vec<Result<()>>, Result<Vec<ClaimedJob>>)> {
         // One transaction: the completions first, so a concurrency key they
         // free can be claimed at once.
-        self.write(move |cx| {
-            let completed = done
-                .items
-                .iter()
-                .map(|i| exec::complete(cx, i))
-                .collect::<Result<Vec<_>>>()?;
-            let claimed = if claim.limit == 0 {
-                Vec::new()
-            } else {
-                exec::claim(cx, &claim)?
-            };
-            Ok((completed, Ok(claimed)))
-        })
-        .await
+        let (completed, claimed, wake) = self
+            .write(move |cx| {
+                let completed = done
+                    .items
+                    .iter()
+                    .map(|i| exec::complete(cx, i))
+                    .collect::<Result<Vec<_>>>()?;
+                let (claimed, wake) = if claim.limit == 0 {
+                    (Vec::new(), false)
+                } else {
+                    exec::claim(cx, &claim)?
+                };
+                Ok((completed, claimed, wake))
+            })
+            .await?;
+        if wake {
+            self.wake();
+        }
+        Ok((completed, Ok(claimed)))
     }
 
     async fn job_fail(&self, p: JobFail) -> Result<FailOutcome> {
@@ -1172,6 +1234,65 @@ mod tests {
             !options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"),
             "{options:?}"
         );
+    }
+
+    /// A write of a group that inserts `n` into `t` (or, for `rollback`,
+    /// ends the transaction as SQLite does after a full disk or an I/O
+    /// error), and records how its caller was answered.
+    fn op(n: i64, rollback: bool, answers: &Arc<Mutex<Vec<(i64, bool)>>>) -> GroupedOp {
+        let answers = answers.clone();
+        Box::new(move |cx| {
+            let stands = match cx {
+                Ok((db, _)) if rollback => {
+                    db.execute_batch("ROLLBACK").expect("rollback");
+                    false
+                }
+                Ok((db, _)) => db.execute("INSERT INTO t VALUES (?1)", [n]).is_ok(),
+                Err(_) => false,
+            };
+            let finish: Finish = Box::new(move |failed| {
+                answers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((n, stands && failed.is_none()));
+            });
+            (stands, finish)
+        })
+    }
+
+    /// SQLite may roll a whole transaction back by itself after an error
+    /// of one statement. The writes of the group before it are undone and
+    /// answered failed; the writes after it still commit, in a transaction
+    /// of their own, and are answered so: every answer matches the file.
+    #[test]
+    fn a_group_ended_by_sqlite_answers_each_write_as_the_file_holds_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store =
+            SqliteStore::open(Some(&dir.path().join("q.db")), Arc::new(SystemClock)).expect("open");
+        lock(&store.inner.writer)
+            .execute_batch("CREATE TABLE t (n INTEGER)")
+            .expect("table");
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let group = vec![
+            op(1, false, &answers),
+            op(2, false, &answers),
+            op(3, true, &answers),
+            op(4, false, &answers),
+            op(5, false, &answers),
+        ];
+        commit_group(&store.inner, group);
+        let stored: Vec<i64> = lock(&store.inner.writer)
+            .prepare("SELECT n FROM t ORDER BY n")
+            .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+            .expect("rows");
+        assert_eq!(stored, vec![4, 5]);
+        let mut answered = answers.lock().expect("answers").clone();
+        answered.sort();
+        assert_eq!(
+            answered,
+            vec![(1, false), (2, false), (3, false), (4, true), (5, true)]
+        );
+        assert!(lock(&store.inner.writer).is_autocommit());
     }
 
     #[tokio::test]

@@ -246,6 +246,7 @@ local function claim(c)
   end
   local taken = {}
   local skipped, ended = 0, 0
+  local ended_queue = nil
   while #claimed < c.limit and skipped < SKIP_LIMIT and ended < DEADLINE_LIMIT do
     local best, bm, bs = nil, nil, nil
     for _, l in ipairs(lists) do
@@ -279,6 +280,7 @@ local function claim(c)
       finish(j, 'dead', tonumber(j.attempts_used), 'deadline')
       event(id, 'dead', obj('reason', js('deadline')))
       ended = ended + 1
+      ended_queue = j.queue
     elseif j.concurrency_key and taken[j.concurrency_key] then
       -- Its key was taken by this claim: parked until that job ends.
       park(j, best.key, bm)
@@ -289,6 +291,12 @@ local function claim(c)
       end
       claimed[#claimed + 1] = claim_one(j, c)
     end
+  end
+  -- Stopped at its bound of jobs past their deadline with slots left:
+  -- due jobs may wait behind the ones left, so the workers are woken to
+  -- claim again at once rather than at their next poll (as on SQL).
+  if ended >= DEADLINE_LIMIT and #claimed < c.limit then
+    wake(ended_queue)
   end
   return claimed
 end
