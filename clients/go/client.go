@@ -164,6 +164,10 @@ type call struct {
 	secrets []string
 	// status receives the HTTP status of the answer, when non-nil.
 	status *int
+	// uncertain, when non-nil, is set once a try failed without an answer
+	// (a connection error or a timeout): the server may have carried that
+	// try out, so what a later try answers may be about the first one.
+	uncertain *bool
 }
 
 func (c *Client) do(ctx context.Context, cl call, out any) error {
@@ -184,6 +188,9 @@ func (c *Client) do(ctx context.Context, cl call, out any) error {
 			return nil
 		}
 		base := baseOf(err)
+		if cl.uncertain != nil && base != nil && (base.Kind == KindConnection || base.Kind == KindTimeout) {
+			*cl.uncertain = true
+		}
 		if attempt >= attempts || base == nil || !base.Retryable() || ctx.Err() != nil {
 			return err
 		}
@@ -450,16 +457,24 @@ func problemFromDoc(cl call, raw json.RawMessage, index int) error {
 	return typed(e)
 }
 
-// ms converts a duration to whole milliseconds, rounding up.
+// ms converts a duration to whole milliseconds, rounding away from zero: a
+// positive duration is never sent as 0, nor a negative one as 0 or more
+// (the server then refuses it, as it refuses any value out of bounds).
 func ms(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
+	q := int64(d / time.Millisecond)
+	switch r := d % time.Millisecond; {
+	case r > 0:
+		q++
+	case r < 0:
+		q--
 	}
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	return q
 }
 
+// msPtr is ms for an optional field: zero (not given) is left out; anything
+// else, a negative duration included, is sent for the server to check.
 func msPtr(d time.Duration) *int64 {
-	if d <= 0 {
+	if d == 0 {
 		return nil
 	}
 	v := ms(d)

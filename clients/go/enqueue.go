@@ -42,7 +42,8 @@ type EnqueueResult struct {
 
 // EnqueueOptions are the optional fields of an enqueue. The zero value of
 // each field means "not given" (the server's default). Durations are sent
-// as whole milliseconds, rounded up.
+// as whole milliseconds, rounded away from zero; a negative one is sent as
+// it is, and the server refuses it with a *ValidationError naming the field.
 //
 // Printing an EnqueueOptions with any fmt verb shows only the key's preview,
 // never the raw idempotency key.
@@ -235,13 +236,13 @@ func (b *Backoff) wire() map[string]any {
 	m := map[string]any{"kind": b.Kind}
 	switch b.Kind {
 	case "exponential":
-		if b.Initial > 0 {
+		if b.Initial != 0 {
 			m["initial_ms"] = ms(b.Initial)
 		}
 		if b.Factor != 0 {
 			m["factor"] = b.Factor
 		}
-		if b.Max > 0 {
+		if b.Max != 0 {
 			m["max_ms"] = ms(b.Max)
 		}
 		if b.Jitter != nil {
@@ -285,7 +286,7 @@ func buildEnqueue(typ string, payload any, o *EnqueueOptions, header bool) (enqu
 		if header && o.KeyInHeader {
 			hv = headerKey(o.IdempotencyKey)
 		}
-		if hv == "" || o.Scope != "" || o.TTL > 0 {
+		if hv == "" || o.Scope != "" || o.TTL != 0 {
 			w.Idempotency = &idempotencyWire{Key: o.IdempotencyKey, Scope: strPtr(o.Scope), TTLMs: msPtr(o.TTL)}
 		}
 	}

@@ -360,6 +360,15 @@ func typed(e *Error) error {
 	return e
 }
 
+// invalid is the *ValidationError the server would answer (422) for a value
+// this client refuses before sending it, e.g. a negative duration where the
+// server's parser would not even read one. Status is 0: no request was sent.
+func invalid(method, path, field, reason string) error {
+	return typed(&Error{Kind: ProblemValidation, Method: method, Path: path, Index: -1,
+		Title: "Validation failed", Detail: "invalid " + field + ": " + reason,
+		Members: map[string]any{"field": field, "reason": reason}})
+}
+
 // baseOf returns the *Error inside err, or nil.
 func baseOf(err error) *Error {
 	var e *Error

@@ -247,6 +247,9 @@ func (c *Client) WaitJob(ctx context.Context, id string, wait time.Duration) (*J
 }
 
 func (c *Client) getJob(ctx context.Context, id string, wait time.Duration) (*Job, error) {
+	if wait < 0 {
+		return nil, invalid(http.MethodGet, "/v1/jobs/"+pathEscape(id), "wait_ms", "must be from 0 to 60000")
+	}
 	cl := call{method: http.MethodGet, path: "/v1/jobs/" + pathEscape(id), retry: true, wait: wait}
 	if wait > 0 {
 		cl.query = url.Values{"wait_ms": {strconv.FormatInt(ms(wait), 10)}}
@@ -507,7 +510,7 @@ func (c *Client) PutSchedule(ctx context.Context, name string, def ScheduleDefin
 	if def.Cron != "" {
 		body["cron"] = def.Cron
 	}
-	if def.Every > 0 {
+	if def.Every != 0 {
 		body["every_ms"] = ms(def.Every)
 	}
 	if def.Timezone != "" {

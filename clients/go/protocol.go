@@ -261,28 +261,43 @@ func completionResults(cl call, raws []json.RawMessage) []CompletionResult {
 	return out
 }
 
-// Claim claims up to req.Limit due jobs under a lease.
+// Claim claims up to req.Limit due jobs under a lease. A negative Lease or
+// Wait is refused with a *ValidationError (lease_ms, wait_ms), nothing sent.
 func (c *Client) Claim(ctx context.Context, req ClaimRequest) (*ClaimResponse, error) {
+	r, _, err := c.claim(ctx, req)
+	return r, err
+}
+
+// claim is Claim that also says whether a try went unanswered (see
+// call.uncertain): completions it carried may have been recorded by it.
+func (c *Client) claim(ctx context.Context, req ClaimRequest) (*ClaimResponse, bool, error) {
+	switch {
+	case req.Lease < 0:
+		return nil, false, invalid(http.MethodPost, "/v1/claim", "lease_ms", "must be from 100 to 3600000 ms")
+	case req.Wait < 0:
+		return nil, false, invalid(http.MethodPost, "/v1/claim", "wait_ms", "must be from 0 to 60000")
+	}
 	w := claimWire{Queues: req.Queues, Worker: req.Worker, Limit: req.Limit, LeaseMs: ms(req.Lease),
 		Types: req.Types, WaitMs: ms(req.Wait)}
 	if len(req.Complete) > 0 {
 		var err error
 		if w.Complete, err = completionsWire(req.Complete); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
-	cl := call{method: http.MethodPost, path: "/v1/claim", body: w, retry: true, wait: req.Wait}
+	var uncertain bool
+	cl := call{method: http.MethodPost, path: "/v1/claim", body: w, retry: true, wait: req.Wait, uncertain: &uncertain}
 	var r struct {
 		Jobs      []*ClaimedJob     `json:"jobs"`
 		Completed []json.RawMessage `json:"completed"`
 	}
 	if err := c.do(ctx, cl, &r); err != nil {
-		return nil, err
+		return nil, uncertain, err
 	}
 	for _, j := range r.Jobs {
 		j.client = c
 	}
-	return &ClaimResponse{Jobs: r.Jobs, Completed: completionResults(cl, r.Completed)}, nil
+	return &ClaimResponse{Jobs: r.Jobs, Completed: completionResults(cl, r.Completed)}, uncertain, nil
 }
 
 // Heartbeat renews the lease; CancelRequested says the job was cancelled.
@@ -296,7 +311,18 @@ func (c *Client) Heartbeat(ctx context.Context, id, leaseToken string) (*Heartbe
 }
 
 // Complete records the attempt's success with an optional result (nil: none).
+//
+// Like every worker call it is retried after a connection error, a timeout
+// or a 503. When a try went unanswered but the server recorded it, the
+// retry is answered with a *LeaseLostError (the attempt is over); the
+// Worker tells the two apart by reading the job (see the README).
 func (c *Client) Complete(ctx context.Context, id, leaseToken string, result any) (string, error) {
+	state, _, err := c.complete(ctx, id, leaseToken, result)
+	return state, err
+}
+
+// complete is Complete that also says whether a try went unanswered.
+func (c *Client) complete(ctx context.Context, id, leaseToken string, result any) (string, bool, error) {
 	body := map[string]any{"lease_token": leaseToken}
 	if result != nil {
 		body["result"] = result
@@ -304,33 +330,51 @@ func (c *Client) Complete(ctx context.Context, id, leaseToken string, result any
 	var r struct {
 		State string `json:"state"`
 	}
-	err := c.do(ctx, call{method: http.MethodPost, path: "/v1/jobs/" + pathEscape(id) + "/complete", body: body, retry: true}, &r)
-	return r.State, err
+	var uncertain bool
+	err := c.do(ctx, call{method: http.MethodPost, path: "/v1/jobs/" + pathEscape(id) + "/complete", body: body, retry: true,
+		uncertain: &uncertain}, &r)
+	return r.State, uncertain, err
 }
 
 // CompleteMany records many completions in one round trip and one commit;
-// a stale token fails only its own item.
+// a stale token fails only its own item. Retried like Complete.
 func (c *Client) CompleteMany(ctx context.Context, items []Completion) ([]CompletionResult, error) {
+	out, _, err := c.completeMany(ctx, items)
+	return out, err
+}
+
+// completeMany is CompleteMany that also says whether a try went unanswered.
+func (c *Client) completeMany(ctx context.Context, items []Completion) ([]CompletionResult, bool, error) {
 	jobs, err := completionsWire(items)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	cl := call{method: http.MethodPost, path: "/v1/jobs/complete", body: map[string]any{"jobs": jobs}, retry: true}
+	var uncertain bool
+	cl := call{method: http.MethodPost, path: "/v1/jobs/complete", body: map[string]any{"jobs": jobs}, retry: true,
+		uncertain: &uncertain}
 	var r struct {
 		Results []json.RawMessage `json:"results"`
 	}
 	if err := c.do(ctx, cl, &r); err != nil {
-		return nil, err
+		return nil, uncertain, err
 	}
 	out := completionResults(cl, r.Results)
 	if len(out) != len(items) {
-		return out, &Error{Kind: KindProtocol, Method: cl.method, Path: cl.path, Index: -1, Detail: "results do not match the completions"}
+		return out, uncertain, &Error{Kind: KindProtocol, Method: cl.method, Path: cl.path, Index: -1, Detail: "results do not match the completions"}
 	}
-	return out, nil
+	return out, uncertain, nil
 }
 
-// Fail records a failed attempt.
+// Fail records a failed attempt. A negative RetryAfter or Snooze is refused
+// with a *ValidationError (retry_after_ms, snooze_ms), nothing sent.
 func (c *Client) Fail(ctx context.Context, id, leaseToken string, opts FailOptions) (*FailResult, error) {
+	path := "/v1/jobs/" + pathEscape(id) + "/fail"
+	switch {
+	case opts.RetryAfter != nil && *opts.RetryAfter < 0:
+		return nil, invalid(http.MethodPost, path, "retry_after_ms", "must not be negative")
+	case opts.Snooze != nil && *opts.Snooze < 0:
+		return nil, invalid(http.MethodPost, path, "snooze_ms", "must not be negative")
+	}
 	body := map[string]any{"lease_token": leaseToken, "error": opts.Error, "retryable": !opts.Permanent}
 	if opts.RetryAfter != nil {
 		body["retry_after_ms"] = ms(*opts.RetryAfter)
@@ -339,7 +383,7 @@ func (c *Client) Fail(ctx context.Context, id, leaseToken string, opts FailOptio
 		body["snooze_ms"] = ms(*opts.Snooze)
 	}
 	var r FailResult
-	if err := c.do(ctx, call{method: http.MethodPost, path: "/v1/jobs/" + pathEscape(id) + "/fail", body: body, retry: true}, &r); err != nil {
+	if err := c.do(ctx, call{method: http.MethodPost, path: path, body: body, retry: true}, &r); err != nil {
 		return nil, err
 	}
 	return &r, nil

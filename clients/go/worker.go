@@ -6,12 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"net/http"
 	"os"
 	"runtime/debug"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // HandlerFunc runs one job. Return a JSON-encodable result (nil: none) to
@@ -51,15 +54,20 @@ func RetryAfter(err error, d time.Duration) error { return &JobError{Err: err, R
 // Snooze runs the job again after d without consuming the attempt.
 func Snooze(d time.Duration) error { return &JobError{Snooze: &d} }
 
-// WorkerOptions configure a Worker. Only Handlers is required.
+// WorkerOptions configure a Worker. Only Handlers is required. A zero
+// duration takes its default; Run refuses a negative one (Lease and PollWait
+// with the *ValidationError of lease_ms and wait_ms a claim would get).
 type WorkerOptions struct {
 	// Queues to claim from (nil: every queue).
 	Queues []string
 	// Handlers by job type; the worker claims only these types.
 	Handlers map[string]HandlerFunc
-	// Concurrency is how many jobs run at once (default 10).
+	// Concurrency is how many jobs run at once (default 10). A claim asks
+	// for the free slots, at most 1,000 (the API's bound) at a time.
 	Concurrency int
-	// Name is the worker's name in the run ledger (default go-<host>-<pid>).
+	// Name is the worker's name in the run ledger: 1–128 bytes of UTF-8
+	// (default go-<host>-<pid>, the host name cut to fit). Run refuses a
+	// longer one with a *ValidationError of field "worker".
 	Name string
 	// Lease of each claimed job (default 30s); heartbeats every Lease/3.
 	Lease time.Duration
@@ -143,46 +151,58 @@ type ack struct {
 	// apart is set once a claim carrying it failed or was not trusted: it
 	// then goes in a call of its own.
 	apart bool
+	// uncertain is 1 once a call carrying it went unanswered at least once
+	// (a connection error or a timeout): the server may have recorded it,
+	// and a later lease-lost answer may be about that.
+	uncertain int32
 }
+
+func (a *ack) markUncertain(yes bool) {
+	if yes {
+		atomic.StoreInt32(&a.uncertain, 1)
+	}
+}
+
+// maxClaimLimit is the most jobs one claim may ask for (API: limit ≤ 1,000).
+const maxClaimLimit = 1000
+
+// maxWorkerName is the longest worker name the server takes, in bytes.
+const maxWorkerName = 128
 
 // NewWorker returns a worker of client. Run starts it.
 func NewWorker(client *Client, opts WorkerOptions) *Worker {
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = 10
 	}
-	if opts.Lease <= 0 {
+	// Zero durations take their defaults; negative ones are kept for Run
+	// to refuse.
+	if opts.Lease == 0 {
 		opts.Lease = 30 * time.Second
 	}
-	if opts.HeartbeatInterval <= 0 {
+	if opts.HeartbeatInterval == 0 {
 		opts.HeartbeatInterval = opts.Lease / 3
 	}
-	if opts.PollWait <= 0 {
+	if opts.PollWait == 0 {
 		opts.PollWait = 2 * time.Second
 	}
 	if opts.PollWait > 60*time.Second {
 		opts.PollWait = 60 * time.Second
 	}
-	if opts.ShutdownGrace <= 0 {
+	if opts.ShutdownGrace == 0 {
 		opts.ShutdownGrace = 30 * time.Second
 	}
-	if opts.CancelGrace <= 0 {
+	if opts.CancelGrace == 0 {
 		opts.CancelGrace = time.Second
 	}
 	if opts.CompleteBatch <= 0 || opts.CompleteBatch > 1000 {
 		opts.CompleteBatch = 100
 	}
-	if opts.ErrorBackoff <= 0 {
+	if opts.ErrorBackoff == 0 {
 		opts.ErrorBackoff = time.Second
 	}
 	if opts.Name == "" {
 		host, _ := os.Hostname()
-		if host == "" {
-			host = "host"
-		}
-		opts.Name = fmt.Sprintf("go-%s-%d", host, os.Getpid())
-		if len(opts.Name) > 128 {
-			opts.Name = opts.Name[:128]
-		}
+		opts.Name = defaultWorkerName(host, os.Getpid())
 	}
 	w := &Worker{c: client, opts: opts}
 	for t := range opts.Handlers {
@@ -190,6 +210,55 @@ func NewWorker(client *Client, opts WorkerOptions) *Worker {
 	}
 	sort.Strings(w.types)
 	return w
+}
+
+// defaultWorkerName is go-<host>-<pid>, the host cut on a character
+// boundary so that the name fits in maxWorkerName bytes.
+func defaultWorkerName(host string, pid int) string {
+	// JSON would send each invalid byte as U+FFFD, three bytes: count them so.
+	host = strings.ToValidUTF8(host, "\uFFFD")
+	if host == "" {
+		host = "host"
+	}
+	suffix := fmt.Sprintf("-%d", pid)
+	return "go-" + cutUTF8(host, maxWorkerName-len("go-")-len(suffix)) + suffix
+}
+
+// cutUTF8 is the longest prefix of s of at most n bytes that does not split
+// a character.
+func cutUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// check refuses options no claim could carry, before anything is sent.
+func (w *Worker) check() error {
+	o := w.opts
+	switch {
+	case len(o.Name) > maxWorkerName:
+		return invalid(http.MethodPost, "/v1/claim", "worker", fmt.Sprintf("must be 1–128 bytes (WorkerOptions.Name is %d)", len(o.Name)))
+	case !utf8.ValidString(o.Name):
+		return invalid(http.MethodPost, "/v1/claim", "worker", "must be valid UTF-8 (WorkerOptions.Name is not)")
+	case o.Lease < 0:
+		return invalid(http.MethodPost, "/v1/claim", "lease_ms", "must be from 100 to 3600000 ms (WorkerOptions.Lease is negative)")
+	case o.PollWait < 0:
+		return invalid(http.MethodPost, "/v1/claim", "wait_ms", "must be from 0 to 60000 (WorkerOptions.PollWait is negative)")
+	}
+	for _, d := range []struct {
+		name string
+		d    time.Duration
+	}{{"HeartbeatInterval", o.HeartbeatInterval}, {"ShutdownGrace", o.ShutdownGrace},
+		{"CancelGrace", o.CancelGrace}, {"ErrorBackoff", o.ErrorBackoff}} {
+		if d.d < 0 {
+			return fmt.Errorf("idemq: WorkerOptions.%s must not be negative (it is %v)", d.name, d.d)
+		}
+	}
+	return nil
 }
 
 // Stats returns what the worker did so far.
@@ -211,10 +280,15 @@ func (w *Worker) report(err error) {
 // gracefully: it stops claiming, lets running handlers finish for up to
 // ShutdownGrace, stops the rest and releases their leases, and returns nil.
 // It returns early with an error when a claim fails for good (e.g. an
-// *UnauthorizedError or a *ValidationError), after the same shutdown.
+// *UnauthorizedError or a *ValidationError), after the same shutdown, and
+// at once, before any claim, for options no claim could carry (a Name over
+// 128 bytes, a negative duration).
 func (w *Worker) Run(ctx context.Context) error {
 	if len(w.types) == 0 {
 		return errors.New("idemq: a worker needs at least one handler")
+	}
+	if err := w.check(); err != nil {
+		return err
 	}
 	w.slots = make(chan struct{}, w.opts.Concurrency)
 	w.abort = make(chan struct{})
@@ -251,10 +325,11 @@ func (w *Worker) claimLoop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		}
-		// One slot is ours; take every other free one for this claim.
+		// One slot is ours; take every other free one for this claim, up
+		// to the most one claim may ask for.
 		free := 1
 	more:
-		for free < w.opts.Concurrency {
+		for free < w.opts.Concurrency && free < maxClaimLimit {
 			select {
 			case w.slots <- struct{}{}:
 				free++
@@ -267,16 +342,20 @@ func (w *Worker) claimLoop(ctx context.Context) error {
 		// have leased jobs this worker would never see. It is bounded by
 		// PollWait; what it returns during a shutdown is released.
 		sent := time.Now()
-		resp, err := w.c.Claim(context.Background(), ClaimRequest{
+		resp, uncertain, err := w.c.claim(context.Background(), ClaimRequest{
 			Queues: w.opts.Queues, Types: w.types, Worker: w.opts.Name, Limit: free,
 			Lease: w.opts.Lease, Wait: w.opts.PollWait, Complete: completionsOf(carried),
 		})
+		for _, a := range carried {
+			a.markUncertain(uncertain)
+		}
 		if err != nil {
 			for i := 0; i < free; i++ {
 				<-w.slots
 			}
 			// Whether the claim recorded them is unknown: a call of their
-			// own answers each (lease-lost for one that it did record).
+			// own answers each (lease-lost for one that it did record, which
+			// finish then finds completed when a try went unanswered).
 			w.putBack(carried)
 			b := baseOf(err)
 			switch {
@@ -477,10 +556,15 @@ func (w *Worker) finish(job *ClaimedJob, beat *heartbeater, lost <-chan struct{}
 	if direct {
 		freeSlot()
 	}
+	// uncertain: a call carrying this completion went unanswered, so the
+	// server may have recorded it, and a lease-lost answer may be about that.
+	uncertain := false
 	for {
 		var err error
 		if direct {
-			err = w.completeNow(job, result)
+			var unanswered bool
+			unanswered, err = w.completeNow(job, result)
+			uncertain = uncertain || unanswered
 		} else {
 			a := &ack{c: Completion{ID: job.ID, LeaseToken: job.LeaseToken}, reply: make(chan error, 1)}
 			if result != nil {
@@ -500,12 +584,23 @@ func (w *Worker) finish(job *ClaimedJob, beat *heartbeater, lost <-chan struct{}
 				// lease-lost. The server's answer says which it was.
 				err = <-a.reply
 			}
+			uncertain = uncertain || atomic.LoadInt32(&a.uncertain) == 1
 		}
 		if err == nil {
 			atomic.AddInt64(&w.completed, 1)
 			return
 		}
+		if b := baseOf(err); b != nil && (b.Kind == KindConnection || b.Kind == KindTimeout) {
+			// Given up on unanswered: the next try may find it recorded.
+			uncertain = true
+		}
 		if errors.Is(err, ErrLeaseLost) {
+			// The lease is gone. After an unanswered try that may be because
+			// that try completed the job: the job says whether it did.
+			if uncertain && w.completedByThisAttempt(job) {
+				atomic.AddInt64(&w.completed, 1)
+				return
+			}
 			atomic.AddInt64(&w.lost, 1)
 			return
 		}
@@ -529,16 +624,33 @@ func (w *Worker) finish(job *ClaimedJob, beat *heartbeater, lost <-chan struct{}
 	}
 }
 
-// completeNow records job's completion in a call of its own.
-func (w *Worker) completeNow(job *ClaimedJob, result json.RawMessage) error {
+// completeNow records job's completion in a call of its own; unanswered
+// says whether a try went without an answer.
+func (w *Worker) completeNow(job *ClaimedJob, result json.RawMessage) (unanswered bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var value any
 	if result != nil {
 		value = result
 	}
-	_, err := w.c.Complete(ctx, job.ID, job.LeaseToken, value)
-	return err
+	_, unanswered, err = w.c.complete(ctx, job.ID, job.LeaseToken, value)
+	return unanswered, err
+}
+
+// completedByThisAttempt reports whether job is completed by the attempt
+// this worker held: a completion answered lease-lost after a try of it went
+// unanswered was then recorded by that try. Only the holder of an attempt's
+// lease can complete it, and a new claim is a new attempt. When the job
+// cannot be read, the completion counts as lost.
+func (w *Worker) completedByThisAttempt(job *ClaimedJob) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	now, err := w.c.GetJob(ctx, job.ID)
+	if err != nil {
+		w.report(err)
+		return false
+	}
+	return now.State == StateCompleted && now.Attempt == job.Attempt
 }
 
 // endedByServer reports whether the server ended job's attempt when a
@@ -555,6 +667,14 @@ func (w *Worker) endedByServer(job *ClaimedJob) bool {
 func (w *Worker) fail(job *ClaimedJob, opts FailOptions) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if neg := func(d *time.Duration) bool { return d != nil && *d < 0 }; neg(opts.RetryAfter) || neg(opts.Snooze) {
+		// RetryAfter or Snooze with a negative duration: the call is refused
+		// (a *ValidationError, reported); the attempt is failed by the job's
+		// retry policy instead, rather than left to its lease.
+		_, err := w.c.Fail(ctx, job.ID, job.LeaseToken, opts)
+		w.report(err)
+		opts.RetryAfter, opts.Snooze = nil, nil
+	}
 	if _, err := w.c.Fail(ctx, job.ID, job.LeaseToken, opts); err != nil {
 		if errors.Is(err, ErrLeaseLost) {
 			atomic.AddInt64(&w.lost, 1)
@@ -706,7 +826,10 @@ func (w *Worker) sendBatch(batch []*ack) {
 		for i, a := range batch {
 			items[i] = a.c
 		}
-		results, err := w.c.CompleteMany(ctx, items)
+		results, uncertain, err := w.c.completeMany(ctx, items)
+		for _, a := range batch {
+			a.markUncertain(uncertain)
+		}
 		if err == nil {
 			for i, a := range batch {
 				a.reply <- results[i].Err
@@ -729,7 +852,8 @@ func (w *Worker) sendBatch(batch []*ack) {
 		}
 	}
 	for _, a := range batch {
-		_, err := w.c.Complete(ctx, a.c.ID, a.c.LeaseToken, a.c.Result)
+		_, uncertain, err := w.c.complete(ctx, a.c.ID, a.c.LeaseToken, a.c.Result)
+		a.markUncertain(uncertain)
 		a.reply <- err
 	}
 }

@@ -1271,3 +1271,118 @@ func TestWorkerFailsOnlyTheJobWhoseResultIsRefused(t *testing.T) {
 		t.Fatalf("%d carried, %d batched and %d single completions", len(carried), len(batched), len(singles))
 	}
 }
+
+// answerLost passes every call on to next (the server), but loses the answer
+// of the first call that carries a completion the server took: the server
+// recorded it, and the client sees a broken connection and repeats the call.
+type answerLost struct {
+	next http.RoundTripper
+
+	mu    sync.Mutex
+	lost  string         // which call lost its answer: "carried", "batched" or "single"
+	calls map[string]int // completion-carrying calls the server answered, by kind
+}
+
+func (a *answerLost) RoundTrip(req *http.Request) (*http.Response, error) {
+	kind := ""
+	if req.Method == http.MethodPost && req.GetBody != nil {
+		rc, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		var body map[string]json.RawMessage
+		raw, _ := io.ReadAll(rc)
+		rc.Close()
+		_ = json.Unmarshal(raw, &body)
+		switch p := req.URL.Path; {
+		case p == "/v1/claim" && len(body["complete"]) > 0:
+			kind = "carried"
+		case p == "/v1/jobs/complete":
+			kind = "batched"
+		case strings.HasSuffix(p, "/complete"):
+			kind = "single"
+		}
+	}
+	resp, err := a.next.RoundTrip(req)
+	if err != nil || kind == "" {
+		return resp, err
+	}
+	a.mu.Lock()
+	a.calls[kind]++
+	lose := a.lost == "" && resp.StatusCode == http.StatusOK
+	if lose {
+		a.lost = kind
+	}
+	a.mu.Unlock()
+	if !lose {
+		return resp, nil
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return nil, errors.New("connection reset by peer (the answer was lost on purpose)")
+}
+
+func (a *answerLost) seen() (lost string, calls map[string]int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	calls = map[string]int{}
+	for k, v := range a.calls {
+		calls[k] = v
+	}
+	return a.lost, calls
+}
+
+// A completion whose answer was lost after the server recorded it is
+// repeated and answered lease-lost; the worker reads the job and counts the
+// attempt completed, not lost, on every way a completion goes.
+func TestWorkerCountsACompletionWhoseAnswerWasLost(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		next     http.RoundTripper
+		deadline bool
+		want     []string // the kinds of call that may lose the answer
+	}{
+		// A job with a deadline completes in a call of its own.
+		{"single", http.DefaultTransport, true, []string{"single"}},
+		// Others go on the next claim, or in a batch when none starts in time.
+		{"carried", http.DefaultTransport, false, []string{"carried", "batched"}},
+		// A server that refuses completions on claims gets them in batches.
+		{"batched", &callRecorder{refuseCarried: true}, false, []string{"batched"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plain := newTestClient()
+			ctx := ctxT(t)
+			q, typ := uniq("lostanswer"), uniq("lostanswer")
+			opts := &EnqueueOptions{Queue: q}
+			if tc.deadline {
+				opts.Deadline = time.Now().Add(time.Hour)
+			}
+			id, err := plain.Enqueue(ctx, typ, nil, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tr := &answerLost{next: tc.next, calls: map[string]int{}}
+			w := NewWorker(newTestClient(WithHTTPClient(&http.Client{Transport: tr}), fastRetry(4)), WorkerOptions{
+				Queues: []string{q}, Concurrency: 1, PollWait: 200 * time.Millisecond,
+				Handlers: map[string]HandlerFunc{typ: func(context.Context, *ClaimedJob) (any, error) { return "done", nil }},
+			})
+			stop := runWorker(t, w)
+			job := waitState(t, plain, id, StateCompleted, 30*time.Second)
+			expectStats(t, w, func(st WorkerStats) bool { return st.Completed+st.Lost == 1 })
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			lost, calls := tr.seen()
+			t.Logf("the answer of a %s completion was lost; completion calls %v", lost, calls)
+			if lost == "" || calls[lost] < 2 || !strings.Contains(strings.Join(tc.want, ","), lost) {
+				t.Fatalf("lost the answer of %q, calls %v; want one of %v, repeated", lost, calls, tc.want)
+			}
+			if job.Attempt != 1 || string(job.Result) != `"done"` {
+				t.Fatalf("job %+v", job)
+			}
+			if st := w.Stats(); st != (WorkerStats{Completed: 1}) {
+				t.Fatalf("stats %+v: the completion the server recorded counts as completed", st)
+			}
+		})
+	}
+}
