@@ -225,3 +225,34 @@ def test_unreachable_server_is_a_typed_error_from_the_async_client() -> None:
                 await c.health()
 
     asyncio.run(main())
+
+
+def test_a_call_bounded_by_until_is_neither_tried_nor_retried_past_it() -> None:
+    from idemq import _ops
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        url = "http://127.0.0.1:%d" % listener.getsockname()[1]
+        # Each try alone would wait 2 s for the answer, and four retries follow.
+        with idemq.Client(url, timeout=2.0) as c:
+            start = time.monotonic()
+            op = _ops.heartbeat("j", "tok", until=start + 0.5)
+            with pytest.raises(idemq.IdemqTimeoutError):
+                c.call(op)
+            assert time.monotonic() - start < 1.9
+            # The server may have had it: a timeout leaves the call uncertain.
+            assert op.uncertain
+            with pytest.raises(idemq.IdemqTimeoutError):
+                c.call(_ops.heartbeat("j", "tok", until=time.monotonic() - 1))
+
+
+def test_nan_and_infinity_are_refused_before_anything_is_sent() -> None:
+    calls, transport = _mock([201])
+    with idemq.Client("http://127.0.0.1:9", retries=FAST, transport=transport) as c:
+        for value in (float("nan"), float("inf"), {"x": [float("-inf")]}):
+            with pytest.raises(ValueError):
+                c.enqueue("x", value, idempotency_key="k")
+        with pytest.raises(ValueError):
+            c.complete("j1", "tok", float("nan"))
+    assert calls == []

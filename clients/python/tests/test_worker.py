@@ -900,17 +900,19 @@ def test_every_end_of_run_shuts_down_with_grace_and_releases(
     jid = client.enqueue("stuck", None, queue=q)
     calls: List[int] = []
     with idemq.Client(server.url) as c:
-        claim = c.claim
+        call = c.call
 
-        def failing_claim(**kw: Any) -> Any:
+        def failing_claim(op: Any) -> Any:
             # The first claim gets the job; the second, with a slot still free, fails.
+            if op.path != "/v1/claim":
+                return call(op)
             calls.append(1)
             if len(calls) == 1:
-                return claim(**kw)
+                return call(op)
             assert started.wait(10)
             raise error
 
-        c.claim = failing_claim  # type: ignore[method-assign]
+        c.call = failing_claim  # type: ignore[method-assign]
         w = _worker(c, q, {"stuck": stuck}, concurrency=2, shutdown_grace=0.5)
         t, raised = _run_catching(w)
         assert started.wait(10)
@@ -925,3 +927,240 @@ def test_every_end_of_run_shuts_down_with_grace_and_releases(
     assert [r.outcome for r in client.runs(jid)] == ["released"]
     assert w.report.released == 1
     client.cancel(jid)
+
+
+class HangingHeartbeats(httpx.BaseTransport):
+    """Loopback traffic as usual, except that no heartbeat is ever answered: each
+    waits out the read timeout it was sent with, as a request the server never
+    answers does, then times out. Records those timeouts."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.release = threading.Event()
+        self.timeouts: List[Any] = []
+        self.lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/heartbeat"):
+            read = request.extensions.get("timeout", {}).get("read")
+            with self.lock:
+                self.timeouts.append(read)
+            self.release.wait(read)
+            raise httpx.ReadTimeout("no answer", request=request)
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_hanging_heartbeat_cannot_outlast_the_lease(server: Server, client: idemq.Client, uniq: Callable[[str], str]) -> None:
+    q = uniq("hungbeat")
+    stops: List[Any] = []
+    stopped = threading.Event()
+
+    def wait(ctx: idemq.JobContext) -> str:
+        ctx.wait_cancelled(60)
+        stops.append(ctx.stop_reason)
+        stopped.set()
+        return "too late"
+
+    jid = client.enqueue("wait", None, queue=q, max_attempts=1)
+    hang = HangingHeartbeats()
+    # The client's defaults: a 30 s timeout and 4 retries. A heartbeat that took
+    # them all would keep the handler running, unaware, long past its 1 s lease.
+    with idemq.Client(server.url, transport=hang) as c:
+        w = _worker(c, q, {"wait": wait}, lease_ms=1000)
+        t = run_worker(w)
+        try:
+            assert stopped.wait(15), "the handler was never told its lease was gone"
+            job = _terminal(client, jid)
+            wait_for(lambda: w.report.lost == 1)
+        finally:
+            hang.release.set()
+            w.stop()
+            t.join(20)
+    assert stops == ["lease_lost"]
+    # Each try of a heartbeat was bounded by the lease it would have renewed.
+    assert hang.timeouts and all(0 < x <= 1.0 for x in hang.timeouts), hang.timeouts
+    assert (job.state, job.result) == ("dead", None), job
+    assert [r.outcome for r in client.runs(jid)] == ["lease_expired"]
+    assert (w.report.lost, w.report.completed, w.report.failed) == (1, 0, 0)
+
+
+def test_a_claim_asks_for_at_most_the_apis_bound() -> None:
+    limits: List[Any] = []
+    holder: List[idemq.Worker] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        # As the server does: a limit outside 1 to 1,000 is refused.
+        limit = json.loads(request.read()).get("limit")
+        limits.append(limit)
+        if not isinstance(limit, int) or not 1 <= limit <= 1000:
+            problem = {"type": "/problems/validation", "title": "Validation failed", "status": 422, "field": "limit"}
+            return httpx.Response(422, json=problem, headers={"Content-Type": "application/problem+json"})
+        holder[0].stop()
+        return httpx.Response(200, json={"jobs": []})
+
+    with idemq.Client("http://127.0.0.1:9", transport=httpx.MockTransport(handler)) as c:
+        w = idemq.Worker(c, queues=["q"], handlers={"x": lambda ctx: None}, concurrency=1500, poll_wait_ms=0)
+        holder.append(w)
+        t, raised = _run_catching(w)
+        t.join(10)
+        if t.is_alive():
+            w.stop()
+    assert not t.is_alive() and raised == [] and limits == [1000], (raised, limits)
+
+
+def _carries(request: httpx.Request) -> bool:
+    """Whether a request carries a completion: a claim carrying some, a batch, one on its own."""
+    path = request.url.path
+    if path == "/v1/claim":
+        return bool(json.loads(request.read() or b"{}").get("complete"))
+    return path.endswith("/complete")
+
+
+def _problem(status: int, name: str, **extra: Any) -> httpx.Response:
+    problem = {"type": f"/problems/{name}", "title": name, "status": status, **extra}
+    return httpx.Response(status, json=problem, headers={"Content-Type": "application/problem+json"})
+
+
+class LoseCompletionAnswers(Recording):
+    """Sends the first ``lose`` requests carrying a completion to the server, then
+    loses their answers, as a connection that breaks after the commit does.
+    ``old_server`` answers as a server from before claims carried completions
+    (a 400 naming ``complete``); ``no_batches`` also as one without batch
+    completion (404)."""
+
+    def __init__(self, lose: int = 1, old_server: bool = False, no_batches: bool = False) -> None:
+        super().__init__()
+        self.lose = lose
+        self.old_server = old_server
+        self.no_batches = no_batches
+        self.lost: List[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        carries = _carries(request)
+        if carries and path == "/v1/claim" and self.old_server:
+            return _problem(400, "bad-request", detail="unknown member `complete`", field="complete")
+        if path == "/v1/jobs/complete" and self.no_batches:
+            return _problem(404, "not-found")
+        resp = super().handle_request(request)
+        with self.lock:
+            lose = carries and len(self.lost) < self.lose
+            if lose:
+                self.lost.append(path)
+        if lose:
+            resp.read()
+            resp.close()
+            raise httpx.ReadError("the connection broke before the answer", request=request)
+        return resp
+
+
+@pytest.mark.parametrize(
+    "path,retries",
+    [("claim", None), ("claim", 0), ("batch", None), ("batch", 0), ("single", None)],
+    ids=["claim", "claim-no-retries", "batch", "batch-no-retries", "single"],
+)
+def test_a_completion_recorded_before_its_answer_was_lost_counts_completed(
+    server: Server,
+    client: idemq.Client,
+    uniq: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
+    retries: Any,
+) -> None:
+    # A completion waits a second for a claim to carry it: with one slot, the
+    # claim its slot starts always does (unless claims refuse completions).
+    monkeypatch.setattr(idemq.worker, "_COMPLETION_DELAY", 1.0)
+    q = uniq("lostanswer")
+    jid = client.enqueue("w", 7, queue=q)
+    lossy = LoseCompletionAnswers(old_server=path != "claim", no_batches=path == "single")
+    with idemq.Client(server.url, transport=lossy, retries=retries) as c:
+        w = _worker(c, q, {"w": lambda ctx: ctx.payload * 6}, concurrency=1)
+        t = run_worker(w)
+        try:
+            job = _terminal(client, jid)
+            wait_for(lambda: w.report.completed + w.report.lost + w.report.failed >= 1)
+        finally:
+            w.stop()
+            t.join(20)
+    expected = {"claim": "/v1/claim", "batch": "/v1/jobs/complete", "single": f"/v1/jobs/{jid}/complete"}[path]
+    assert lossy.lost == [expected], lossy.sent
+    assert (job.state, job.result) == ("completed", 42), job
+    assert [(r.attempt, r.outcome) for r in client.runs(jid)] == [(1, "completed")]
+    # The repeat was answered lease-lost; the job says the first try was recorded.
+    assert (w.report.completed, w.report.lost, w.report.failed) == (1, 0, 0), w.report
+
+
+def test_a_result_that_is_not_json_fails_its_own_job_and_claims_still_carry(
+    server: Server, client: idemq.Client, uniq: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(idemq.worker, "_COMPLETION_DELAY", 1.0)
+    q = uniq("nan")
+    rec = Recording()
+    with idemq.Client(server.url, transport=rec) as c:
+        w = _worker(c, q, {"w": lambda ctx: float(ctx.payload)}, concurrency=1)
+        t = run_worker(w)
+        try:
+            bad = client.enqueue("w", "nan", queue=q)
+            dead = _terminal(client, bad)
+            good = client.enqueue("w", "1.5", queue=q)
+            done = _terminal(client, good)
+            wait_for(lambda: w.report.completed == 1)
+        finally:
+            w.stop()
+            t.join(20)
+    assert (dead.state, dead.attempt, dead.result) == ("dead", 1, None), dead
+    assert "the handler's result is not JSON" in (dead.last_error or ""), dead.last_error
+    assert (done.state, done.result) == ("completed", 1.5), done
+    # NaN never went to the server, and claims still carry completions.
+    carried, batched = rec.completed_ids()
+    assert carried == [good] and batched == [], (carried, batched)
+    assert (w.report.completed, w.report.failed, w.report.lost) == (1, 1, 0)
+
+
+class RefuseOneCarryingClaim(Recording):
+    """Answers the first claim carrying completions with a 400 about one of its
+    items (as a malformed result is answered), not about the ``complete`` member."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/claim" and _carries(request):
+            with self.lock:
+                refuse = self.refused == 0
+                self.refused += 1 if refuse else 0
+            if refuse:
+                return _problem(
+                    400, "bad-request", detail="invalid member `complete.0.result`", field="complete.0.result"
+                )
+        return super().handle_request(request)
+
+
+def test_one_refused_carrying_claim_does_not_stop_carrying(
+    server: Server, client: idemq.Client, uniq: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(idemq.worker, "_COMPLETION_DELAY", 1.0)
+    q = uniq("carryon")
+    rec = RefuseOneCarryingClaim()
+    with idemq.Client(server.url, transport=rec) as c:
+        w = _worker(c, q, {"w": lambda ctx: ctx.payload}, concurrency=1)
+        t = run_worker(w)
+        try:
+            first = client.enqueue("w", 1, queue=q)
+            one = _terminal(client, first)
+            second = client.enqueue("w", 2, queue=q)
+            two = _terminal(client, second)
+            wait_for(lambda: w.report.completed == 2)
+        finally:
+            w.stop()
+            t.join(20)
+    assert (one.state, one.result, two.state, two.result) == ("completed", 1, "completed", 2)
+    assert rec.refused == 1
+    # The refused one went in a call of its own; the next was carried again.
+    carried, batched = rec.completed_ids()
+    assert batched == [first] and carried == [second], (carried, batched)
+    assert (w.report.completed, w.report.failed, w.report.lost) == (2, 0, 0)

@@ -246,7 +246,7 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError::Usage(msg)) => {
-            eprintln!("error: {msg}");
+            output::usage_error(json, &msg);
             ExitCode::from(exit::INVALID)
         }
         Err(CliError::Lib(e)) => {

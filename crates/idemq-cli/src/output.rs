@@ -53,6 +53,17 @@ pub fn error(json: bool, e: &Error) {
     eprintln!("hint: {hint}");
 }
 
+/// Reports a refusal of the command line itself (a flag's value, flags
+/// that cannot go together): `usage` with the message in `detail` under
+/// `--json`, as every other error of the tool.
+pub fn usage_error(json: bool, message: &str) {
+    if json {
+        eprintln!("{}", json!({"error": "usage", "detail": message}));
+    } else {
+        eprintln!("error: {message}");
+    }
+}
+
 /// The error's name in `--json` (the problem types of the HTTP API where
 /// it has one).
 fn kind(e: &Error) -> &'static str {

@@ -99,6 +99,32 @@ fn invalid_request_exits_2_and_writes_nothing() {
     );
 }
 
+/// A refusal of the command line itself is JSON under `--json` too
+/// (`usage`, the message in `detail`), exit 2, and writes nothing.
+#[test]
+fn a_usage_error_is_json_under_json() {
+    let db = Db::new();
+    for args in [
+        &["--json", "enqueue", "--type", "t", "--payload", "{bad"][..],
+        &["--json", "enqueue", "--type", "t", "--retry", "weird"][..],
+        &["--json", "jobs", "list", "--state", "bogus"][..],
+    ] {
+        let out = db.run(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        let err: Value = serde_json::from_slice(&out.stderr)
+            .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", stderr(&out)));
+        assert_eq!(err["error"], "usage", "{args:?}: {err}");
+        assert!(
+            err["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(
+        db.json(&["jobs", "list"])["jobs"].as_array().map(Vec::len),
+        Some(0)
+    );
+}
+
 #[test]
 fn key_from_stdin_and_explain_writes_nothing() {
     let db = Db::new();

@@ -86,6 +86,14 @@ class Op(Generic[T]):
     extra_timeout: float = 0.0
     #: Answer ``None`` for a 404 instead of raising NotFoundError.
     none_on_404: bool = False
+    #: A ``time.monotonic()`` instant that bounds the call: each try's timeouts
+    #: end by it, no retry starts that could not, and past it nothing is sent
+    #: (``IdemqTimeoutError``). ``None``: the client's timeout and retries alone.
+    until: Optional[float] = None
+    #: Set by the client when a try ended in a transport error (a connection
+    #: error or a timeout): the server may have done the call though its answer
+    #: never arrived, so a retry's answer may describe the state that try left.
+    uncertain: bool = False
 
 
 def seg(value: str) -> str:
@@ -345,7 +353,10 @@ def health() -> Op[Health]:
 
 
 # ---------------------------------------------------------------- worker protocol
-# Every call below is fenced by the lease token: repeating it is always safe.
+# Every call below is fenced by the lease token: repeating it never does the work
+# twice. A repeat of a call whose first try the server recorded (its answer lost)
+# finds the token spent: a complete, fail or release is then answered
+# ``lease-lost``, which the worker checks for completions (see ``Op.uncertain``).
 
 
 def claim(
@@ -396,13 +407,14 @@ def claim(
     )
 
 
-def heartbeat(job_id: str, lease_token: str) -> Op[Heartbeat]:
+def heartbeat(job_id: str, lease_token: str, until: Optional[float] = None) -> Op[Heartbeat]:
     return Op(
         "POST",
         f"/v1/jobs/{seg(job_id)}/heartbeat",
         lambda s, b: Heartbeat.from_wire(b),
         body={"lease_token": lease_token},
         has_body=True,
+        until=until,
     )
 
 

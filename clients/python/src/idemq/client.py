@@ -108,12 +108,19 @@ class _Base:
         return f"{type(self).__name__}({self.base_url!r})"
 
     def _timeout(self, op: Op[Any]) -> httpx.Timeout:
-        return httpx.Timeout(self.timeout, read=self.timeout + op.extra_timeout)
+        timeout, read = self.timeout, self.timeout + op.extra_timeout
+        if op.until is not None:
+            left = op.until - time.monotonic()
+            if left <= 0:
+                raise IdemqTimeoutError(f"{op.method} {op.path}: its time ran out before it could be sent")
+            timeout, read = min(timeout, left), min(read, left)
+        return httpx.Timeout(timeout, read=read)
 
     def _content(self, op: Op[Any]) -> Optional[bytes]:
         if not op.has_body:
             return None
-        return json.dumps(op.body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        # NaN and the infinities are not JSON: refused here (ValueError), never sent as `NaN`.
+        return json.dumps(op.body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
     def _headers_for(self, op: Op[Any]) -> Dict[str, str]:
         h = dict(op.headers)
@@ -154,6 +161,16 @@ class _Base:
 
     def _retryable(self, op: Op[Any], err: IdemqError) -> bool:
         return op.retry_safe and (isinstance(err, (IdemqConnectionError, UnavailableError)))
+
+    def _retry_delay(self, op: Op[Any], err: IdemqError, attempt: int) -> Optional[float]:
+        """The wait before the next try, or ``None`` when the error is final: not
+        retryable, out of retries, or a retry that would start past ``op.until``."""
+        if attempt >= self.retries.max_retries or not self._retryable(op, err):
+            return None
+        delay = self.retries.delay(attempt, getattr(err, "retry_after", None))
+        if op.until is not None and time.monotonic() + delay >= op.until:
+            return None
+        return delay
 
 
 def _result_or_raise(op: Op[T], out: Union[T, ApiError]) -> T:
@@ -210,17 +227,19 @@ class Client(_Base):
                     timeout=self._timeout(op),
                 )
             except httpx.TransportError as exc:
+                op.uncertain = True
                 err = self._transport_error(op, exc)
             else:
                 out = self._answer(op, resp)
                 if not isinstance(out, ApiError):
                     return out
                 err = out
-            if attempt >= self.retries.max_retries or not self._retryable(op, err):
+            delay = self._retry_delay(op, err, attempt)
+            if delay is None:
                 if isinstance(err, ApiError):
                     return _result_or_raise(op, err)
                 raise err
-            time.sleep(self.retries.delay(attempt, getattr(err, "retry_after", None)))
+            time.sleep(delay)
             attempt += 1
 
     # ------------------------------------------------------------------ enqueue
@@ -451,17 +470,19 @@ class AsyncClient(_Base):
                     timeout=self._timeout(op),
                 )
             except httpx.TransportError as exc:
+                op.uncertain = True
                 err = self._transport_error(op, exc)
             else:
                 out = self._answer(op, resp)
                 if not isinstance(out, ApiError):
                     return out
                 err = out
-            if attempt >= self.retries.max_retries or not self._retryable(op, err):
+            delay = self._retry_delay(op, err, attempt)
+            if delay is None:
                 if isinstance(err, ApiError):
                     return _result_or_raise(op, err)
                 raise err
-            await asyncio.sleep(self.retries.delay(attempt, getattr(err, "retry_after", None)))
+            await asyncio.sleep(delay)
             attempt += 1
 
     async def enqueue(self, type: str, payload: Any = None, *, key_in_header: bool = False, **options: Unpack[EnqueueOptions]) -> str:

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from . import _ops
 from .client import Client
 from .errors import (
     ApiError,
@@ -35,7 +36,7 @@ from .errors import (
     PayloadTooLargeError,
     ValidationError,
 )
-from .models import ClaimedJob, CompleteItem
+from .models import ClaimedJob, CompleteItem, Heartbeat
 
 __all__ = ["Worker", "WorkerReport", "JobContext", "JobFailure", "Handler"]
 
@@ -46,6 +47,8 @@ log = logging.getLogger("idemq.worker")
 _COMPLETION_DELAY = 0.01
 #: The most completions one call carries (the server's batch bound).
 _MAX_COMPLETIONS = 1000
+#: The most jobs one claim asks for (the API's bound on ``limit``).
+_MAX_CLAIM = 1000
 #: The shortest wait before the server is asked about a deadline again, when it
 #: said "not yet" but its clock should be there already.
 _DEADLINE_RECHECK = 0.01
@@ -205,12 +208,34 @@ class _Outcome:
 
 
 @dataclass
+class _Beat:
+    """One heartbeat under way, on a thread of its own, so that the job's
+    timers (lease, timeout, shutdown) are checked while it waits for its answer."""
+
+    sent_at: float
+    #: The question about the job's deadline.
+    asking: bool
+    #: A regular heartbeat was due when it went.
+    due: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    answered_at: float = 0.0
+    #: The renewal, when the server answered one.
+    beat: Optional[Heartbeat] = None
+    #: Why the lease is gone (``lease_lost`` or ``deadline``), when the server said so.
+    gone: Optional[str] = None
+    error: Optional[BaseException] = None
+
+
+@dataclass
 class _Ack:
     job: ClaimedJob
     result: Any
     lease_until: float
     #: False once a claim carrying it failed: it then goes in a call of its own.
     carry: bool = True
+    #: A call carrying it may have been recorded though its answer was lost (a
+    #: connection error or timeout): a ``lease-lost`` answer is then checked.
+    unsure: bool = False
 
     def item(self) -> CompleteItem:
         return CompleteItem(self.job.id, self.job.lease_token, self.result)
@@ -324,20 +349,21 @@ class Worker:
             if self._stopping.is_set():
                 break
             carried = self._take_carried()
+            op = _ops.claim(
+                self.queues,
+                self.name,
+                min(free, _MAX_CLAIM),
+                self.lease_ms,
+                types,
+                self.poll_wait_ms,
+                [a.item() for a in carried] or None,
+            )
             try:
-                jobs = self.client.claim(
-                    queues=self.queues,
-                    worker=self.name,
-                    limit=free,
-                    lease_ms=self.lease_ms,
-                    types=types,
-                    wait_ms=self.poll_wait_ms,
-                    complete=[a.item() for a in carried] or None,
-                )
+                jobs = self.client.call(op)
                 failures = 0
             except IdemqError as exc:
-                self._put_back(carried)
-                if carried and isinstance(exc, BadRequestError):
+                self._put_back(carried, unsure=op.uncertain)
+                if carried and isinstance(exc, BadRequestError) and _unknown_complete(exc):
                     # A server that does not take completions on a claim: send them apart from now on.
                     log.info("the server refused completions on a claim (%s); sending them apart", exc)
                     self._carry = False
@@ -359,15 +385,18 @@ class Worker:
                 continue
             except BaseException:
                 # Whether the claim recorded them is unknown: a call of their own answers each.
-                self._put_back(carried)
+                self._put_back(carried, unsure=True)
                 raise
             if carried:
+                if op.uncertain:
+                    for a in carried:
+                        a.unsure = True
                 if jobs.completed is not None and len(jobs.completed) == len(carried):
                     self._settle(carried, jobs.completed)
                 else:
                     # Answers that do not match cannot be trusted; their own call gives each one.
                     self._carry = False
-                    self._put_back(carried)
+                    self._put_back(carried, unsure=True)
             self._unstarted = list(jobs)
             while self._unstarted:
                 job = self._unstarted[0]
@@ -472,13 +501,57 @@ class Worker:
         ask_at = self._deadline_at(job, claimed_at, job.lease_expires_at)
         ask_backoff = _DEADLINE_BACKOFF[0]
         reason: Optional[str] = None
+        # The heartbeat under way: it runs on a thread of its own, bounded by the
+        # lease it would renew, while this loop goes on checking the lease, the
+        # timeout and the shutdown. A heartbeat that hangs cannot keep a handler
+        # running past its lease unaware.
+        beat: Optional[_Beat] = None
 
         while True:
             # Heartbeats end with the handler: after it, one that reached the
             # server past the job's deadline would end the attempt there and
             # the completion would be refused. The completion goes within the
             # lease left from the last renewal.
-            if out.done.wait(0.05):
+            finished = out.done.wait(0.05)
+            if beat is not None and finished:
+                # The one under way may find the lease gone: its answer decides,
+                # within the lease.
+                beat.done.wait(max(0.0, lease_until - time.monotonic()))
+            if beat is not None and beat.done.is_set():
+                b, beat = beat, None
+                if b.gone is not None:
+                    # Another attempt owns it, it was purged, or (for a job with
+                    # a deadline) the server ended this attempt there: its clock
+                    # may be past the deadline before this worker's estimate is,
+                    # so any heartbeat of such a job may be the one to find it.
+                    reason = b.gone
+                elif b.beat is not None:
+                    lease_until = b.sent_at + lease_s
+                    next_beat = b.sent_at + every
+                    if b.asking:
+                        # Not yet on the server's clock: ask again when it says it will be.
+                        ask_backoff = _DEADLINE_BACKOFF[0]
+                        ask_at = self._deadline_at(job, b.answered_at, b.beat.lease_expires_at)
+                        if ask_at is not None:
+                            ask_at = max(ask_at, time.monotonic() + _DEADLINE_RECHECK)
+                    if b.beat.cancel_requested:
+                        reason = "cancelled"
+                else:
+                    now = time.monotonic()
+                    if b.asking:
+                        # The server decides, and cannot be asked: the handler
+                        # goes on, and the question is asked again.
+                        log.debug("job %s: the deadline check failed (%s); asking again", job.id, b.error)
+                        ask_at = now + ask_backoff
+                        ask_backoff = min(ask_backoff * 2, _DEADLINE_BACKOFF[1])
+                    if b.due:
+                        log.warning("job %s: heartbeat failed: %s", job.id, b.error)
+                        next_beat = now + min(1.0, every)
+                if reason is not None:
+                    break
+            if finished:
+                # A heartbeat still under way past the lease is left to end on
+                # its own: the completion goes, and the server's answer decides.
                 break
             now = time.monotonic()
             if self._grace_until is not None and now >= self._grace_until:
@@ -487,37 +560,11 @@ class Worker:
                 reason = "timeout"
             elif now >= lease_until:
                 reason = "lease_lost"  # no heartbeat got through in time
-            elif now >= next_beat or (ask_at is not None and now >= ask_at):
-                asking = ask_at is not None and now >= ask_at
-                try:
-                    beat = self.client.heartbeat(job.id, job.lease_token)
-                except (LeaseLostError, NotFoundError):
-                    # Another attempt owns it, it was purged, or (for a job with
-                    # a deadline) the server ended this attempt there: its clock
-                    # may be past the deadline before this worker's estimate is,
-                    # so any heartbeat of such a job may be the one to find it.
-                    reason = self._lease_gone_reason(job) if job.deadline is not None else "lease_lost"
-                except IdemqError as exc:
-                    if asking:
-                        # The server decides, and cannot be asked: the handler
-                        # goes on, and the question is asked again.
-                        log.debug("job %s: the deadline check failed (%s); asking again", job.id, exc)
-                        ask_at = now + ask_backoff
-                        ask_backoff = min(ask_backoff * 2, _DEADLINE_BACKOFF[1])
-                    if now >= next_beat:
-                        log.warning("job %s: heartbeat failed: %s", job.id, exc)
-                        next_beat = now + min(1.0, every)
-                else:
-                    lease_until = now + lease_s
-                    next_beat = now + every
-                    if asking:
-                        # Not yet on the server's clock: ask again when it says it will be.
-                        ask_backoff = _DEADLINE_BACKOFF[0]
-                        ask_at = self._deadline_at(job, time.monotonic(), beat.lease_expires_at)
-                        if ask_at is not None:
-                            ask_at = max(ask_at, time.monotonic() + _DEADLINE_RECHECK)
-                    if beat.cancel_requested:
-                        reason = "cancelled"
+            elif beat is None and (now >= next_beat or (ask_at is not None and now >= ask_at)):
+                beat = _Beat(sent_at=now, asking=ask_at is not None and now >= ask_at, due=now >= next_beat)
+                threading.Thread(
+                    target=self._heartbeat, args=(job, beat, lease_until), daemon=True, name=f"idemq-beat-{job.id}"
+                ).start()
             if reason is not None:
                 break
 
@@ -545,6 +592,19 @@ class Worker:
         else:
             self._release(job)
 
+    def _heartbeat(self, job: ClaimedJob, b: _Beat, until: float) -> None:
+        """Sends one heartbeat (on a thread of its own), bounded by the lease it
+        would renew: no try, and no retry, past ``until``."""
+        try:
+            b.beat = self.client.call(_ops.heartbeat(job.id, job.lease_token, until=until))
+            b.answered_at = time.monotonic()
+        except (LeaseLostError, NotFoundError):
+            b.gone = self._lease_gone_reason(job, until) if job.deadline is not None else "lease_lost"
+        except Exception as exc:  # noqa: B902 - any failure is a heartbeat that did not get through
+            b.error = exc
+        finally:
+            b.done.set()
+
     def _deadline_at(
         self, job: ClaimedJob, local_now: float, lease_expires_at: Optional[_dt.datetime]
     ) -> Optional[float]:
@@ -560,13 +620,15 @@ class Worker:
             server_now = _dt.datetime.now(_dt.timezone.utc)
         return local_now + max(0.0, (job.deadline - server_now).total_seconds())
 
-    def _lease_gone_reason(self, job: ClaimedJob) -> str:
+    def _lease_gone_reason(self, job: ClaimedJob, until: Optional[float] = None) -> str:
         """Why a heartbeat of a job with a deadline found the lease gone:
         ``deadline`` when the server ended this attempt there (or at its timeout,
         as a heartbeat then records it), ``lease_lost`` when the attempt was no
-        longer this worker's."""
+        longer this worker's (or the question got no answer by ``until``)."""
+        op = _ops.get_job(job.id, None)
+        op.until = until
         try:
-            now = self.client.get_job(job.id)
+            now = self.client.call(op)
         except IdemqError:
             return "lease_lost"
         if now.attempt == job.attempt and now.state not in ("active", "completed"):
@@ -577,7 +639,8 @@ class Worker:
         err = out.error
         if err is None:
             try:
-                json.dumps(out.result)
+                # As the client sends it: NaN and the infinities are not JSON.
+                json.dumps(out.result, allow_nan=False)
             except (TypeError, ValueError) as exc:
                 self._fail(job, f"the handler's result is not JSON: {exc}", retryable=False)
                 return
@@ -649,11 +712,12 @@ class Worker:
                 self._pending = [a for a in self._pending if id(a) not in chosen]
             return taken
 
-    def _put_back(self, acks: List[_Ack]) -> None:
+    def _put_back(self, acks: List[_Ack], unsure: bool = False) -> None:
         if not acks:
             return
         for a in acks:
             a.carry = False
+            a.unsure = a.unsure or unsure
         with self._pending_cv:
             self._pending[:0] = acks
             self._pending_cv.notify_all()
@@ -680,13 +744,15 @@ class Worker:
             if not self._batch_complete:
                 batch, error = self._one_by_one(batch)
             else:
+                op = _ops.complete_many([a.item() for a in batch])
                 try:
-                    answers: List[Union[str, ApiError]] = self.client.complete_many([a.item() for a in batch])
+                    answers: List[Union[str, ApiError]] = self.client.call(op)
                 except (NotFoundError, MethodNotAllowedError):
                     # A server without batch completion: one call per job.
                     self._batch_complete = False
                     continue
                 except IdemqError as exc:
+                    self._mark_unsure(batch, op)
                     if exc.retryable:
                         batch = self._unexpired(batch, exc)
                         time.sleep(0.2)
@@ -696,6 +762,7 @@ class Worker:
                     log.info("a completion batch was refused (%s); sending them one by one", exc)
                     batch, error = self._one_by_one(batch)
                 else:
+                    self._mark_unsure(batch, op)
                     self._settle(batch, answers)
                     return
             if batch:
@@ -708,23 +775,33 @@ class Worker:
         again: List[_Ack] = []
         error: Optional[IdemqError] = None
         for a in batch:
+            op = _ops.complete(a.job.id, a.job.lease_token, a.result)
             try:
-                self.client.complete(a.job.id, a.job.lease_token, a.result)
+                self.client.call(op)
             except (PayloadTooLargeError, ValidationError, BadRequestError) as exc:
+                self._mark_unsure([a], op)
                 # The same handler would return the same result: retrying the attempt cannot help.
                 self._fail(a.job, f"the handler's result was refused: {exc}", retryable=False)
             except ApiError as exc:
+                self._mark_unsure([a], op)
                 if exc.retryable:
                     again.append(a)
                     error = exc
                 else:
                     self._settle([a], [exc])
             except IdemqError as exc:
+                self._mark_unsure([a], op)
                 again.append(a)
                 error = exc
             else:
                 self._count("completed")
         return again, error
+
+    @staticmethod
+    def _mark_unsure(acks: List[_Ack], op: _ops.Op[Any]) -> None:
+        if op.uncertain:
+            for a in acks:
+                a.unsure = True
 
     def _unexpired(self, batch: List[_Ack], exc: Optional[IdemqError]) -> List[_Ack]:
         now = time.monotonic()
@@ -737,9 +814,34 @@ class Worker:
     def _settle(self, batch: List[_Ack], answers: Sequence[Union[str, ApiError]]) -> None:
         for a, ans in zip(batch, answers):
             if isinstance(ans, LeaseLostError):
-                self._count("lost")
+                self._count("completed" if a.unsure and self._recorded(a) else "lost")
             elif isinstance(ans, ApiError):
                 log.warning("job %s: completion refused: %s", a.job.id, ans)
                 self._count("failed")
             else:
                 self._count("completed")
+
+    def _recorded(self, a: _Ack) -> bool:
+        """Whether an earlier try of this completion, whose answer was lost, was
+        recorded: the job is ``completed`` at the attempt this worker held (only
+        its lease token could complete that attempt)."""
+        try:
+            job = self.client.get_job(a.job.id)
+        except IdemqError as exc:
+            log.warning("job %s: whether its completion was recorded is unknown: %s", a.job.id, exc)
+            return False
+        if job.state == "completed" and job.attempt == a.job.attempt:
+            log.info("job %s: an earlier try of its completion was recorded", a.job.id)
+            return True
+        return False
+
+
+def _unknown_complete(exc: BadRequestError) -> bool:
+    """Whether a claim's ``400`` says the server does not know its ``complete``
+    member (a server from before claims carried completions), not that
+    something in it was malformed."""
+    member = exc.problem.get("field")
+    if member is not None:
+        return str(member) == "complete"
+    detail = exc.detail or ""
+    return "unknown" in detail and "`complete`" in detail
