@@ -78,7 +78,7 @@ export interface ClientOptions {
 }
 
 /** Options of the low-level {@link Client.request}. */
-export interface RequestOptions extends CallOptions {
+export interface RequestOptions extends CallOptions, Retrying {
   body?: unknown;
   query?: Record<string, string | number | boolean | undefined | null>;
   headers?: Record<string, string>;
@@ -91,6 +91,17 @@ export interface RequestOptions extends CallOptions {
 }
 
 type Wire = Record<string, unknown>;
+
+/**
+ * Internal (not exported by the package): a call's options may carry a
+ * function under this key, called with the error of a try before the call is
+ * tried again. The worker uses it to know that a completion it sent may have
+ * been recorded by a try whose answer never came.
+ */
+export const RETRYING: unique symbol = Symbol("idemq.retrying");
+export interface Retrying {
+  [RETRYING]?: (error: unknown) => void;
+}
 
 const DEFAULT_RETRY: Required<RetryOptions> = {
   maxAttempts: 4,
@@ -187,6 +198,7 @@ export class Client {
         if (!isRetryable(err) || attempt >= max || signal?.aborted) throw err;
         const retryAfter = err instanceof UnavailableError ? err.retryAfterMs : undefined;
         if (retryAfter !== undefined && retryAfter > this.#retry.maxRetryAfterMs) throw err;
+        options[RETRYING]?.(err);
         const ceiling = Math.min(this.#retry.maxDelayMs, this.#retry.initialDelayMs * 2 ** (attempt - 1));
         const jittered = Math.random() * ceiling;
         await sleep(retryAfter !== undefined ? retryAfter + jittered / 10 : jittered, signal);
@@ -588,7 +600,7 @@ export class Client {
    * Claims up to `limit` due jobs. Every worker call is fenced by its lease
    * token, so it is always retried on connection errors and 503.
    */
-  async claim(options: ClaimOptions = {}): Promise<ClaimResult> {
+  async claim(options: ClaimOptions & Retrying = {}): Promise<ClaimResult> {
     const body = compact({
       queues: options.queues,
       worker: options.worker,
@@ -604,6 +616,7 @@ export class Client {
       waitMs: options.waitMs,
       signal: options.signal,
       requestTimeoutMs: options.requestTimeoutMs,
+      [RETRYING]: options[RETRYING],
     });
     const out: ClaimResult = { jobs: (w.jobs ?? []).map(claimedJobFromWire) };
     if (Array.isArray(w.completed)) out.completed = w.completed.map(completionResultFromWire);
@@ -619,7 +632,7 @@ export class Client {
     return { leaseExpiresAt: w["lease_expires_at"] as string, cancelRequested: Boolean(w["cancel_requested"]) };
   }
 
-  async complete(id: string, leaseToken: string, result?: unknown, options: CallOptions = {}): Promise<{ state: string }> {
+  async complete(id: string, leaseToken: string, result?: unknown, options: CallOptions & Retrying = {}): Promise<{ state: string }> {
     return this.request("POST", `/v1/jobs/${seg(id)}/complete`, {
       body: compact({ lease_token: leaseToken, result }),
       idempotent: true,
@@ -628,7 +641,7 @@ export class Client {
   }
 
   /** Many completions in one round trip and one commit; a stale token fails only its own item. */
-  async completeMany(completions: Completion[], options: CallOptions = {}): Promise<CompletionResult[]> {
+  async completeMany(completions: Completion[], options: CallOptions & Retrying = {}): Promise<CompletionResult[]> {
     const w = await this.request<{ results: Wire[] }>("POST", "/v1/jobs/complete", {
       body: { jobs: completions.map(completionToWire) },
       idempotent: true,

@@ -1,5 +1,5 @@
 import { hostname } from "node:os";
-import type { Client } from "./client.js";
+import { type Client, RETRYING } from "./client.js";
 import {
   ApiError,
   BadRequestError,
@@ -11,7 +11,7 @@ import {
   ValidationError,
   isRetryable,
 } from "./errors.js";
-import type { ClaimedJob, Completion, CompletionResult } from "./types.js";
+import type { ClaimedJob, Completion, Job } from "./types.js";
 
 /**
  * Throw one of these from a handler to say how the attempt failed. Any other
@@ -79,7 +79,7 @@ export interface WorkerOptions {
   handlers: Record<string, Handler>;
   /** Jobs run at once (10). */
   concurrency?: number;
-  /** The worker's name in the run ledger (host and pid by default). */
+  /** The worker's name in the run ledger, 1–128 bytes of UTF-8 (`ts-<host>-<pid>` by default). */
   name?: string;
   /** Lease per claim in ms (30,000). */
   leaseMs?: number;
@@ -89,6 +89,12 @@ export interface WorkerOptions {
   waitMs?: number;
   /** On shutdown, how long running handlers may go on before they are stopped and released (30,000). */
   shutdownGraceMs?: number;
+  /**
+   * After a heartbeat saw a cancel request, how long the handler may go on,
+   * in ms (1,000): a result it returns meanwhile completes the job; after
+   * that the attempt is failed and the job ends cancelled.
+   */
+  cancelGraceMs?: number;
   /** How long a finished job waits to be acknowledged together with others, in ms (10). */
   completionDelayMs?: number;
   /** Called with errors the worker recovers from (a failed claim, heartbeat or report). */
@@ -171,18 +177,30 @@ export class JobContext<P = unknown> {
 
 type Settled = { kind: "ok"; value: unknown } | { kind: "error"; error: unknown } | { kind: "stop"; reason: InterruptReason };
 
+/** A completion's answer; `error` may also be one raised here (it was never sent). */
+type Ack = { ok: true; state: string } | { ok: false; error: unknown };
+
 interface PendingCompletion {
   completion: Completion;
   job: ClaimedJob;
-  resolve: (r: CompletionResult) => void;
-  done: Promise<CompletionResult>;
+  resolve: (r: Ack) => void;
+  done: Promise<Ack>;
   settled: boolean;
   abandoned: boolean;
   /** Set once a claim carrying it was refused: it then goes in a call of its own. */
   apart: boolean;
+  /**
+   * Set once a call carrying it failed in transit (a connection error or a
+   * 503) and was tried again: that call may have recorded it.
+   */
+  retried: boolean;
 }
 
 const MAX_TIMER = 2_147_483_647;
+/** The most jobs one claim may ask for (API: `limit` ≤ 1,000). */
+const MAX_CLAIM_LIMIT = 1_000;
+/** The longest worker name the API takes, in bytes of UTF-8. */
+const MAX_NAME_BYTES = 128;
 const EMPTY_CLAIM_PAUSE_MS = 100;
 /** The shortest wait before the server is asked about a deadline again, when it said "not yet". */
 const DEADLINE_RECHECK_MS = 10;
@@ -200,6 +218,20 @@ function wait(ms: number, signal?: AbortSignal): Promise<void> {
     }
     signal?.addEventListener("abort", done, { once: true });
   });
+}
+
+/** `s` cut to at most `max` bytes of UTF-8, on a character boundary. */
+function truncateUtf8(s: string, max: number): string {
+  if (Buffer.byteLength(s, "utf8") <= max) return s;
+  let out = "";
+  let bytes = 0;
+  for (const ch of s) {
+    const n = Buffer.byteLength(ch, "utf8");
+    if (bytes + n > max) break;
+    out += ch;
+    bytes += n;
+  }
+  return out;
 }
 
 function describe(err: unknown): string {
@@ -247,6 +279,10 @@ export class Worker {
     }
     this.client = client;
     const leaseMs = options.leaseMs ?? 30_000;
+    const cancelGraceMs = options.cancelGraceMs ?? 1_000;
+    if (typeof cancelGraceMs !== "number" || !Number.isFinite(cancelGraceMs) || cancelGraceMs < 0) {
+      throw new RangeError(`cancelGraceMs must be a finite number of ms, 0 or more (got ${String(options.cancelGraceMs)})`);
+    }
     this.#o = {
       queues: options.queues,
       handlers: { ...options.handlers },
@@ -256,8 +292,22 @@ export class Worker {
       waitMs: Math.min(60_000, Math.max(0, options.waitMs ?? 5_000)),
       shutdownGraceMs: options.shutdownGraceMs ?? 30_000,
       completionDelayMs: options.completionDelayMs ?? 10,
+      cancelGraceMs,
     };
-    this.name = (options.name ?? `ts-${hostname()}-${process.pid}`).slice(0, 128);
+    // A name given is sent as it is, or refused here (as the server would
+    // refuse it at the first claim); the default one is cut to fit.
+    const given = options.name;
+    if (given === undefined || given === null || given === "") {
+      this.name = truncateUtf8(`ts-${hostname()}-${process.pid}`, MAX_NAME_BYTES);
+    } else if (typeof given !== "string") {
+      throw new TypeError("the worker's name must be a string");
+    } else if (Buffer.byteLength(given, "utf8") > MAX_NAME_BYTES) {
+      throw new RangeError(
+        `the worker's name is ${Buffer.byteLength(given, "utf8")} bytes of UTF-8: the API takes at most ${MAX_NAME_BYTES}`,
+      );
+    } else {
+      this.name = given;
+    }
     this.#onError =
       options.onError ??
       ((error, job) => {
@@ -321,11 +371,12 @@ export class Worker {
         answer = await this.client.claim({
           queues: this.#o.queues,
           worker: this.name,
-          limit: free,
+          limit: Math.min(free, MAX_CLAIM_LIMIT),
           leaseMs: this.#o.leaseMs,
           types: Object.keys(this.#o.handlers),
           waitMs: this.#o.waitMs,
           complete: carried.map((p) => p.completion),
+          [RETRYING]: () => carried.forEach((p) => (p.retried = true)),
         });
         failures = 0;
       } catch (err) {
@@ -341,6 +392,7 @@ export class Worker {
           this.#onError(err);
           continue;
         }
+        if (isRetryable(err)) for (const p of carried) p.retried = true;
         this.#putBack(carried);
         if (isRetryable(err)) {
           this.#onError(err);
@@ -514,13 +566,23 @@ export class Worker {
           ? Promise.resolve().then(() => handler(ctx))
           : Promise.reject(JobError.permanent(`no handler for job type ${job.type}`));
         running.catch(() => {});
-        outcome = await Promise.race([
-          running.then(
-            (value): Settled => ({ kind: "ok", value }),
-            (error): Settled => ({ kind: "error", error }),
-          ),
-          stopped.then((r): Settled => ({ kind: "stop", reason: r })),
-        ]);
+        const returned = running.then(
+          (value): Settled => ({ kind: "ok", value }),
+          (error): Settled => ({ kind: "error", error }),
+        );
+        outcome = await Promise.race([returned, stopped.then((r): Settled => ({ kind: "stop", reason: r }))]);
+        if (outcome.kind === "stop" && outcome.reason === "cancelled") {
+          // Whatever ends the attempt decides: the handler, told by its
+          // signal, may still return within the grace, and a completion then
+          // records the effect. Past it, the attempt is failed (cancelled).
+          const cancelled = outcome;
+          let graceTimer: NodeJS.Timeout | undefined;
+          const graceOver = new Promise<Settled>(
+            (resolve) => (graceTimer = setTimeout(() => resolve(cancelled), Math.min(MAX_TIMER, this.#o.cancelGraceMs))),
+          );
+          outcome = await Promise.race([returned, graceOver, lost.then((): Settled => ({ kind: "stop", reason: "lease_lost" }))]);
+          clearTimeout(graceTimer);
+        }
       }
       for (const t of timers) clearTimeout(t);
       asking = false;
@@ -539,22 +601,46 @@ export class Worker {
         return;
       }
       if (outcome.kind === "ok") {
-        let ack: CompletionResult;
+        // The result as JSON now: one JSON cannot carry (a BigInt, a cycle)
+        // would fail every call that carries it, so the attempt fails for
+        // good instead (the same handler would return it again).
+        let result: unknown;
+        try {
+          const text = JSON.stringify(outcome.value);
+          result = text === undefined ? undefined : JSON.parse(text);
+        } catch (err) {
+          await this.#sendFail(job, { error: describe(`the handler's result is not JSON: ${describe(err)}`), retryable: false });
+          return;
+        }
+        let ack: Ack;
+        let retried: () => boolean;
         if (job.deadline !== null) {
-          ack = await this.#completeNow(job, outcome.value, lost, () => leaseLost);
+          const sent = await this.#completeNow(job, result, lost, () => leaseLost);
+          ack = sent.ack;
+          retried = () => sent.retried;
         } else {
           // The heartbeat goes on while the completion waits for a claim or
           // a batch to carry it.
-          const record = this.#enqueueCompletion(job, outcome.value);
+          const record = this.#enqueueCompletion(job, result);
           const first = await Promise.race([record.done, lost.then(() => undefined)]);
           if (first === undefined) this.#abandon(record);
           ack = await record.done;
+          retried = () => record.retried;
+        }
+        if (!ack.ok && ack.error instanceof LeaseLostError && retried()) {
+          // A call that carried it failed in transit and was tried again:
+          // the try whose answer never came may have recorded it, and the
+          // next one then finds the lease gone. The job says which.
+          ack = await this.#recordedBefore(job, ack);
         }
         if (!ack.ok && refusedResult(ack.error)) {
-          await this.#sendFail(job, { error: describe(`the handler's result was refused: ${ack.error.message}`), retryable: false });
+          await this.#sendFail(job, {
+            error: describe(`the handler's result was refused: ${(ack.error as Error).message}`),
+            retryable: false,
+          });
           return;
         }
-        this.#count(ack);
+        this.#count(ack, job);
         return;
       }
       if (outcome.kind === "stop") {
@@ -578,7 +664,10 @@ export class Worker {
         }
       }
       const error = (outcome as { error: unknown }).error;
-      if (error instanceof JobError) {
+      if (error instanceof JobInterrupted && error.jobId === job.id && error.reason === "cancelled") {
+        // The handler threw its signal's reason: the cancel ended it.
+        await this.#sendFail(job, { error: "cancelled while running", retryable: true });
+      } else if (error instanceof JobError) {
         await this.#sendFail(job, {
           error: describe(error.message),
           retryable: error.retryable,
@@ -619,24 +708,49 @@ export class Worker {
    * Records a completion in a call of its own, at once; a transient failure
    * is tried again while the lease may still be this worker's.
    */
-  async #completeNow(job: ClaimedJob, result: unknown, lost: Promise<void>, isLost: () => boolean): Promise<CompletionResult> {
+  async #completeNow(
+    job: ClaimedJob,
+    result: unknown,
+    lost: Promise<void>,
+    isLost: () => boolean,
+  ): Promise<{ ack: Ack; retried: boolean }> {
+    let retried = false;
+    const retrying = () => (retried = true);
     for (;;) {
       try {
-        const r = await this.client.complete(job.id, job.leaseToken, result);
-        return { ok: true, state: r.state };
+        const r = await this.client.complete(job.id, job.leaseToken, result, { [RETRYING]: retrying });
+        return { ack: { ok: true, state: r.state }, retried };
       } catch (err) {
-        if (err instanceof ApiError && !isRetryable(err)) return { ok: false, error: err };
+        if (!isRetryable(err)) return { ack: { ok: false, error: err }, retried };
+        retried = true;
         this.#onError(err, job);
         await Promise.race([wait(500), lost]);
-        if (isLost()) return { ok: false, error: leaseLost(job.id) };
+        if (isLost()) return { ack: { ok: false, error: leaseLost(job.id) }, retried };
       }
     }
   }
 
-  #count(ack: CompletionResult): void {
+  /**
+   * A completion answered lease-lost after a call carrying it was tried
+   * again: completed when the job is `completed` at the attempt this worker
+   * held (only that attempt's lease could complete it), else the lease-lost
+   * answer stands.
+   */
+  async #recordedBefore(job: ClaimedJob, ack: Ack): Promise<Ack> {
+    let now: Job;
+    try {
+      now = await this.client.getJob(job.id);
+    } catch (err) {
+      this.#onError(err, job);
+      return ack;
+    }
+    return now.state === "completed" && now.attempt === job.attempt ? { ok: true, state: "completed" } : ack;
+  }
+
+  #count(ack: Ack, job?: ClaimedJob): void {
     if (ack.ok) this.#report.completed++;
     else if (ack.error instanceof LeaseLostError) this.#report.lost++;
-    else this.#onError(ack.error);
+    else this.#onError(ack.error, job);
   }
 
   async #sendFail(
@@ -667,11 +781,20 @@ export class Worker {
   // ------------------------------------------------------------ completions
 
   #enqueueCompletion(job: ClaimedJob, result: unknown): PendingCompletion {
-    let resolve: (r: CompletionResult) => void = () => {};
-    const done = new Promise<CompletionResult>((r) => (resolve = r));
+    let resolve: (r: Ack) => void = () => {};
+    const done = new Promise<Ack>((r) => (resolve = r));
     const completion: Completion = { id: job.id, leaseToken: job.leaseToken };
     if (result !== undefined) completion.result = result;
-    const record: PendingCompletion = { completion, job, resolve, done, settled: false, abandoned: false, apart: false };
+    const record: PendingCompletion = {
+      completion,
+      job,
+      resolve,
+      done,
+      settled: false,
+      abandoned: false,
+      apart: false,
+      retried: false,
+    };
     this.#pending.push(record);
     this.#scheduleFlush();
     return record;
@@ -719,7 +842,7 @@ export class Worker {
     this.#scheduleFlush();
   }
 
-  #settle(p: PendingCompletion, r: CompletionResult): void {
+  #settle(p: PendingCompletion, r: Ack): void {
     if (p.settled) return;
     p.settled = true;
     p.resolve(r);
@@ -745,11 +868,15 @@ export class Worker {
     if (batch.length === 0) return;
     if (this.#batchEndpoint) {
       try {
-        const results = await this.client.completeMany(batch.map((p) => p.completion));
+        const results = await this.client.completeMany(
+          batch.map((p) => p.completion),
+          { [RETRYING]: () => batch.forEach((p) => (p.retried = true)) },
+        );
         batch.forEach((p, i) => this.#settle(p, results[i] ?? { ok: false, error: missing() }));
         return;
       } catch (err) {
         if (isRetryable(err)) {
+          for (const p of batch) p.retried = true;
           this.#onError(err);
           await wait(500);
           this.#putBack(batch);
@@ -766,11 +893,17 @@ export class Worker {
     await Promise.all(
       batch.map(async (p) => {
         try {
-          const r = await this.client.complete(p.completion.id, p.completion.leaseToken, p.completion.result);
+          const r = await this.client.complete(p.completion.id, p.completion.leaseToken, p.completion.result, {
+            [RETRYING]: () => (p.retried = true),
+          });
           this.#settle(p, { ok: true, state: r.state });
         } catch (err) {
-          if (err instanceof ApiError && !isRetryable(err)) this.#settle(p, { ok: false, error: err });
+          // Only a failure in transit is tried again: any other error (an
+          // answer of the server, or one raised here before anything was
+          // sent) is the completion's answer.
+          if (!isRetryable(err)) this.#settle(p, { ok: false, error: err });
           else {
+            p.retried = true;
             this.#onError(err, p.job);
             await wait(500);
             this.#putBack([p]);

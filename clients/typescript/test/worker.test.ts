@@ -749,3 +749,238 @@ test("worker calls with a stale lease token raise LeaseLostError", async () => {
     assert.equal(err.status, 409);
   }
 });
+
+test("a result JSON cannot carry fails its job for good; the others complete and run() ends", async () => {
+  const queue = `notjson-${uid()}`;
+  const big = await client.enqueue("odd", "bigint", { queue });
+  const loop = await client.enqueue("odd", "cycle", { queue });
+  const fine = await client.enqueue("odd", "fine", { queue });
+  const w = startWorker({
+    queues: [queue],
+    concurrency: 3,
+    handlers: {
+      odd: (ctx) => {
+        if (ctx.payload === "bigint") return { cents: 10n };
+        if (ctx.payload === "cycle") {
+          const o: Record<string, unknown> = { at: new Date(0) };
+          o["self"] = o;
+          return o;
+        }
+        return { at: new Date(0), gone: undefined };
+      },
+    },
+  });
+  const [b, l, f] = await Promise.all([terminal(big, 10_000), terminal(loop, 10_000), terminal(fine, 10_000)]);
+  const report = await w.stop();
+  for (const job of [b, l]) {
+    assert.equal(job.state, "dead", `job ${job.id} is ${job.state}`);
+    assert.equal(job.attemptsUsed, 1);
+    assert.equal(job.result, null);
+    assert.match(job.lastError ?? "", /the handler's result is not JSON: TypeError/);
+  }
+  assert.equal(f.state, "completed");
+  assert.deepEqual(f.result, { at: "1970-01-01T00:00:00.000Z" });
+  assert.deepEqual([report.completed, report.failed, report.lost], [1, 2, 0]);
+});
+
+test("a completion that cannot be sent for a local reason is answered, not tried for ever", async () => {
+  const queue = `localfail-${uid()}`;
+  const id = await client.enqueue("local", null, { queue });
+  const refuse = () => Promise.reject(new TypeError("this completion cannot be sent"));
+  // Every way a completion travels fails here, before anything is sent.
+  class Unsendable extends Client {
+    override claim(options: Parameters<Client["claim"]>[0] = {}) {
+      return options.complete && options.complete.length > 0 ? refuse() : super.claim(options);
+    }
+    override completeMany() {
+      return refuse();
+    }
+    override complete() {
+      return refuse();
+    }
+  }
+  let handled!: () => void;
+  const ran = new Promise<void>((r) => (handled = r));
+  const w = startWorker(
+    {
+      queues: [queue],
+      handlers: {
+        local: () => {
+          handled();
+          return "done";
+        },
+      },
+    },
+    new Unsendable({ baseUrl: server.url }),
+  );
+  await ran;
+  // The completion's answer is the local error: it goes to onError once
+  // (each way it travelled may report it), and run() ends.
+  await waitFor("the completion's answer", async () =>
+    w.errors.some((e) => e instanceof TypeError && /cannot be sent/.test(e.message)) ? true : undefined,
+  );
+  const stopped = await Promise.race([w.stop(), idle(10_000).then(() => "still running" as const)]);
+  assert.notEqual(stopped, "still running", "run() did not end: the completion is tried for ever");
+  if (stopped !== "still running") assert.deepEqual([stopped.completed, stopped.lost], [0, 0]);
+  assert.equal((await client.getJob(id)).state, "active");
+});
+
+test("a claim asks for at most 1,000 jobs, whatever the concurrency", async () => {
+  const queue = `wide-${uid()}`;
+  const ids = [await client.enqueue("wide", 1, { queue }), await client.enqueue("wide", 2, { queue })];
+  const limits: number[] = [];
+  const recording = new Client({
+    baseUrl: server.url,
+    fetch: (input, init) => {
+      if (new URL(String(input)).pathname === "/v1/claim") limits.push((JSON.parse(String(init?.body)) as { limit: number }).limit);
+      return fetch(input, init);
+    },
+  });
+  const w = startWorker({ queues: [queue], concurrency: 1_500, handlers: { wide: (ctx) => ctx.payload } }, recording);
+  // run() rejecting (a claim refused with 422) fails the test at once.
+  const jobs = await Promise.race([Promise.all(ids.map((id) => terminal(id))), w.running.then(() => [])]);
+  const report = await w.stop();
+  assert.deepEqual(
+    jobs.map((j) => [j.state, j.result]),
+    [
+      ["completed", 1],
+      ["completed", 2],
+    ],
+  );
+  assert.equal(report.completed, 2);
+  assert.ok(limits.length > 0 && limits.every((l) => l >= 1 && l <= 1_000), limits.join());
+  assert.equal(limits[0], 1_000);
+});
+
+test("the worker's name is at most 128 bytes of UTF-8: a longer one is refused up front", async () => {
+  const handlers = { named: () => "ok" };
+  // 65 characters, 130 bytes: within 128 UTF-16 code units, over the API's 128 bytes.
+  assert.throws(() => new Worker(client, { handlers, name: "é".repeat(65) }), (e: unknown) => {
+    assert.ok(e instanceof RangeError, String(e));
+    assert.match(e.message, /130 bytes of UTF-8: the API takes at most 128/);
+    return true;
+  });
+  assert.throws(() => new Worker(client, { handlers, name: "x".repeat(129) }), RangeError);
+  assert.ok(Buffer.byteLength(new Worker(client, { handlers }).name) <= 128);
+  assert.match(new Worker(client, { handlers, name: "" }).name, /^ts-/);
+  // Exactly 128 bytes is taken, and recorded as given.
+  const name = "é".repeat(64);
+  const queue = `named-${uid()}`;
+  const id = await client.enqueue("named", null, { queue });
+  const w = startWorker({ queues: [queue], name, handlers });
+  assert.equal(w.worker.name, name);
+  const job = await Promise.race([terminal(id), w.running.then(() => undefined)]);
+  await w.stop();
+  assert.equal(job?.state, "completed");
+  assert.equal((await client.jobRuns(id))[0]!.worker, name);
+});
+
+/**
+ * A fetch under which the first request carrying the completion of each of
+ * `ids` (on a claim, in a batch or on its own) reaches the server and is
+ * recorded there, but its answer is lost: the connection breaks.
+ */
+function lostAnswers(ids: string[]) {
+  const dropped = new Set<string>();
+  const f: typeof fetch = async (input, init) => {
+    const path = new URL(String(input)).pathname;
+    const body = String(init?.body ?? "");
+    const carrying = path.endsWith("/complete") || (path === "/v1/claim" && body.includes('"complete":['));
+    const hit = carrying
+      ? ids.filter((id) => !dropped.has(id) && (path.includes(`/${encodeURIComponent(id)}/`) || body.includes(`"id":${JSON.stringify(id)}`)))
+      : [];
+    const res = await fetch(input, init);
+    if (hit.length === 0) return res;
+    await res.text();
+    for (const id of hit) dropped.add(id);
+    throw new TypeError("fetch failed", { cause: { code: "ECONNRESET" } });
+  };
+  return { fetch: f, dropped };
+}
+
+test("a completion recorded by a try whose answer was lost counts as completed, not lost", async () => {
+  // The client's own retry (the default), and none (the worker tries again).
+  for (const retry of [undefined, false as const]) {
+    const queue = `lostanswer-${uid()}`;
+    const plain = await client.enqueue("answer", "plain", { queue });
+    // A job with a deadline sends its completion at once, on its own.
+    const timed = await client.enqueue("answer", "timed", { queue, deadline: new Date(Date.now() + 120_000) });
+    const lossy = lostAnswers([plain, timed]);
+    const w = startWorker(
+      { queues: [queue], concurrency: 2, handlers: { answer: (ctx) => ({ done: ctx.payload }) } },
+      new Client({ baseUrl: server.url, fetch: lossy.fetch, retry }),
+    );
+    const jobs = await Promise.all([terminal(plain), terminal(timed)]);
+    const report = await w.stop();
+    assert.deepEqual(
+      jobs.map((j) => [j.state, j.result, j.attempt]),
+      [
+        ["completed", { done: "plain" }, 1],
+        ["completed", { done: "timed" }, 1],
+      ],
+    );
+    assert.deepEqual([...lossy.dropped].sort(), [plain, timed].sort(), "an answer was not lost");
+    assert.deepEqual([report.completed, report.lost, report.failed], [2, 0, 0], `retry ${String(retry)}`);
+  }
+});
+
+test("after a cancel the handler gets cancelGraceMs to return: a result completes the job", async () => {
+  assert.throws(() => new Worker(client, { handlers: { x: () => 1 }, cancelGraceMs: -1 }), RangeError);
+  assert.throws(() => new Worker(client, { handlers: { x: () => 1 }, cancelGraceMs: Number.NaN }), RangeError);
+  const queue = `grace-${uid()}`;
+  const tidy = await client.enqueue("tidy", null, { queue });
+  const stubborn = await client.enqueue("stubborn", null, { queue });
+  const aborted = new Map<string, number>();
+  const fails = new Map<string, number>();
+  const recording = new Client({
+    baseUrl: server.url,
+    fetch: (input, init) => {
+      const path = new URL(String(input)).pathname;
+      if (path.endsWith("/fail")) fails.set(decodeURIComponent(path.split("/").at(-2)!), Date.now());
+      return fetch(input, init);
+    },
+  });
+  let started = 0;
+  let bothStarted!: () => void;
+  const ready = new Promise<void>((r) => (bothStarted = r));
+  const grace = 400;
+  const w = startWorker(
+    {
+      queues: [queue],
+      concurrency: 2,
+      leaseMs: 1_500,
+      cancelGraceMs: grace,
+      handlers: {
+        // Cleans up on the cancel (a round trip to the server), then returns.
+        tidy: (ctx) =>
+          new Promise((resolve, reject) => {
+            if (++started === 2) bothStarted();
+            ctx.signal.addEventListener("abort", () => {
+              aborted.set(ctx.id, Date.now());
+              client.getJob(ctx.id).then(() => resolve("cleaned up"), reject);
+            });
+          }),
+        // Ignores its signal.
+        stubborn: async (ctx) => {
+          if (++started === 2) bothStarted();
+          ctx.signal.addEventListener("abort", () => aborted.set(ctx.id, Date.now()));
+          await idle(30_000);
+          return "too late";
+        },
+      },
+    },
+    recording,
+  );
+  await ready;
+  assert.deepEqual(await client.cancel(tidy), { cancelled: true, state: "active" });
+  assert.deepEqual(await client.cancel(stubborn), { cancelled: true, state: "active" });
+  const [t, s] = await Promise.all([terminal(tidy, 10_000), terminal(stubborn, 10_000)]);
+  const report = await w.stop();
+  assert.deepEqual([t.state, t.result], ["completed", "cleaned up"]);
+  assert.equal(s.state, "cancelled");
+  assert.ok(aborted.has(tidy) && aborted.has(stubborn));
+  assert.ok(!fails.has(tidy), "the job whose handler returned was failed");
+  const waited = fails.get(stubborn)! - aborted.get(stubborn)!;
+  assert.ok(waited >= grace - 5, `failed ${waited} ms after the cancel, within the grace`);
+  assert.deepEqual([report.completed, report.cancelled, report.failed, report.lost], [1, 1, 0, 0]);
+});
