@@ -11,6 +11,7 @@ mod dashboard;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use idemq::Queue;
@@ -63,15 +64,101 @@ pub fn router(queue: Queue, options: ServerOptions) -> Router {
     ))
 }
 
+/// How long [`serve`] waits for a client, and for its own requests to end.
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts {
+    /// A request's head (its line and headers) must arrive within this
+    /// long of the connection's last response, or of its opening; otherwise
+    /// the connection is closed. So a client that sends part of a head and
+    /// stops, or keeps an idle connection open, holds it this long at most.
+    pub header_read: Duration,
+    /// A request body that sends nothing for this long ends the request
+    /// (`400`): a client that starts a body and stops.
+    pub body_idle: Duration,
+    /// Once `shutdown` resolved, how long the requests in flight may take
+    /// to end (the longest wait a request may ask for is 60 s); the
+    /// connections still open then are closed.
+    pub drain: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            header_read: Duration::from_secs(60),
+            body_idle: Duration::from_secs(60),
+            drain: Duration::from_secs(65),
+        }
+    }
+}
+
 /// Serves [`router`] on `listener` until `shutdown` resolves, then finishes
-/// the requests in flight.
+/// the requests in flight (see [`Timeouts`] for the bounds).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     queue: Queue,
     options: ServerOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(queue, options))
-        .with_graceful_shutdown(shutdown)
+    serve_with(listener, queue, options, Timeouts::default(), shutdown).await
+}
+
+/// [`serve`] with other [`Timeouts`].
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    queue: Queue,
+    options: ServerOptions,
+    timeouts: Timeouts,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = router(queue, options).layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+        timeouts.body_idle,
+    ));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        // Connections that ended.
+        while connections.try_join_next().is_some() {}
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // A connection that failed before it was accepted, or
+                    // a process out of descriptors: go on after a pause.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(timeouts.header_read)
+            .serve_connection(
+                hyper_util::rt::TokioIo::new(stream),
+                hyper_util::service::TowerToHyperService::new(app.clone()),
+            );
+        let connection = graceful.watch(connection);
+        connections.spawn(async move {
+            // A client that went away, or sent something not HTTP: its own
+            // connection's end, nothing to report.
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    let open = graceful.count();
+    if tokio::time::timeout(timeouts.drain, graceful.shutdown())
         .await
+        .is_err()
+    {
+        tracing::warn!(
+            connections = open,
+            drain_ms = timeouts.drain.as_millis() as u64,
+            "requests still running when the drain time ran out: their connections are closed"
+        );
+    }
+    connections.shutdown().await;
+    Ok(())
 }
