@@ -77,10 +77,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(worker.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, handle) = start(worker);
     let start = tokio::time::Instant::now();
     while !done().await {
         assert!(
@@ -102,6 +99,36 @@ fn worker(h: &Harness) -> Worker {
 
 async fn state(h: &Harness, id: &str) -> JobState {
     h.job(id).await.state
+}
+
+/// Runs `w` until the sender it returns is used or dropped.
+fn start(
+    w: Worker,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<idemq::Result<WorkerReport>>,
+) {
+    let (tx, rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(w.run(async move {
+        let _ = rx.await;
+    }));
+    (tx, handle)
+}
+
+/// Waits (every 20 ms) until job `id` is `want`; fails with `why` once
+/// `within` passed since `since`.
+async fn until_state(
+    h: &Harness,
+    id: &str,
+    want: JobState,
+    since: tokio::time::Instant,
+    within: Duration,
+    why: &str,
+) {
+    while state(h, id).await != want {
+        assert!(since.elapsed() < within, "{why}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn no_retry_soon() -> RetryPolicy {
@@ -320,27 +347,28 @@ async fn a_handler_that_panics_when_interrupted_fails_only_its_attempt(h: Harnes
             }
             Ok::<_, JobError>(())
         });
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(w.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, handle) = start(w);
     let start = tokio::time::Instant::now();
-    while state(&h, &stuck).await != JobState::Scheduled {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no timeout in 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_state(
+        &h,
+        &stuck,
+        JobState::Scheduled,
+        start,
+        Duration::from_secs(30),
+        "no timeout in 30 s",
+    )
+    .await;
     // Enqueued after the first attempt ended, so the one slot takes it next.
     let next = h.put(EnqueueRequest::new("t").payload(json!("next"))).await;
-    while state(&h, &next).await != JobState::Completed {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the worker did not run the next job"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_state(
+        &h,
+        &next,
+        JobState::Completed,
+        start,
+        Duration::from_secs(30),
+        "the worker did not run the next job",
+    )
+    .await;
     let _ = tx.send(());
     let report = handle.await.expect("worker task").expect("worker run");
     assert_eq!((report.completed, report.failed), (1, 1));
@@ -382,10 +410,7 @@ async fn a_regular_heartbeat_past_the_deadline_is_the_deadline(h: Harness) {
             }
         },
     );
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(w.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, handle) = start(w);
     let start = tokio::time::Instant::now();
     while starts.load(Ordering::SeqCst) == 0 {
         assert!(
@@ -449,10 +474,7 @@ async fn deadline_interrupts_the_handler(h: Harness) {
             Ok::<_, JobError>(())
         }
     });
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(w.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, handle) = start(w);
     let start = tokio::time::Instant::now();
     while starts.load(Ordering::SeqCst) == 0 {
         assert!(
@@ -702,10 +724,7 @@ async fn lost_lease_stops_the_handler_and_drops_its_result(h: Harness) {
                 Ok::<_, JobError>(json!("from the zombie"))
             }
         });
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(w.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, handle) = start(w);
     started.notified().await;
     // The store's clock passes the lease; another worker takes the job over.
     take_over(&h, &id, Duration::from_secs(60)).await;
@@ -747,21 +766,20 @@ async fn wakeups_start_new_work_without_waiting_for_the_poll(h: Harness) {
         .handle("t", |_c: HandlerContext, _p: Value| async move {
             Ok::<_, JobError>(())
         });
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(w.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, handle) = start(w);
     // Let the worker reach its first wait.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let id = h.put(EnqueueRequest::new("t")).await;
     let start = tokio::time::Instant::now();
-    while state(&h, &id).await != JobState::Completed {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "not woken: the poll interval is 120 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_state(
+        &h,
+        &id,
+        JobState::Completed,
+        start,
+        Duration::from_secs(20),
+        "not woken: the poll interval is 120 s",
+    )
+    .await;
     let _ = tx.send(());
     handle.await.unwrap().unwrap();
 }
@@ -787,10 +805,7 @@ async fn a_heartbeat_that_records_a_timeout_wakes_the_workers(h: Harness) {
         .handle("t", |_c: HandlerContext, _p: Value| async move {
             Ok::<_, JobError>(())
         });
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(w.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, handle) = start(w);
     // Let the worker reach its first wait; its claims find the key held.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(state(&h, &next).await, JobState::Ready);
@@ -802,13 +817,15 @@ async fn a_heartbeat_that_records_a_timeout_wakes_the_workers(h: Harness) {
     );
     assert_eq!(state(&h, &first).await, JobState::Scheduled);
     let start = tokio::time::Instant::now();
-    while state(&h, &next).await != JobState::Completed {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "not woken by the heartbeat: the poll interval is 120 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_state(
+        &h,
+        &next,
+        JobState::Completed,
+        start,
+        Duration::from_secs(20),
+        "not woken by the heartbeat: the poll interval is 120 s",
+    )
+    .await;
     let _ = tx.send(());
     handle.await.unwrap().unwrap();
 }
@@ -846,18 +863,17 @@ async fn a_claim_stopped_by_passed_deadlines_wakes_the_workers(h: Harness) {
         .handle("t", |_c: HandlerContext, _p: Value| async move {
             Ok::<_, JobError>(())
         });
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(w.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, handle) = start(w);
     let start = tokio::time::Instant::now();
-    while state(&h, &live).await != JobState::Completed {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the live job did not start: its claims stopped at the bound and the poll is 120 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_state(
+        &h,
+        &live,
+        JobState::Completed,
+        start,
+        Duration::from_secs(30),
+        "the live job did not start: its claims stopped at the bound and the poll is 120 s",
+    )
+    .await;
     let _ = tx.send(());
     handle.await.unwrap().unwrap();
     let ready: u64 = h
@@ -929,10 +945,7 @@ async fn a_wake_up_while_a_claim_is_out_is_not_lost(h: Harness) {
             r.fetch_add(1, Ordering::SeqCst);
             async move { Ok::<_, JobError>(()) }
         });
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(w.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, handle) = start(w);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let raced = || {
         let text = events.lock().unwrap_or_else(|e| e.into_inner());
@@ -1233,10 +1246,7 @@ async fn a_late_result_after_a_lost_lease_is_refused(h: Harness) {
                 Ok::<_, JobError>(json!("from the zombie"))
             }
         });
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(w.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, handle) = start(w);
     started.notified().await;
     take_over(&h, &id, Duration::from_secs(120)).await;
     // Now the first handler returns its result.
@@ -1686,10 +1696,7 @@ async fn a_job_the_worker_reclaims_itself_stops_its_older_attempt(h: Harness) {
             }
         },
     );
-    let (tx, rx) = oneshot::channel::<()>();
-    let handle = tokio::spawn(w.run(async move {
-        let _ = rx.await;
-    }));
+    let (tx, handle) = start(w);
     let wait_for = |n: i32| {
         let attempts = attempts.clone();
         async move {
