@@ -1,6 +1,7 @@
 //! Clients that hold a connection without finishing a request (docs/http-api.md,
-//! "Connections"): a head that never ends, a body that stops, and a
-//! shutdown while such clients and a long-polling claim are connected.
+//! "Connections"): a head that never ends, a body that stops, a shutdown
+//! while such clients and a long-polling claim are connected, and a client
+//! that goes away while its claim is running.
 
 use std::time::{Duration, Instant};
 
@@ -169,4 +170,84 @@ async fn shutdown_ends_within_the_drain_time() {
     let _ = tokio::time::timeout(Duration::from_secs(5), claim)
         .await
         .expect("the claim's connection is still open");
+}
+
+/// A client that goes away while its claim runs: the claim still commits
+/// (here it waits for the SQLite write lock this test holds, and takes it
+/// once the client has gone), and the job it took is released at once,
+/// its attempt not counted, instead of staying leased to no one until the
+/// lease (an hour here) expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_client_went_away_releases_its_jobs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (addr, stop, server) = start(&dir, Timeouts::default()).await;
+    let http = reqwest::Client::new();
+    let job: serde_json::Value = http
+        .post(format!("http://{addr}/v1/jobs"))
+        .json(&serde_json::json!({"type": "t"}))
+        .send()
+        .await
+        .expect("enqueue")
+        .json()
+        .await
+        .expect("json");
+    let id = job["job_id"].as_str().expect("job_id").to_owned();
+    // Another process holds the write lock: the claim waits for it.
+    let lock = rusqlite::Connection::open(dir.path().join("slow.db")).expect("open");
+    lock.execute_batch("BEGIN IMMEDIATE").expect("lock");
+    let mut conn = TcpStream::connect(&addr).await.expect("connect");
+    let body = r#"{"worker": "gone", "lease_ms": 3600000}"#;
+    conn.write_all(
+        format!(
+            "POST /v1/claim HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(conn);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.execute_batch("COMMIT").expect("unlock");
+    // The claim commits once the lock is free; the job comes back.
+    let start = Instant::now();
+    let seen: Vec<String> = loop {
+        let j: serde_json::Value = http
+            .get(format!("http://{addr}/v1/jobs/{id}"))
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
+        let events: serde_json::Value = http
+            .get(format!("http://{addr}/v1/jobs/{id}/events"))
+            .send()
+            .await
+            .expect("events")
+            .json()
+            .await
+            .expect("json");
+        let kinds: Vec<String> = events["events"]
+            .as_array()
+            .map(|e| e.iter().map(|e| e["kind"].to_string()).collect())
+            .unwrap_or_default();
+        if j["state"] == "ready" && kinds.iter().any(|k| k.contains("released")) {
+            assert_eq!(j["attempts_used"], 0, "{j}");
+            break kinds;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the job was not released: {j} {kinds:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        seen.iter().any(|k| k.contains("claimed")),
+        "the claim did happen: {seen:?}"
+    );
+    let _ = stop.send(());
+    server.await.expect("task").expect("serve");
 }

@@ -311,14 +311,28 @@ pub(crate) async fn claim(
         if let Some(n) = notified.as_mut().as_pin_mut() {
             n.enable();
         }
-        let jobs = match done.take() {
-            Some(items) => {
-                let (results, claimed) =
-                    s.queue().complete_and_claim(items, options.clone()).await?;
-                completed = Some(completion_answers(results));
-                claimed?
+        let (answers, claimed) =
+            claim_once(s.queue().clone(), done.take(), options.clone()).await?;
+        if let Some(results) = answers {
+            completed = Some(completion_answers(results));
+        }
+        let jobs = match claimed {
+            Ok(jobs) => jobs,
+            // This request's completions are recorded: their answers go
+            // back (with no jobs; the worker claims again) rather than
+            // behind an error that would hide them.
+            Err(e) if completed.is_some() => {
+                tracing::warn!(
+                    error = %e,
+                    "a claim failed after its request's completions were recorded; \
+                     answering them with no jobs"
+                );
+                return Ok(axum::Json(Claimed {
+                    jobs: Vec::new(),
+                    completed,
+                }));
             }
-            None => s.queue().claim(options.clone()).await?,
+            Err(e) => return Err(e.into()),
         };
         let now = Instant::now();
         if !jobs.is_empty() || now >= until {
@@ -332,6 +346,51 @@ pub(crate) async fn claim(
             None => tokio::time::sleep(nap).await,
         }
     }
+}
+
+/// The answers of the completions a claim carried (`None` when it carried
+/// none), and the claim's own.
+type ClaimAnswer = (
+    Option<Vec<idemq::Result<()>>>,
+    idemq::Result<Vec<idemq::ClaimedJob>>,
+);
+
+/// One claim, with the completions it carries, run in a task of its own. A
+/// request dropped before the claim answered (its client went away, and
+/// the server stops a request whose connection closed) would otherwise
+/// leave the jobs the claim committed leased to no one until their lease
+/// expired, each losing an attempt; the task releases them at once instead
+/// (a release does not count the attempt).
+async fn claim_once(
+    queue: idemq::Queue,
+    done: Option<Vec<idemq::Completion>>,
+    options: ClaimOptions,
+) -> idemq::Result<ClaimAnswer> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<idemq::Result<ClaimAnswer>>();
+    tokio::spawn(async move {
+        let answer = match done {
+            Some(items) => queue
+                .complete_and_claim(items, options)
+                .await
+                .map(|(results, claimed)| (Some(results), claimed)),
+            None => Ok((None, queue.claim(options).await)),
+        };
+        if let Err(Ok((_, Ok(jobs)))) = tx.send(answer) {
+            for job in jobs {
+                if let Err(e) = queue.release(&job.id, &job.lease_token).await {
+                    tracing::warn!(
+                        job = %job.id,
+                        error = %e,
+                        "releasing a job claimed for a request that went away failed; \
+                         its lease expires instead"
+                    );
+                }
+            }
+        }
+    });
+    rx.await.map_err(|_| idemq::Error::Backend {
+        message: "a claim's task ended without an answer".into(),
+    })?
 }
 
 /// A lease presented by a worker.
