@@ -82,10 +82,6 @@ impl Metrics {
                 "1 when the store runs without its durability settings checked (Redis \
                  ?durability=relaxed: acknowledged jobs may be lost), else 0"
             );
-            describe_gauge!(
-                "idemq_queue_depth",
-                "Jobs per queue and state at scrape time"
-            );
         });
         metrics
     }
@@ -118,23 +114,10 @@ impl Metrics {
             counter!("idemq_purges_total", "reason" => "operator").absolute(stats.purges);
             counter!("idemq_purges_total", "reason" => "retention")
                 .absolute(stats.retention_deletes);
-            for q in queues {
-                let c = &q.counts;
-                for (state, n) in [
-                    ("scheduled", c.scheduled),
-                    ("ready", c.ready),
-                    ("active", c.active),
-                    ("completed", c.completed),
-                    ("dead", c.dead),
-                    ("cancelled", c.cancelled),
-                ] {
-                    gauge!("idemq_queue_depth", "queue" => q.name.clone(), "state" => state)
-                        .set(n as f64);
-                }
-            }
         });
         self.handle.run_upkeep();
         let mut text = self.handle.render();
+        queue_depths(&mut text, queues);
         for ((name, help), latency) in HISTOGRAMS
             .iter()
             .zip([stats.enqueue_latency, stats.claim_latency])
@@ -143,6 +126,50 @@ impl Metrics {
         }
         text
     }
+}
+
+/// Appends `idemq_queue_depth` for exactly the queues the store reports
+/// now. Written here rather than kept in the recorder: a gauge of the
+/// recorder would keep a queue that is gone (its jobs deleted) at its last
+/// value for ever, and grow with every queue name ever seen.
+fn queue_depths(out: &mut String, queues: &[QueueInfo]) {
+    if queues.is_empty() {
+        return;
+    }
+    if !out.is_empty() && !out.ends_with("\n\n") {
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "# HELP idemq_queue_depth Jobs per queue and state at scrape time"
+    );
+    let _ = writeln!(out, "# TYPE idemq_queue_depth gauge");
+    for q in queues {
+        let c = &q.counts;
+        let name = label(&q.name);
+        for (state, n) in [
+            ("scheduled", c.scheduled),
+            ("ready", c.ready),
+            ("active", c.active),
+            ("completed", c.completed),
+            ("dead", c.dead),
+            ("cancelled", c.cancelled),
+        ] {
+            let _ = writeln!(
+                out,
+                "idemq_queue_depth{{queue=\"{name}\",state=\"{state}\"}} {n}"
+            );
+        }
+    }
+}
+
+/// A label value in the Prometheus text format: `\`, `"` and line feeds
+/// escaped.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Appends one histogram in the Prometheus text format: cumulative buckets,

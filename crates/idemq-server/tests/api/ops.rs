@@ -125,6 +125,24 @@ async fn metrics_counted(b: Backend) {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
     assert!(!text.contains("mk\""));
+    // A queue whose jobs are gone leaves the depths: they are the store's
+    // now, not a gauge kept at its last value.
+    let gone = s.enqueue(json!({"type": "t", "queue": "gone"})).await;
+    let line = "idemq_queue_depth{queue=\"gone\",state=\"ready\"} 1";
+    let text = s.get("/metrics").await.text;
+    assert!(text.contains(line), "missing {line} in\n{text}");
+    s.post_raw(&format!("/v1/jobs/{gone}/purge"), "")
+        .await
+        .ok(200);
+    let text = s.get("/metrics").await.text;
+    assert!(
+        !text.contains("queue=\"gone\""),
+        "a queue that is gone:\n{text}"
+    );
+    assert!(
+        text.contains("idemq_queue_depth{queue=\"m\",state=\"dead\"} 1"),
+        "{text}"
+    );
     s.stop().await;
 }
 
