@@ -115,6 +115,17 @@ fn start(
     (tx, handle)
 }
 
+/// A worker of jobs of type `t` that succeed, polling only every 120 s
+/// and running no maintenance: only a wake-up starts its work soon.
+fn sleepy_worker(h: &Harness) -> Worker {
+    Worker::new(h.queue.clone())
+        .poll_interval(Duration::from_secs(120))
+        .maintenance(false)
+        .handle("t", |_c: HandlerContext, _p: Value| async move {
+            Ok::<_, JobError>(())
+        })
+}
+
 /// Waits (every 20 ms) until job `id` is `want`; fails with `why` once
 /// `within` passed since `since`.
 async fn until_state(
@@ -760,13 +771,7 @@ async fn lost_lease_stops_the_handler_and_drops_its_result(h: Harness) {
 }
 
 async fn wakeups_start_new_work_without_waiting_for_the_poll(h: Harness) {
-    let w = Worker::new(h.queue.clone())
-        .poll_interval(Duration::from_secs(120))
-        .maintenance(false)
-        .handle("t", |_c: HandlerContext, _p: Value| async move {
-            Ok::<_, JobError>(())
-        });
-    let (tx, handle) = start(w);
+    let (tx, handle) = start(sleepy_worker(&h));
     // Let the worker reach its first wait.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let id = h.put(EnqueueRequest::new("t")).await;
@@ -799,13 +804,7 @@ async fn a_heartbeat_that_records_a_timeout_wakes_the_workers(h: Harness) {
         .await;
     let held = h.claim_one().await;
     let next = h.put(EnqueueRequest::new("t").concurrency_key("k")).await;
-    let w = Worker::new(h.queue.clone())
-        .poll_interval(Duration::from_secs(120))
-        .maintenance(false)
-        .handle("t", |_c: HandlerContext, _p: Value| async move {
-            Ok::<_, JobError>(())
-        });
-    let (tx, handle) = start(w);
+    let (tx, handle) = start(sleepy_worker(&h));
     // Let the worker reach its first wait; its claims find the key held.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(state(&h, &next).await, JobState::Ready);
@@ -857,13 +856,7 @@ async fn a_claim_stopped_by_passed_deadlines_wakes_the_workers(h: Harness) {
     h.advance(Duration::from_secs(15));
     // Behind every job past its deadline in claim order.
     let live = h.put(EnqueueRequest::new("t")).await;
-    let w = Worker::new(h.queue.clone())
-        .poll_interval(Duration::from_secs(120))
-        .maintenance(false)
-        .handle("t", |_c: HandlerContext, _p: Value| async move {
-            Ok::<_, JobError>(())
-        });
-    let (tx, handle) = start(w);
+    let (tx, handle) = start(sleepy_worker(&h));
     let start = tokio::time::Instant::now();
     until_state(
         &h,
