@@ -148,13 +148,13 @@ pub async fn serve_with(
         });
     }
     drop(listener);
-    let open = graceful.count();
     if tokio::time::timeout(timeouts.drain, graceful.shutdown())
         .await
         .is_err()
     {
+        while connections.try_join_next().is_some() {}
         tracing::warn!(
-            connections = open,
+            connections = connections.len(),
             drain_ms = timeouts.drain.as_millis() as u64,
             "requests still running when the drain time ran out: their connections are closed"
         );

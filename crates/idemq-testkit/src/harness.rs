@@ -266,6 +266,28 @@ impl Harness {
         self.queue.enqueue(req).await.expect("enqueue")
     }
 
+    /// `n` copies of `req` whose deadline has passed, and which no claim has
+    /// seen yet: enqueued in batches of 1,000 with a deadline 10 s away,
+    /// then the clock of record moved on 15 s.
+    pub async fn put_past_deadline(&self, req: EnqueueRequest, n: usize) {
+        let deadline = self.now().await + chrono::TimeDelta::seconds(10);
+        let mut left = n;
+        while left > 0 {
+            let batch = left.min(1000);
+            let reqs = (0..batch).map(|_| req.clone().deadline(deadline)).collect();
+            for r in self
+                .queue
+                .enqueue_many(reqs, idemq::BatchOptions::default())
+                .await
+                .expect("batch")
+            {
+                r.expect("item");
+            }
+            left -= batch;
+        }
+        self.advance(Duration::from_secs(15));
+    }
+
     /// Claims up to `limit` jobs from every queue with a 30 s lease.
     pub async fn claim(&self, limit: u32) -> Vec<ClaimedJob> {
         self.claim_with(ClaimOptions {

@@ -576,19 +576,7 @@ async fn a_passed_deadline_behind_a_held_key_is_found_once_the_key_is_free(h: Ha
 async fn a_claim_ends_a_bounded_number_of_passed_deadlines(h: Harness) {
     const BOUND: u64 = 2048;
     const EXPIRED: u64 = BOUND + 100;
-    let deadline = at(h.now().await, secs(10));
-    for n in [1000, 1000, EXPIRED - 2000] {
-        let reqs = (0..n).map(|_| job("t").deadline(deadline)).collect();
-        for r in h
-            .queue
-            .enqueue_many(reqs, idemq::BatchOptions::default())
-            .await
-            .expect("batch")
-        {
-            r.expect("item");
-        }
-    }
-    h.advance_ms(15_000);
+    h.put_past_deadline(job("t"), EXPIRED as usize).await;
     // Behind every job past its deadline in claim order.
     let live = h.put(job("t")).await;
     let ready = || async {

@@ -418,7 +418,6 @@ fn commit_once(inner: &Inner, group: Vec<GroupedOp>) -> Vec<GroupedOp> {
     }
     let mut finishes: Vec<Finish> = Vec::with_capacity(group.len());
     let mut ops = group.into_iter();
-    let mut rest = Vec::new();
     while let Some(op) = ops.next() {
         let now = inner.clock.now().timestamp_micros();
         let sp = match tx.savepoint() {
@@ -449,9 +448,8 @@ fn commit_once(inner: &Inner, group: Vec<GroupedOp>) -> Vec<GroupedOp> {
                 Ok((true, finish)) => finish(Some(&failed)),
                 Err(_) => {}
             }
-            finishes.drain(..).for_each(|f| f(Some(&failed)));
-            rest = ops.collect();
-            break;
+            finishes.into_iter().for_each(|f| f(Some(&failed)));
+            return ops.collect();
         }
         match ran {
             Ok((true, finish)) => match sp.commit() {
@@ -465,16 +463,6 @@ fn commit_once(inner: &Inner, group: Vec<GroupedOp>) -> Vec<GroupedOp> {
             Err(_) => drop(sp),
         }
     }
-    if !rest.is_empty() {
-        return rest;
-    }
-    if tx.is_autocommit() {
-        // Ended by SQLite with the group's last write (see above).
-        let failed = rolled_back();
-        drop(tx);
-        finishes.into_iter().for_each(|f| f(Some(&failed)));
-        return rest;
-    }
     match tx.commit() {
         Ok(()) => finishes.into_iter().for_each(|f| f(None)),
         Err(e) => {
@@ -482,7 +470,7 @@ fn commit_once(inner: &Inner, group: Vec<GroupedOp>) -> Vec<GroupedOp> {
             finishes.into_iter().for_each(|f| f(Some(&failed)));
         }
     }
-    rest
+    Vec::new()
 }
 
 /// The failure of a write whose group's transaction SQLite rolled back
