@@ -40,6 +40,17 @@ pub struct ServeArgs {
         value_parser = clap::value_parser!(u64).range(MIN_PAYLOAD_LIMIT..=MAX_PAYLOAD_LIMIT)
     )]
     payload_limit: Option<u64>,
+    /// How many long-polls (claims and job reads with `wait_ms`) the server
+    /// holds at once; one more that asks to wait gets 503 unavailable with
+    /// Retry-After, and requests that do not wait are never refused.
+    #[arg(
+        long,
+        env = "IDEMQ_MAX_LONG_POLLS",
+        value_name = "N",
+        default_value_t = idemq_server::DEFAULT_MAX_LONG_POLLS as u64,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    max_long_polls: u64,
     /// Also run jobs in this process with a shell command (see `idemq worker --help`).
     #[arg(long, value_name = "CMD")]
     exec: Option<String>,
@@ -167,6 +178,7 @@ pub async fn run(database: &str, args: ServeArgs, json: bool) -> Result<(), CliE
         idemq_server::ServerOptions {
             token,
             allowed_hosts: args.allowed_hosts.clone(),
+            max_long_polls: usize::try_from(args.max_long_polls).unwrap_or(usize::MAX),
         },
         stopped(stop_rx.clone()),
     ));

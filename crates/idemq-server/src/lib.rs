@@ -17,7 +17,7 @@ use axum::Router;
 use idemq::Queue;
 
 /// Settings of the server.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ServerOptions {
     /// With a token, every request but `GET /healthz` needs
     /// `Authorization: Bearer <token>` (or the dashboard's cookie).
@@ -28,6 +28,33 @@ pub struct ServerOptions {
     /// local server through DNS rebinding. A name without a port matches any
     /// port. Ignored with a token.
     pub allowed_hosts: Vec<String>,
+    /// How many long-polls the server holds at once: requests that asked
+    /// to wait (`POST /v1/claim` and `GET /v1/jobs/{id}` with a `wait_ms`
+    /// above 0), each of which looks at the store again and again while it
+    /// waits. A request that asks to wait once this many are held is
+    /// answered `503 unavailable` with `Retry-After`; a request that does
+    /// not wait is never refused by this bound. 0 refuses every wait.
+    /// [`DEFAULT_MAX_LONG_POLLS`] by default.
+    pub max_long_polls: usize,
+}
+
+/// The default of [`ServerOptions::max_long_polls`]. Each wait holds a
+/// connection, and so a file descriptor, for up to 60 s: 512 is half the
+/// soft limit of 1,024 descriptors many systems give a process, leaving
+/// the rest to the requests that do not wait and to the database. Idle,
+/// a waiting claim looks again at least every 500 ms and a waiting job
+/// read about every second, so 512 waits cost the store about a thousand
+/// empty looks a second, not more.
+pub const DEFAULT_MAX_LONG_POLLS: usize = 512;
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            token: None,
+            allowed_hosts: Vec::new(),
+            max_long_polls: DEFAULT_MAX_LONG_POLLS,
+        }
+    }
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -36,6 +63,7 @@ impl std::fmt::Debug for ServerOptions {
         f.debug_struct("ServerOptions")
             .field("token", &self.token.as_ref().map(|_| "***"))
             .field("allowed_hosts", &self.allowed_hosts)
+            .field("max_long_polls", &self.max_long_polls)
             .finish()
     }
 }

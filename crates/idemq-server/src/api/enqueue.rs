@@ -19,6 +19,8 @@ use super::problem::{ApiResult, Problem};
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct BatchBody {
+    /// At most 1,000, counted as they are parsed (else `413`).
+    #[serde(deserialize_with = "super::bounded::batch_items")]
     jobs: Vec<Value>,
     #[serde(default, deserialize_with = "idemq::wire::null_as_default")]
     atomic: bool,
@@ -202,14 +204,6 @@ pub(crate) async fn batch(
             "Idempotency-Key",
             "is refused on a batch: put an idempotency key on each item",
         ));
-    }
-    if body.jobs.len() > idemq::MAX_BATCH_ITEMS {
-        return Err(Problem::new(
-            "payload-too-large",
-            format!("a batch holds at most {} items", idemq::MAX_BATCH_ITEMS),
-        )
-        .with("field", "jobs")
-        .with("limit", idemq::MAX_BATCH_ITEMS));
     }
     let parsed: Vec<Result<EnqueueRequest, Problem>> =
         body.jobs.into_iter().map(from_value).collect();

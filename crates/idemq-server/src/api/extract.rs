@@ -221,6 +221,11 @@ fn body_error<E: std::fmt::Display>(
 ) -> Problem {
     let mut path = segments(e.path());
     let mut message = e.inner().to_string();
+    // A list over its count bound stops the parse at the item past it: the
+    // call's own answer for that bound, naming the list.
+    if let Some(overflow) = super::bounded::Overflow::find(&message) {
+        return overflow.problem(&path.join("."));
+    }
     // The retry policy is read by its `kind` from a buffer (an internally
     // tagged enum), where the path stops: read the object again by its
     // kind to find the member at fault. A bad `kind` is named with the

@@ -1,7 +1,7 @@
 //! Job queries and operator actions: get (with long-poll), list, events,
 //! runs, checkpoints, cancel, purge, promote, redrive and bulk actions.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -14,8 +14,8 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::ApiState;
 use super::extract::{Json, NoBody, OptionalJson, Path, Query, idempotency_key, query_number};
+use super::long_poll::{self, UNAVAILABLE_WAIT};
 use super::problem::{ApiResult, Problem};
-
 use super::schema::{BulkLimit, WaitMs};
 
 /// Longest `wait_ms` of a long-poll (60 s).
@@ -185,7 +185,11 @@ fn parse_state(field: &str, s: Option<&str>) -> ApiResult<Option<JobState>> {
     .transpose()
 }
 
-/// One job.
+/// One job; with `wait_ms`, once it is terminal or the wait ran out.
+///
+/// A job that is not terminal yet is read again after 50 ms, then after
+/// pauses that double up to 1 s. Only such a wait takes one of the
+/// server's long-poll permits; when all are held it is refused with `503`.
 #[utoipa::path(
     get,
     path = "/v1/jobs/{id}",
@@ -196,6 +200,7 @@ fn parse_state(field: &str, s: Option<&str>) -> ApiResult<Option<JobState>> {
         (status = 200, description = "The job", body = idemq::Job),
         (status = 404, description = "No such job", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "wait_ms over 60,000", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = UNAVAILABLE_WAIT, body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn get_job(
@@ -207,15 +212,32 @@ pub(crate) async fn get_job(
     if wait > MAX_WAIT_MS {
         return Err(Problem::validation("wait_ms", "must be at most 60000"));
     }
-    let job = if wait > 0 {
-        s.queue().wait(&id, Duration::from_millis(wait)).await?
-    } else {
-        s.queue()
-            .get(&id)
-            .await?
-            .ok_or_else(|| Problem::not_found(format_args!("job {id}")))?
-    };
-    Ok(axum::Json(job))
+    let until = Instant::now() + Duration::from_millis(wait);
+    let mut job = read_job(&s, &id).await?;
+    if wait == 0 || job.state.is_terminal() {
+        return Ok(axum::Json(job));
+    }
+    // Only a read that has to wait takes a permit: the first look wrote
+    // nothing, so refusing now leaves nothing to undo.
+    let _permit = s.long_polls.try_hold()?;
+    let mut pause = long_poll::FIRST_LOOK;
+    loop {
+        let now = Instant::now();
+        if job.state.is_terminal() || now >= until {
+            return Ok(axum::Json(job));
+        }
+        tokio::time::sleep(pause.min(until - now)).await;
+        pause = long_poll::next_look(pause);
+        job = read_job(&s, &id).await?;
+    }
+}
+
+/// The job, or `404` (also for a job purged while a read waited on it).
+async fn read_job(s: &ApiState, id: &str) -> ApiResult<idemq::Job> {
+    s.queue()
+        .get(id)
+        .await?
+        .ok_or_else(|| Problem::not_found(format_args!("job {id}")))
 }
 
 /// The fixed paths beside `/v1/jobs/{id}` (each `POST`), which a job id

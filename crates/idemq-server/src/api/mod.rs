@@ -5,10 +5,12 @@
 //! `Idempotency-Key` header are never logged.
 
 pub(crate) mod auth;
+mod bounded;
 mod enqueue;
 mod extract;
 mod jobs;
 mod keys;
+mod long_poll;
 mod metrics;
 mod ops;
 pub(crate) mod problem;
@@ -24,13 +26,14 @@ use axum::routing::{get, post, put};
 
 use crate::AppState;
 
-/// What the API handlers share: the server's state, the metrics recorder and
-/// the wake-up source of long-polling claims.
+/// What the API handlers share: the server's state, the metrics recorder,
+/// the wake-up source of long-polling claims and the bound on long-polls.
 #[derive(Clone)]
 pub(crate) struct ApiState {
     pub(crate) app: AppState,
     pub(crate) metrics: Arc<metrics::Metrics>,
     pub(crate) wakeups: Arc<worker::WakeHub>,
+    pub(crate) long_polls: Arc<long_poll::LongPolls>,
 }
 
 impl ApiState {
@@ -48,6 +51,7 @@ pub(crate) fn routes(state: AppState) -> Router {
         app: state.clone(),
         metrics: Arc::new(metrics::Metrics::new()),
         wakeups: Arc::new(worker::WakeHub::default()),
+        long_polls: Arc::new(long_poll::LongPolls::new(state.options.max_long_polls)),
     };
     let router = Router::new()
         // Enqueue. A fixed path beside `/v1/jobs/{id}` wins over it, and a

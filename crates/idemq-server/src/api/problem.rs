@@ -86,8 +86,10 @@ pub(crate) const TYPES: &[(&str, u16, &str, &str)] = &[
         "unavailable",
         503,
         "Service unavailable",
-        "The backend is down or busy. Retry after the `Retry-After` header's seconds; \
-         retrying an enqueue with the same idempotency key is always safe.",
+        "The backend is down or busy, or the request asked to wait (`wait_ms`) while the \
+         server holds its most long-polls at once, in which case nothing was done. Retry \
+         after the `Retry-After` header's seconds; retrying an enqueue with the same \
+         idempotency key is always safe.",
     ),
     (
         "internal",

@@ -172,23 +172,31 @@ impl Modify for CommonResponses {
                     "500",
                     "`internal`: an unexpected failure, logged by the server",
                 );
-                let unavailable = problem(
-                    "`unavailable`: the backend is down or busy; retry after `Retry-After` seconds",
-                )
-                .header(
-                    "Retry-After",
-                    utoipa::openapi::HeaderBuilder::new()
-                        .schema(Some(
-                            utoipa::openapi::ObjectBuilder::new()
-                                .schema_type(utoipa::openapi::schema::Type::Integer),
-                        ))
-                        .description(Some("Seconds to wait before retrying"))
-                        .build(),
-                );
-                op.responses
+                // Every 503 carries `Retry-After`, an operation's own too.
+                let retry_after = utoipa::openapi::HeaderBuilder::new()
+                    .schema(Some(
+                        utoipa::openapi::ObjectBuilder::new()
+                            .schema_type(utoipa::openapi::schema::Type::Integer),
+                    ))
+                    .description(Some("Seconds to wait before retrying"))
+                    .build();
+                let unavailable = op
+                    .responses
                     .responses
                     .entry("503".to_owned())
-                    .or_insert_with(|| unavailable.build().into());
+                    .or_insert_with(|| {
+                        problem(
+                            "`unavailable`: the backend is down or busy; retry after `Retry-After` seconds",
+                        )
+                        .build()
+                        .into()
+                    });
+                if let RefOr::T(response) = unavailable {
+                    response
+                        .headers
+                        .entry("Retry-After".to_owned())
+                        .or_insert(RefOr::T(retry_after));
+                }
             }
         }
     }
@@ -424,6 +432,18 @@ mod tests {
                 "maxItems",
                 n(idemq::MAX_BATCH_ITEMS),
             ),
+            (
+                "ClaimBody",
+                "queues",
+                "maxItems",
+                n(super::super::bounded::MAX_CLAIM_NAMES),
+            ),
+            (
+                "ClaimBody",
+                "types",
+                "maxItems",
+                n(super::super::bounded::MAX_CLAIM_NAMES),
+            ),
             ("KeyBody", "scope", "maxLength", n(bounds::MAX_SCOPE_BYTES)),
             ("FailBody", "snooze_ms", "maximum", bounds::MAX_DURATION_MS),
             (
@@ -438,6 +458,16 @@ mod tests {
                 .as_i64()
                 .unwrap_or_else(|| panic!("{schema}.{name} states no {key}"));
             assert_eq!(got, *want, "{schema}.{name} {key}");
+        }
+        // Each name a claim lists, through its `allOf`.
+        for (name, want) in [
+            ("queues", bounds::MAX_QUEUE_BYTES),
+            ("types", bounds::MAX_TYPE_BYTES),
+        ] {
+            let got = member("ClaimBody", name)["items"]["allOf"]
+                .as_array()
+                .and_then(|all| all.iter().find_map(|s| s["maxLength"].as_u64()));
+            assert_eq!(got, Some(want as u64), "ClaimBody.{name} items maxLength");
         }
     }
 

@@ -12,11 +12,13 @@ use tokio::sync::{Notify, OnceCell};
 use utoipa::ToSchema;
 
 use super::ApiState;
+use super::bounded::{self, ClaimQueues, ClaimTypes};
 use super::extract::{Json, OptionalJson, Path};
 use super::jobs::MAX_WAIT_MS;
+use super::long_poll::UNAVAILABLE_WAIT;
 use super::problem::{ApiResult, Problem};
 use super::schema::WaitMs;
-use idemq::openapi::{ClaimLimit, ClaimName, DurationMs, JsonValue, LeaseMs, WorkerName};
+use idemq::openapi::{ClaimLimit, DurationMs, JsonValue, LeaseMs, WorkerName};
 
 /// How often a long-polling claim looks again without a wake-up: wake-ups
 /// can be lost, and a scheduled job turning due sends none.
@@ -74,9 +76,10 @@ const DEFAULT_LEASE_MS: u64 = 30_000;
 #[derive(Deserialize, ToSchema, Default)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ClaimBody {
-    /// Queues to claim from (every queue when empty, `null` or omitted).
-    #[serde(default)]
-    #[schema(value_type = Option<Vec<ClaimName>>)]
+    /// Queues to claim from (every queue when empty, `null` or omitted; at
+    /// most 1,000 names of at most 64 bytes).
+    #[serde(default, deserialize_with = "bounded::claim_queues")]
+    #[schema(value_type = Option<ClaimQueues>)]
     queues: Option<Vec<String>>,
     /// The worker's name (1–128 characters), kept in the run ledger; `http` when omitted.
     #[serde(default)]
@@ -90,9 +93,10 @@ pub(crate) struct ClaimBody {
     #[serde(default, deserialize_with = "idemq::wire::opt_int")]
     #[schema(value_type = Option<LeaseMs>)]
     lease_ms: Option<u64>,
-    /// Job types to claim (`null`: any type).
-    #[serde(default)]
-    #[schema(value_type = Option<Vec<ClaimName>>)]
+    /// Job types to claim (`null`: any type; at most 1,000 names of at
+    /// most 128 bytes).
+    #[serde(default, deserialize_with = "bounded::claim_types")]
+    #[schema(value_type = Option<ClaimTypes>)]
     types: Option<Vec<String>>,
     /// Hold the request up to this many milliseconds (≤ 60,000) until work arrives.
     #[serde(default, deserialize_with = "idemq::wire::opt_int")]
@@ -100,7 +104,7 @@ pub(crate) struct ClaimBody {
     wait_ms: Option<u64>,
     /// Attempts to complete first, in the same round trip (≤ 1,000); their
     /// results come back as `completed`.
-    #[serde(default, deserialize_with = "idemq::wire::opt_objects")]
+    #[serde(default, deserialize_with = "bounded::opt_completions")]
     #[schema(value_type = Option<Completions>)]
     complete: Option<Vec<CompleteItem>>,
 }
@@ -152,7 +156,7 @@ pub(crate) struct CompleteItem {
 #[serde(deny_unknown_fields)]
 pub(crate) struct CompleteManyBody {
     /// The attempts to complete (≤ 1,000), decided in one commit.
-    #[serde(deserialize_with = "idemq::wire::objects")]
+    #[serde(deserialize_with = "bounded::completions")]
     #[schema(value_type = Completions)]
     jobs: Vec<CompleteItem>,
 }
@@ -195,22 +199,17 @@ pub(crate) struct StateAnswer {
     state: idemq::JobState,
 }
 
-/// The completions a body names, within the batch bound.
-fn completions(field: &str, items: Vec<CompleteItem>) -> ApiResult<Vec<idemq::Completion>> {
-    if items.len() > idemq::MAX_BATCH_ITEMS {
-        return Err(Problem::validation(
-            field,
-            &format!("at most {} items per call", idemq::MAX_BATCH_ITEMS),
-        ));
-    }
-    Ok(items
+/// The completions a body names (within the batch bound, which the body's
+/// parser applied: [`bounded::completions`]).
+fn completions(items: Vec<CompleteItem>) -> Vec<idemq::Completion> {
+    items
         .into_iter()
         .map(|c| idemq::Completion {
             job_id: c.id,
             lease_token: c.lease_token,
             result: c.result,
         })
-        .collect())
+        .collect()
 }
 
 /// One answer per completion, in order (`{"state": "completed"}` or
@@ -241,17 +240,14 @@ fn completion_answers(results: Vec<idemq::Result<()>>) -> Vec<CompletionItem> {
         (status = 200, description = "One result per item, in request order", body = CompletionResults),
         (status = 400, description = "Malformed body", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "A result is over the payload limit", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Validation", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation (also: over 1,000 items)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn complete_many(
     State(s): State<ApiState>,
     Json(body): Json<CompleteManyBody>,
 ) -> ApiResult<axum::Json<CompletionResults>> {
-    let results = s
-        .queue()
-        .complete_many(completions("jobs", body.jobs)?)
-        .await?;
+    let results = s.queue().complete_many(completions(body.jobs)).await?;
     Ok(axum::Json(CompletionResults {
         results: completion_answers(results),
     }))
@@ -259,6 +255,10 @@ pub(crate) async fn complete_many(
 
 /// Claims up to `limit` due jobs under a lease, waiting up to `wait_ms` for
 /// work to arrive.
+///
+/// A claim with `wait_ms` above 0 takes one of the server's long-poll
+/// permits before it does anything; when all are held it is refused with
+/// `503` and records nothing, its `complete` items included.
 #[utoipa::path(
     post,
     path = "/v1/claim",
@@ -268,7 +268,8 @@ pub(crate) async fn complete_many(
     responses(
         (status = 200, description = "The claimed jobs (maybe none)", body = Claimed),
         (status = 400, description = "Malformed body", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Validation", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Validation (also: over 1,000 `complete` items, `queues` or `types`, or a name over its length)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = UNAVAILABLE_WAIT, body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub(crate) async fn claim(
@@ -290,13 +291,19 @@ pub(crate) async fn claim(
         lease: Duration::from_millis(body.lease_ms.unwrap_or(DEFAULT_LEASE_MS)),
     };
     options.validate()?;
+    // A claim that asks to wait holds a long-poll permit from its first
+    // look, and is refused before it does anything when none is free: its
+    // completions are not recorded (the same request sent again records
+    // them), and no job is leased to a request that is refused.
+    let _permit = if wait_ms > 0 {
+        Some(s.long_polls.try_hold()?)
+    } else {
+        None
+    };
     // Completions first, in the same transaction as the first claim (one
     // round trip, one commit): a worker acknowledges what it finished while
     // it asks for more, and the jobs it frees may be the ones it claims next.
-    let mut done = body
-        .complete
-        .map(|items| completions("complete", items))
-        .transpose()?;
+    let mut done = body.complete.map(completions);
     let mut completed: Option<Vec<CompletionItem>> = None;
     let until = Instant::now() + Duration::from_millis(wait_ms);
     let notify = if wait_ms > 0 {

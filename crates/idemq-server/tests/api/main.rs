@@ -22,6 +22,7 @@ mod contract;
 mod enqueue;
 mod jobs;
 mod keys;
+mod limits;
 mod metrics;
 mod ops;
 mod worker;
