@@ -393,22 +393,111 @@ pub(super) fn dedupe_lookup(cx: &Cx, p: &DedupeRef) -> Result<Option<ExplainDedu
     })
 }
 
+/// Terminal jobs are counted exactly while the jobs' numbers span at most
+/// this many (docs/decisions.md, "Counts of terminal jobs are estimates on
+/// a large table"): about 0.1 s of reading at the most.
+const EXACT_SPAN: i64 = 131_072;
+/// The jobs numbered after a multiple of this, less one, are counted
+/// exactly (between this many and twice as many numbers), the older ones
+/// estimated: the boundary moves once every this many numbers, so
+/// successive counts differ by what changed, not by where the sample fell.
+const RECENT: i64 = 16_384;
+/// Numbers read in each window of the sample of the older jobs.
+const WINDOW: i64 = 256;
+/// At least this many windows in the sample (at most twice as many).
+const WINDOWS: i64 = 64;
+
 pub(super) fn queue_list(cx: &Cx) -> Result<Vec<QueueInfo>> {
-    let counts: Vec<(String, JobState, i64)> = all(
+    queue_counts(cx, EXACT_SPAN)
+}
+
+/// One count of jobs: queue, state (derived), how many.
+type Count = (String, JobState, i64);
+
+/// Counts every queue's jobs by state. The live states are counted exactly
+/// through the partial indexes that hold them (the waiting jobs through
+/// the claim order, the active ones through their leases). The terminal
+/// states are counted exactly while the table's numbers span at most
+/// `exact_span`; beyond that, the jobs after a boundary exactly and the
+/// older ones from fixed windows of numbers, scaled to the numbers before
+/// the boundary (so gaps left by purged jobs and by events, which share
+/// the numbering, are counted as they are sampled), and marked estimated.
+fn queue_counts(cx: &Cx, exact_span: i64) -> Result<Vec<QueueInfo>> {
+    let decode = |r: &rusqlite::Row<'_>, due: Option<bool>| -> Result<Count> {
+        let mut c = Cols::new(r, "idemq_jobs", "jobs");
+        let queue: String = c.get("queue")?;
+        c.named(format!("jobs of queue {queue}"));
+        let state = c.decode("state", |s| JobState::from_stored(s, due.unwrap_or(false)))?;
+        Ok((queue, state, c.get("n")?))
+    };
+    let mut counts: Vec<Count> = all(
         cx.db.prepare_cached(
-            "SELECT queue, state, state = 'waiting' AND run_at <= ?1 AS due, count(*) AS n
-             FROM idemq_jobs GROUP BY 1, 2, 3",
+            "SELECT queue, state, run_at <= ?1 AS due, count(*) AS n
+             FROM idemq_jobs WHERE state = 'waiting' GROUP BY 1, 3",
         )?,
         [cx.now],
         |r| {
-            let mut c = Cols::new(r, "idemq_jobs", "jobs");
-            let queue: String = c.get("queue")?;
-            c.named(format!("jobs of queue {queue}"));
-            let due: bool = c.get("due")?;
-            let state = c.decode("state", |s| JobState::from_stored(s, due))?;
-            Ok((queue, state, c.get("n")?))
+            let due: bool = Cols::new(r, "idemq_jobs", "jobs").get("due")?;
+            decode(r, Some(due))
         },
     )?;
+    counts.extend(all(
+        cx.db.prepare_cached(
+            "SELECT queue, state, count(*) AS n
+             FROM idemq_jobs WHERE state = 'active' GROUP BY 1",
+        )?,
+        [],
+        |r| decode(r, None),
+    )?);
+    let (first, last): (Option<i64>, Option<i64>) = cx
+        .db
+        .prepare_cached("SELECT min(seq), max(seq) FROM idemq_jobs")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let terminal = "state IN ('completed', 'dead', 'cancelled')";
+    let estimated = match (first, last) {
+        (Some(first), Some(last)) if last - first >= exact_span => {
+            let bound = (last / RECENT - 1) * RECENT;
+            counts.extend(all(
+                cx.db.prepare_cached(&format!(
+                    "SELECT queue, state, count(*) AS n FROM idemq_jobs
+                     WHERE seq > ?1 AND {terminal} GROUP BY 1, 2"
+                ))?,
+                [bound],
+                |r| decode(r, None),
+            )?);
+            let windows = Sample::of(first, bound);
+            let sampled: Vec<Count> = all(
+                cx.db.prepare_cached(&format!(
+                    "WITH RECURSIVE w(lo) AS (
+                         SELECT ?1 UNION ALL SELECT lo + ?2 FROM w WHERE lo + ?2 <= ?3)
+                     SELECT j.queue, j.state, count(*) AS n
+                     FROM w JOIN idemq_jobs j
+                       ON j.seq >= w.lo AND j.seq < w.lo + {WINDOW} AND j.seq <= ?3
+                     WHERE j.{terminal} GROUP BY 1, 2"
+                ))?,
+                [windows.start, windows.stride, bound],
+                |r| decode(r, None),
+            )?;
+            let scale = windows.scale(first, bound);
+            counts.extend(
+                sampled
+                    .into_iter()
+                    .map(|(q, s, n)| (q, s, (n as f64 * scale).round() as i64)),
+            );
+            true
+        }
+        _ => {
+            counts.extend(all(
+                cx.db.prepare_cached(&format!(
+                    "SELECT queue, state, count(*) AS n FROM idemq_jobs
+                     WHERE {terminal} GROUP BY 1, 2"
+                ))?,
+                [],
+                |r| decode(r, None),
+            )?);
+            false
+        }
+    };
     let paused: Vec<(String, bool)> = cx
         .db
         .prepare_cached("SELECT name, paused FROM idemq_queues")?
@@ -430,7 +519,168 @@ pub(super) fn queue_list(cx: &Cx) -> Result<Vec<QueueInfo>> {
         out.entry(name.clone())
             .or_insert_with(|| blank(&name))
             .counts
-            .add(state, n as u64);
+            .add(state, n.max(0) as u64);
+    }
+    if estimated {
+        for q in out.values_mut() {
+            q.estimated = vec![JobState::Completed, JobState::Dead, JobState::Cancelled];
+        }
     }
     Ok(out.into_values().collect())
+}
+
+/// The windows of numbers sampled before a boundary: `WINDOW` numbers at
+/// every multiple of `stride` (a power of two, the same multiples from one
+/// count to the next while the span keeps its size).
+#[derive(Debug, PartialEq)]
+struct Sample {
+    start: i64,
+    stride: i64,
+}
+
+impl Sample {
+    /// The windows over `first..=bound`.
+    fn of(first: i64, bound: i64) -> Self {
+        let span = (bound - first + 1).max(1);
+        // A span of at most 2^62 numbers (history numbers are i64).
+        let stride = ((span + WINDOWS - 1) / WINDOWS).max(WINDOW) as u64;
+        let stride = stride.next_power_of_two() as i64;
+        let start = first.div_euclid(stride) * stride;
+        Self { start, stride }
+    }
+
+    /// Numbers of `first..=bound` per number the windows read of it.
+    fn scale(&self, first: i64, bound: i64) -> f64 {
+        let mut read = 0;
+        let mut lo = self.start;
+        while lo <= bound {
+            let from = lo.max(first);
+            let to = (lo + WINDOW - 1).min(bound);
+            read += (to - from + 1).max(0);
+            lo += self.stride;
+        }
+        if read == 0 {
+            return 0.0;
+        }
+        (bound - first + 1) as f64 / read as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::sync::Arc;
+
+    use super::super::{Cx, SqliteStore, lock};
+    use super::*;
+    use crate::clock::SystemClock;
+
+    /// `rows` jobs numbered 3, 6, 9, … (two numbers in three left to events
+    /// and purged jobs): queue `q0` or `q1` by turns, every tenth dead,
+    /// every hundredth cancelled, the rest completed; then 7 ready jobs and
+    /// 2 active ones after them.
+    fn fill(conn: &rusqlite::Connection, rows: i64) {
+        conn.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
+             INSERT INTO idemq_jobs (seq, id, type, queue, state, payload, run_at,
+                 max_attempts, retry, timeout_ms, fingerprint, created_at, updated_at)
+             SELECT 3 * i, 'j' || i, 't', 'q' || (i % 2),
+                 CASE WHEN i % 100 = 0 THEN 'cancelled' WHEN i % 10 = 0 THEN 'dead'
+                      ELSE 'completed' END,
+                 'null', 0, 1, '{}', 1000, '{}', 0, 0
+             FROM n",
+            [rows],
+        )
+        .expect("fill");
+        conn.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 9)
+             INSERT INTO idemq_jobs (seq, id, type, queue, state, payload, run_at,
+                 max_attempts, retry, timeout_ms, fingerprint, created_at, updated_at,
+                 lease_expires_at)
+             SELECT 3 * ?1 + i, 'live' || i, 't', 'q0',
+                 CASE WHEN i <= 7 THEN 'waiting' ELSE 'active' END,
+                 'null', 0, 1, '{}', 1000, '{}', 0, 0, 1
+             FROM n",
+            [rows],
+        )
+        .expect("live jobs");
+    }
+
+    fn counts(conn: &rusqlite::Connection, exact_span: i64) -> Vec<QueueInfo> {
+        let cx = Cx {
+            db: conn,
+            now: 1,
+            drawn: Cell::new(None),
+        };
+        queue_counts(&cx, exact_span).expect("counts")
+    }
+
+    /// Within `tolerance` (a fraction) of `want`.
+    fn near(got: u64, want: u64, tolerance: f64) -> bool {
+        (got as f64 - want as f64).abs() <= want as f64 * tolerance
+    }
+
+    #[test]
+    fn terminal_counts_of_a_large_table_are_sampled_and_marked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store =
+            SqliteStore::open(Some(&dir.path().join("q.db")), Arc::new(SystemClock)).expect("open");
+        let conn = lock(&store.inner.writer);
+        let rows = 100_000;
+        fill(&conn, rows);
+        // Exact below the span: every count as stored.
+        let exact = counts(&conn, i64::MAX);
+        let q0 = &exact[0].counts;
+        assert_eq!((q0.ready, q0.active, q0.scheduled), (7, 2, 0));
+        assert_eq!(q0.completed + exact[1].counts.completed, 90_000);
+        assert_eq!(q0.dead + exact[1].counts.dead, 9_000);
+        assert_eq!(q0.cancelled + exact[1].counts.cancelled, 1_000);
+        assert!(exact.iter().all(|q| q.estimated.is_empty()));
+        // Sampled above it: the live states still exact, the terminal ones
+        // close to the truth and marked.
+        let sampled = counts(&conn, 131_072);
+        assert_eq!(sampled.len(), 2);
+        let (s0, e0) = (&sampled[0].counts, &exact[0].counts);
+        assert_eq!((s0.ready, s0.active, s0.scheduled), (7, 2, 0));
+        for (q, e) in sampled.iter().zip(&exact) {
+            assert_eq!(
+                q.estimated,
+                vec![JobState::Completed, JobState::Dead, JobState::Cancelled]
+            );
+            assert!(
+                near(q.counts.completed, e.counts.completed, 0.03),
+                "{q:?} against {e:?}"
+            );
+            assert!(
+                near(q.counts.dead, e.counts.dead, 0.10),
+                "{q:?} against {e:?}"
+            );
+        }
+        assert_ne!(
+            (s0.completed, s0.dead),
+            (e0.completed, e0.dead),
+            "an estimate that equals the exact count by construction would test nothing"
+        );
+    }
+
+    #[test]
+    fn a_sample_reads_fixed_windows_of_the_span() {
+        let s = Sample::of(3, 262_144);
+        assert_eq!(
+            s,
+            Sample {
+                start: 0,
+                stride: 4_096
+            }
+        );
+        // 64 windows of 256, the first missing the numbers before 3, and
+        // one more holding the boundary alone.
+        assert!((s.scale(3, 262_144) - 262_142.0 / (64.0 * 256.0 - 3.0 + 1.0)).abs() < 1e-9);
+        // The same windows while the span keeps its size.
+        assert_eq!(Sample::of(1_000, 262_144).stride, 4_096);
+        // A small span reads every number.
+        let small = Sample::of(1, 100);
+        assert_eq!(small.stride, 256);
+        assert!((small.scale(1, 100) - 1.0).abs() < 1e-9);
+    }
 }
