@@ -100,7 +100,8 @@ fn check_exposure(listen: &str, addrs: &[SocketAddr], token: Option<&str>) -> Re
     Ok(())
 }
 
-fn init_tracing() {
+/// Logs to stderr, at `RUST_LOG`'s levels (default: info, sqlx's warnings).
+pub(crate) fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));

@@ -29,6 +29,9 @@ pub struct WorkerArgs {
 
 /// Runs `idemq worker` until SIGINT or SIGTERM.
 pub async fn run(queue: Queue, args: WorkerArgs, json: bool) -> Result<(), CliError> {
+    // The runtime's warnings (claims backing off, heartbeats failing, a
+    // claim refused for good) go to stderr, as `serve`'s do.
+    crate::serve::init_tracing();
     if args.exec.trim().is_empty() {
         return Err(CliError::Usage("--exec needs a command".into()));
     }

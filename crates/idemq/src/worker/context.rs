@@ -104,6 +104,10 @@ pub(crate) struct Signals {
     completed_in_tx: AtomicBool,
     /// Woken when `cancelled` or `stop` is set.
     changed: Notify,
+    /// When the last call that renewed the lease (the claim, then each
+    /// heartbeat answered) was sent, on this worker's clock: the store
+    /// started the lease it holds no earlier.
+    renewed: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Signals {
@@ -139,6 +143,19 @@ impl Signals {
 
     pub(crate) fn completed_in_tx(&self) -> bool {
         self.completed_in_tx.load(Ordering::SeqCst)
+    }
+
+    /// Records that a call sent at `sent` renewed the lease (or took it).
+    pub(crate) fn renewed(&self, sent: tokio::time::Instant) {
+        let mut at = self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+        if at.is_none_or(|at| at < sent) {
+            *at = Some(sent);
+        }
+    }
+
+    /// When the last call that renewed the lease was sent, if known.
+    pub(crate) fn renewed_at(&self) -> Option<tokio::time::Instant> {
+        *self.renewed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Resolves with what `check` finds, asked again at every change (a

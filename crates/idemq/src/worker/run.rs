@@ -35,6 +35,8 @@ const DEFAULT_PREFETCH: usize = 128;
 struct Call {
     done: Vec<Entry>,
     outcome: Result<Answer>,
+    /// When the call was sent: the leases it took started no earlier.
+    sent: tokio::time::Instant,
 }
 
 /// What `complete_and_claim` answers: each completion's result, then the claim's.
@@ -230,7 +232,7 @@ pub(super) async fn run(
                         idle |= !took_all && news == (false, false);
                     }
                     for job in jobs {
-                        if let Some(queued) = admit(&w, &slots, job) {
+                        if let Some(queued) = admit(&w, &slots, job, call.sent) {
                             local.push(queued);
                         }
                     }
@@ -319,8 +321,13 @@ pub(super) async fn run(
             let completions = done.iter().map(|e| e.completion.clone()).collect();
             let queue = w.queue.clone();
             let call = calls.spawn(async move {
+                let sent = tokio::time::Instant::now();
                 let outcome = queue.complete_and_claim(completions, options).await;
-                Call { done, outcome }
+                Call {
+                    done,
+                    outcome,
+                    sent,
+                }
             });
             asked_by.insert(call.id(), (asked, wakes, ended));
             // Another call may go out at once.
@@ -329,6 +336,10 @@ pub(super) async fn run(
         if full {
             continue;
         }
+        // The window only matters while a claim could go out: with the
+        // calls all out, or a retry not due, its end would wake this loop
+        // again and again until they come back.
+        let may_claim = calls.len() < max_calls && retry.ready();
         // Whatever ends the wait below may have made a claim worth making.
         idle = false;
         tokio::select! {
@@ -349,7 +360,7 @@ pub(super) async fn run(
                     Some(t) => tokio::time::sleep_until(t + CLAIM_WINDOW).await,
                     None => std::future::pending().await,
                 }
-            }, if !stopping => {}
+            }, if !stopping && may_claim => {}
         }
     }
 
@@ -397,10 +408,16 @@ pub(super) async fn run(
 /// Takes in one claimed attempt: leased to this worker from now on (the
 /// heartbeat loop renews it, cancellation and a lost lease reach it), to
 /// start when a slot is free.
-fn admit(w: &Worker, slots: &Slots, job: ClaimedJob) -> Option<Queued<Control>> {
+fn admit(
+    w: &Worker,
+    slots: &Slots,
+    job: ClaimedJob,
+    sent: tokio::time::Instant,
+) -> Option<Queued<Control>> {
     let claimed = tokio::time::Instant::now();
     let handler = w.registry.get(&job.job_type)?;
     let signals = Arc::new(Signals::default());
+    signals.renewed(sent);
     let older = lock(slots).insert(
         job.id.clone(),
         Slot {
@@ -597,11 +614,13 @@ async fn heartbeat_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let every = (lease / 3).max(Duration::from_millis(30));
+    let mut pause = every;
     loop {
         tokio::select! {
             _ = stop.changed() => return,
-            () = tokio::time::sleep(every) => {}
+            () = tokio::time::sleep(pause) => {}
         }
+        let sent = tokio::time::Instant::now();
         // A job its handler completed in its own transaction is not
         // renewed: on PostgreSQL that transaction holds the job's row until
         // it ends, and a heartbeat waiting for it would hold up the others.
@@ -649,6 +668,9 @@ async fn heartbeat_loop(
                 let Some(slot) = slots.get(&id).filter(|s| s.token == token) else {
                     continue;
                 };
+                if outcome.is_ok() {
+                    slot.signals.renewed(sent);
+                }
                 match outcome {
                     Ok(hb) if hb.cancel_requested => {
                         slot.signals.cancel();
@@ -666,9 +688,40 @@ async fn heartbeat_loop(
                 }
             }
         }
+        // A failed beat is tried again soon: a lease outlives a few missed
+        // beats, not an outage of a whole lease (the attempt then stops).
+        pause = if failed > 0 {
+            every.min(RETRY_BEAT)
+        } else {
+            every
+        };
         if let Some((job_id, e)) = first_error {
-            tracing::warn!(%job_id, error = %e, failed, "heartbeats failed; retrying at the next beat");
+            tracing::warn!(%job_id, error = %e, failed, retry_in = ?pause, "heartbeats failed");
         }
+    }
+}
+
+/// How soon a heartbeat that failed is tried again (at most the beat's
+/// own period).
+const RETRY_BEAT: Duration = Duration::from_millis(500);
+
+/// Resolves once a whole lease has passed since the last call that renewed
+/// it was sent (the heartbeats failed all along: the store unreachable):
+/// the store's lease has run out by then, or is about to, so the job may
+/// be another worker's. Never for an attempt that completed its job in its
+/// own transaction (its lease no longer matters) or whose renewals are not
+/// known.
+async fn lease_runs_out(signals: &Signals, lease: Duration) {
+    loop {
+        let Some(renewed) = signals.renewed_at() else {
+            return std::future::pending().await;
+        };
+        let end = renewed + lease;
+        if tokio::time::Instant::now() >= end && !signals.completed_in_tx() {
+            return;
+        }
+        tokio::time::sleep_until(end.max(tokio::time::Instant::now() + RETRY_BEAT.min(lease)))
+            .await;
     }
 }
 
@@ -707,7 +760,14 @@ async fn supervise(
     match signals.stopped() {
         Stop::Running => {}
         Stop::LeaseLost => return ended_by_store(&queue, &ctx).await,
-        Stop::Shutdown => return Ended::Lost,
+        // The grace period ended before the attempt started: it never ran,
+        // so its job goes back at once (a release does not count it).
+        Stop::Shutdown => {
+            return match release(&queue, &job.id, &job.lease_token, lease).await {
+                Ok(_) => Ended::Released,
+                Err(_) => lost_or_completed_in_tx(&queue, &ctx).await,
+            };
+        }
     }
     // The timeout counts from the claim, as the store counts it (a job may
     // have waited for its slot).
@@ -768,6 +828,17 @@ async fn supervise(
             tokio::time::sleep(cancel_grace).await;
         } => {
             Err(JobError::retryable("cancelled"))
+        }
+        // No heartbeat renewed the lease for a whole lease: another
+        // worker may run the job now, so this attempt stops, its result
+        // dropped, and the store records the expiry when it is back.
+        () = lease_runs_out(&signals, lease) => {
+            tracing::warn!(
+                job_id = %job.id,
+                attempt = job.attempt,
+                "no heartbeat renewed this job's lease for a whole lease; stopping its handler"
+            );
+            return Ended::Lost;
         }
         stop = signals.until(|s| Some(s.stopped()).filter(|&s| s != Stop::Running)) => {
             return match stop {
@@ -1018,13 +1089,17 @@ async fn record_failure(
 ) -> Ended {
     let give_up = tokio::time::Instant::now() + lease;
     let mut backoff = Duration::from_millis(50);
+    // A delay past the store's bound (100 years; `Duration::MAX`, say) is
+    // that bound: the store would refuse it, and the attempt, left to its
+    // lease, would then count even for a snooze.
+    let most = Duration::from_millis(crate::request::bounds::MAX_DURATION_MS.unsigned_abs());
     loop {
         let error = e.message.clone();
         let options = match e.kind {
             ErrorKind::Retryable { retry_after } => FailOptions {
                 error,
                 permanent: false,
-                retry_after,
+                retry_after: retry_after.map(|d| d.min(most)),
                 snooze: None,
             },
             ErrorKind::Permanent => FailOptions {
@@ -1034,7 +1109,7 @@ async fn record_failure(
             },
             ErrorKind::Snooze(d) => FailOptions {
                 error,
-                snooze: Some(d),
+                snooze: Some(d.min(most)),
                 ..FailOptions::default()
             },
         };
@@ -1044,7 +1119,7 @@ async fn record_failure(
             .map(|_| Ended::Failed);
         match recorded {
             Ok(ended) => return ended,
-            Err(e) if e.is_retryable() && tokio::time::Instant::now() + backoff < give_up => {
+            Err(err) if err.is_retryable() && tokio::time::Instant::now() + backoff < give_up => {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }

@@ -52,6 +52,9 @@ idemq_testkit::instantiate!(
     a_heartbeat_from_the_handler_passes_on_a_cancel,
     a_cancelled_handler_may_clean_up_and_complete,
     a_handler_that_ignores_a_cancel_is_stopped_after_the_cancel_grace,
+    a_claim_that_cannot_go_out_does_not_spin_the_worker,
+    a_lease_no_heartbeat_renews_stops_its_handler,
+    a_snooze_beyond_the_bound_keeps_the_attempt,
 );
 
 /// Sets its flag when dropped: a handler holding one was stopped (its
@@ -1393,6 +1396,8 @@ pub(crate) struct Faulty {
     pub(crate) held_schedules: AtomicUsize,
     /// Heartbeat calls answered (one job or many).
     pub(crate) heartbeats: AtomicUsize,
+    /// While set, heartbeat calls fail with `Unavailable`.
+    fail_heartbeats: std::sync::atomic::AtomicBool,
     open: tokio::sync::Notify,
 }
 
@@ -1408,10 +1413,25 @@ impl Faulty {
             hold_schedules: std::sync::atomic::AtomicBool::new(false),
             held_schedules: AtomicUsize::new(0),
             heartbeats: AtomicUsize::new(0),
+            fail_heartbeats: std::sync::atomic::AtomicBool::new(false),
             open: tokio::sync::Notify::new(),
         });
         let queue = idemq::Queue::from_store(faulty.clone(), idemq::QueueOptions::default());
         (queue, faulty)
+    }
+
+    /// Fails every heartbeat from now on with `Unavailable`.
+    pub(crate) fn fail_heartbeats(&self) {
+        self.fail_heartbeats.store(true, Ordering::SeqCst);
+    }
+
+    fn heartbeat_down(&self) -> idemq::Result<()> {
+        if self.fail_heartbeats.load(Ordering::SeqCst) {
+            return Err(idemq::Error::Unavailable {
+                message: "the test's store is down for heartbeats".into(),
+            });
+        }
+        Ok(())
     }
 
     /// Holds every claim call from now on until [`let_go`](Self::let_go).
@@ -1534,6 +1554,7 @@ impl idemq::store::Store for Faulty {
         self.inner.job_claim(p).await
     }
     async fn lease_heartbeat(&self, p: idemq::store::LeaseRef) -> idemq::Result<idemq::Heartbeat> {
+        self.heartbeat_down()?;
         let answer = self.inner.lease_heartbeat(p).await;
         self.heartbeats.fetch_add(1, Ordering::SeqCst);
         answer
@@ -1542,6 +1563,7 @@ impl idemq::store::Store for Faulty {
         &self,
         p: idemq::store::LeaseHeartbeatMany,
     ) -> idemq::Result<Vec<idemq::Result<idemq::Heartbeat>>> {
+        self.heartbeat_down()?;
         let answer = self.inner.lease_heartbeat_many(p).await;
         self.heartbeats.fetch_add(1, Ordering::SeqCst);
         answer
@@ -1883,4 +1905,162 @@ async fn a_handler_that_ignores_a_cancel_is_stopped_after_the_cancel_grace(h: Ha
     assert_eq!((job.state, job.result), (JobState::Cancelled, None));
     let runs = h.queue.runs(&id).await.unwrap();
     assert_eq!(runs[0].outcome.as_deref(), Some("cancelled"));
+}
+
+/// CPU time this thread has used (user and system), from
+/// `/proc/thread-self/stat`, in clock ticks (1/100 s).
+fn thread_cpu_ticks() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("thread stat");
+    // Fields after the command name (which may hold spaces), from state on:
+    // utime and stime are the 12th and 13th of them.
+    let rest = &stat[stat.rfind(')').expect("stat") + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+/// While its claim cannot go out (one is out already and the store holds
+/// it, as a lock or a slow database would), the claim loop waits instead of
+/// going round: the worker's thread is nearly idle for the second measured.
+/// (It used a whole core: the end of the claim window, passed, woke the
+/// loop at once every time.)
+async fn a_claim_that_cannot_go_out_does_not_spin_the_worker(h: Harness) {
+    let (queue, faulty) = Faulty::queue(&h);
+    for _ in 0..200 {
+        h.put(EnqueueRequest::new("t")).await;
+    }
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let w = Worker::new(queue)
+        .poll_interval(Duration::from_millis(50))
+        .maintenance(false)
+        .concurrency(4)
+        .handle("t", move |_c: HandlerContext, _p: Value| {
+            let r = r.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                r.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, JobError>(())
+            }
+        });
+    // The worker runs on a thread of its own, so that thread's CPU time is
+    // the worker's alone.
+    let (measure_tx, measure_rx) = oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let run = tokio::spawn(w.run(async move {
+                let _ = stop_rx.await;
+            }));
+            let _ = measure_rx.await;
+            let before = thread_cpu_ticks();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let used = thread_cpu_ticks() - before;
+            let report = run.await.expect("worker task").expect("worker run");
+            (used, report)
+        })
+    });
+    // Some jobs ran (the claims take whole batches: a backlog), then the
+    // claims are held: the next one goes out and waits.
+    let since = tokio::time::Instant::now();
+    while ran.load(Ordering::SeqCst) < 8 {
+        assert!(since.elapsed() < Duration::from_secs(30), "no job ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    faulty.hold_claims();
+    while faulty.held.load(Ordering::SeqCst) == 0 {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "no claim was held"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The jobs it had finish; then the worker has nothing to do but wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = measure_tx.send(());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let _ = stop_tx.send(());
+    faulty.let_go();
+    let (used, _report) =
+        tokio::task::spawn_blocking(move || thread.join().expect("worker thread"))
+            .await
+            .expect("join");
+    assert!(
+        faulty.held.load(Ordering::SeqCst) >= 1,
+        "a claim was held while the thread was measured"
+    );
+    assert!(
+        used <= 20,
+        "the worker's thread used {used} ticks (1/100 s) of the second it waited for its claim"
+    );
+}
+
+/// A worker that cannot renew a lease (every heartbeat fails: the store
+/// is unreachable for it) stops the handler once a whole lease has passed
+/// since the last renewal was sent: by then the store may have given the
+/// job to another worker. The handler's result is dropped.
+async fn a_lease_no_heartbeat_renews_stops_its_handler(h: Harness) {
+    let (queue, faulty) = Faulty::queue(&h);
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (s, d, f) = (started.clone(), dropped.clone(), finished.clone());
+    let w = Worker::new(queue)
+        .poll_interval(Duration::from_millis(50))
+        .maintenance(false)
+        .concurrency(1)
+        .lease(Duration::from_millis(600))
+        .handle("t", move |_c: HandlerContext, _p: Value| {
+            let (s, d, f) = (s.clone(), d.clone(), f.clone());
+            async move {
+                let _guard = DropFlag(d);
+                s.notify_one();
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                f.store(true, Ordering::SeqCst);
+                Ok::<_, JobError>(json!("from a worker that lost its lease"))
+            }
+        });
+    faulty.fail_heartbeats();
+    let (tx, handle) = start(w);
+    started.notified().await;
+    let since = tokio::time::Instant::now();
+    while !dropped.load(Ordering::SeqCst) {
+        assert!(
+            since.elapsed() < Duration::from_secs(5),
+            "the handler ran on with its lease unrenewed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!finished.load(Ordering::SeqCst), "stopped while it ran");
+    assert!(
+        faulty.heartbeats.load(Ordering::SeqCst) == 0,
+        "no heartbeat was answered"
+    );
+    let _ = tx.send(());
+    let report = handle.await.unwrap().unwrap();
+    assert_eq!((report.lost, report.completed), (1, 0));
+    // Nothing of the attempt was recorded: the job is active until the
+    // store's clock passes the lease.
+    let job = h.job(&id).await;
+    assert_eq!((job.state, job.result), (JobState::Active, None));
+}
+
+/// A snooze longer than the store takes (`Duration::MAX`) is the longest
+/// it takes (100 years): recorded as a snooze, the attempt not counted,
+/// not refused and left to the lease (whose expiry would count it).
+async fn a_snooze_beyond_the_bound_keeps_the_attempt(h: Harness) {
+    let id = h.put(EnqueueRequest::new("t")).await;
+    let w = worker(&h).handle("t", |_c: HandlerContext, _p: Value| async move {
+        Err::<(), _>(JobError::snooze(Duration::MAX))
+    });
+    let report = run_until(w, || async { state(&h, &id).await == JobState::Scheduled }).await;
+    assert_eq!((report.lost, report.failed), (0, 1));
+    let job = h.job(&id).await;
+    assert_eq!(job.attempts_used, 0, "a snooze keeps the attempt");
+    let years = (job.run_at - job.updated_at).num_days() / 365;
+    assert!((99..=100).contains(&years), "due in {years} years");
 }
