@@ -248,7 +248,7 @@ pub(super) async fn run(
                 // call: record them one by one, then claim again.
                 Err(e) if !call.done.is_empty() => {
                     tracing::debug!(error = %e, "a completion batch was refused; recording one by one");
-                    one_by_one(&w.queue, call.done, &mut report).await;
+                    one_by_one(&w.queue, &pending, call.done, &mut report).await;
                     backlog = false;
                 }
                 // A claim refused for good: nothing this worker does will
@@ -546,10 +546,18 @@ impl Backoff {
 /// Records completions one at a time, after a call that carried them was
 /// refused as a whole (one result over the payload limit refuses the call).
 /// A completion the store cannot take fails its attempt permanently with
-/// the reason: the same handler would produce the same result again.
-async fn one_by_one(queue: &Queue, done: Vec<Entry>, report: &mut WorkerReport) {
+/// the reason: the same handler would produce the same result again. One
+/// the backend could not record just then goes back to `pending` (while its
+/// lease lasts); true when any did.
+async fn one_by_one(
+    queue: &Queue,
+    pending: &Pending,
+    done: Vec<Entry>,
+    report: &mut WorkerReport,
+) -> bool {
+    let mut again = Vec::new();
     for entry in done {
-        let c = entry.completion;
+        let c = entry.completion.clone();
         match queue.complete(&c.job_id, &c.lease_token, c.result).await {
             Ok(()) => report.completed += 1,
             Err(e @ (Error::PayloadTooLarge { .. } | Error::Validation { .. })) => {
@@ -563,9 +571,15 @@ async fn one_by_one(queue: &Queue, done: Vec<Entry>, report: &mut WorkerReport) 
                     Err(_) => report.lost += 1,
                 }
             }
+            // The backend is briefly down: recorded with a later call,
+            // while its lease lasts.
+            Err(e) if e.is_retryable() => again.push(entry),
             Err(_) => report.lost += 1,
         }
     }
+    let put_back = !again.is_empty();
+    report.lost += pending.put_back(again);
+    put_back
 }
 
 /// Records the completions still pending at shutdown, retrying while the
@@ -589,7 +603,12 @@ async fn flush(w: &Worker, pending: &Pending, report: &mut WorkerReport) {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             }
-            Err(_) => one_by_one(&w.queue, done, report).await,
+            Err(_) => {
+                if one_by_one(&w.queue, pending, done, report).await {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
         }
     }
 }

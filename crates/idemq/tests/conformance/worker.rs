@@ -55,6 +55,7 @@ idemq_testkit::instantiate!(
     a_claim_that_cannot_go_out_does_not_spin_the_worker,
     a_lease_no_heartbeat_renews_stops_its_handler,
     a_snooze_beyond_the_bound_keeps_the_attempt,
+    a_completion_the_store_could_not_take_just_then_is_recorded_later,
 );
 
 /// Sets its flag when dropped: a handler holding one was stopped (its
@@ -1398,6 +1399,8 @@ pub(crate) struct Faulty {
     pub(crate) heartbeats: AtomicUsize,
     /// While set, heartbeat calls fail with `Unavailable`.
     fail_heartbeats: std::sync::atomic::AtomicBool,
+    /// Completions of one job still to fail with `Unavailable`.
+    pub(crate) fail_completes: AtomicUsize,
     open: tokio::sync::Notify,
 }
 
@@ -1414,6 +1417,7 @@ impl Faulty {
             held_schedules: AtomicUsize::new(0),
             heartbeats: AtomicUsize::new(0),
             fail_heartbeats: std::sync::atomic::AtomicBool::new(false),
+            fail_completes: AtomicUsize::new(0),
             open: tokio::sync::Notify::new(),
         });
         let queue = idemq::Queue::from_store(faulty.clone(), idemq::QueueOptions::default());
@@ -1569,6 +1573,15 @@ impl idemq::store::Store for Faulty {
         answer
     }
     async fn job_complete(&self, p: idemq::store::JobComplete) -> idemq::Result<()> {
+        let fail = self
+            .fail_completes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(idemq::Error::Unavailable {
+                message: "the test's store is briefly down".into(),
+            });
+        }
         self.inner.job_complete(p).await
     }
     async fn job_complete_many(
@@ -2063,4 +2076,85 @@ async fn a_snooze_beyond_the_bound_keeps_the_attempt(h: Harness) {
     assert_eq!(job.attempts_used, 0, "a snooze keeps the attempt");
     let years = (job.run_at - job.updated_at).num_days() / 365;
     assert!((99..=100).contains(&years), "due in {years} years");
+}
+
+/// After a batch of completions was refused as a whole (one result over the
+/// payload limit), each is recorded on its own; one the store could not
+/// take just then (`Unavailable`) goes back with the completions to carry,
+/// and is recorded by a later call, not counted lost.
+async fn a_completion_the_store_could_not_take_just_then_is_recorded_later(h: Harness) {
+    let (queue, faulty) = Faulty::queue(&h);
+    let big = h
+        .put(EnqueueRequest::new("r").payload(json!({"big": true})))
+        .await;
+    for i in 0..30 {
+        h.put(EnqueueRequest::new("r").payload(json!({"big": false, "i": i})))
+            .await;
+    }
+    faulty.fail_completes.store(3, Ordering::SeqCst);
+    let (go, gate) = tokio::sync::watch::channel(false);
+    // One slot more than the jobs: the worker keeps claiming for it, every
+    // poll interval, so a claim call is out when the handlers return.
+    let w = Worker::new(queue)
+        .poll_interval(Duration::from_millis(50))
+        .maintenance(false)
+        .concurrency(32)
+        .handle("r", move |_c: HandlerContext, p: Value| {
+            let mut gate = gate.clone();
+            async move {
+                let _ = gate.wait_for(|&open| open).await;
+                let size = if p["big"] == json!(true) {
+                    (1 << 20) + 1
+                } else {
+                    10
+                };
+                Ok::<_, JobError>(json!("x".repeat(size)))
+            }
+        });
+    let (tx, handle) = start(w);
+    let since = tokio::time::Instant::now();
+    while !h.jobs().await.iter().all(|j| j.state == JobState::Active) {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "not every job ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A claim call is held while every handler returns: their completions
+    // wait together, and the next call carries them all, the oversized
+    // result among them, which refuses the whole call.
+    faulty.hold_claims();
+    while faulty.held.load(Ordering::SeqCst) == 0 {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "no claim was held"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = go.send(true);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    faulty.let_go();
+    while !h.jobs().await.iter().all(|j| j.state.is_terminal()) {
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "some completions were never recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = tx.send(());
+    let report = handle.await.expect("worker task").expect("worker run");
+    assert_eq!(
+        faulty.fail_completes.load(Ordering::SeqCst),
+        0,
+        "completions of one job failed"
+    );
+    assert_eq!((report.completed, report.failed, report.lost), (30, 1, 0));
+    for j in h.jobs().await {
+        let want = if j.id == big {
+            JobState::Dead
+        } else {
+            JobState::Completed
+        };
+        assert_eq!(j.state, want, "{}", j.id);
+    }
 }
