@@ -4,7 +4,8 @@
 //! The machine's shared Redis (if any) keeps nothing on disk, and a test of
 //! durability needs a server that does, so the kit starts its own in a
 //! temporary directory with the settings the store demands (`appendonly
-//! yes`, `appendfsync always`, `maxmemory-policy noeviction`). It runs under
+//! yes`, `appendfsync always`, `no-appendfsync-on-rewrite no`,
+//! `maxmemory-policy noeviction`). It runs under
 //! a small shell watchdog that stops it, and removes its directory, once the
 //! test process is gone: a crashed or killed test run leaves no server
 //! behind. `IDEMQ_TEST_REDIS_URL` names a server to use instead (it must
@@ -28,7 +29,7 @@ struct Server {
 /// What to tell someone whose machine cannot start the server.
 const INSTALL: &str = "install it (Debian: `apt-get install redis-server`) or set \
                        IDEMQ_TEST_REDIS_URL to a redis-server with appendonly yes, appendfsync \
-                       always and maxmemory-policy noeviction";
+                       always, no-appendfsync-on-rewrite no and maxmemory-policy noeviction";
 
 /// Runs redis-server with the arguments after the first two, and stops it
 /// once the test process (`$1`) is gone, then removes its directory (`$2`).
@@ -92,6 +93,8 @@ fn start(settings: &[&str]) -> Result<Server, String> {
             "yes",
             "--appendfsync",
             "always",
+            "--no-appendfsync-on-rewrite",
+            "no",
             "--save",
             "",
             "--maxmemory-policy",

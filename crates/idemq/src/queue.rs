@@ -1048,6 +1048,16 @@ impl Queue {
         self.store.binding_sweep(Sweep { limit }).await
     }
 
+    /// Maintenance: checks that the server still has the settings
+    /// [`durability`](Self::durability) rests on (Redis; the other backends
+    /// have nothing to check). A strict Redis store whose server lost them
+    /// refuses writes (`Unavailable`) and reports relaxed durability until a
+    /// check finds them again; the `Err` names the setting and how to set it
+    /// back.
+    pub async fn check_durability(&self) -> Result<()> {
+        self.store.durability_check().await
+    }
+
     /// Maintenance: records expired leases (at most `limit`).
     pub async fn reap_leases(&self, limit: u32) -> Result<u64> {
         let n = self.store.lease_reap(Sweep { limit }).await?;

@@ -166,10 +166,12 @@ pub struct KeyCheckChange {
 pub enum Durability {
     /// Acknowledged work survives a crash of the database process: SQLite
     /// and PostgreSQL as idemq opens them, Redis with its durable settings
-    /// checked at connect.
+    /// checked at connect and again by every maintenance pass.
     Full,
     /// The store was opened without its durability settings checked
     /// (Redis with `?durability=relaxed`): acknowledged work may be lost.
+    /// Also a strict Redis store whose server was found without them by a
+    /// maintenance pass: it refuses writes until they are set back.
     Relaxed {
         /// Why, for an operator: what was skipped and what it risks.
         reason: String,

@@ -1360,3 +1360,496 @@ async fn a_released_binding_no_longer_holds_its_job_past_retention() {
     assert_eq!(env.queue.sweep_retention(100).await.expect("sweep"), 1);
     assert!(env.queue.get(&id).await.expect("get").is_none());
 }
+
+/// Sets `field` of job `id`'s hash behind the store's back (the default
+/// prefix), as a hand edit or a row of another version would leave it.
+async fn corrupt(env: &Env, id: &str, field: &str, value: &str) {
+    raw(
+        &env.server.url(""),
+        &["HSET", &format!("idemq:job:{id}"), field, value],
+    )
+    .await;
+}
+
+/// The message of a `Backend` error; anything else fails the test.
+#[track_caller]
+fn backend_message<T: std::fmt::Debug>(r: idemq::Result<T>) -> String {
+    match r {
+        Err(Error::Backend { message }) => message,
+        other => panic!("expected a Backend error, got {other:?}"),
+    }
+}
+
+/// Asserts `id` waits untouched: ready, never started, only accepted.
+async fn assert_untouched(env: &Env, id: &str) {
+    let job = env.queue.get(id).await.expect("get").expect("job");
+    assert_eq!(job.state, JobState::Ready, "{id}");
+    assert_eq!((job.attempt, job.attempts_used), (0, 0), "{id}");
+    assert_eq!(env.kinds(id).await, vec!["accepted"], "{id}");
+}
+
+/// A claim whose second candidate's row does not read fails as a whole
+/// and leases nothing (Redis cannot take back a function's writes, so the
+/// function checks every row it will write before its first write), as
+/// PostgreSQL and SQLite roll the claim back: the first candidate still
+/// waits, never started, and no lease of it can expire into a lost attempt.
+#[tokio::test]
+async fn a_claim_that_meets_an_unreadable_row_leases_nothing() {
+    let env = Env::new().await;
+    let good = env
+        .queue
+        .enqueue(EnqueueRequest::new("t").max_attempts(1))
+        .await
+        .expect("good");
+    let bad = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("bad");
+    corrupt(&env, &bad, "attempt", "x").await;
+    let message = backend_message(
+        env.queue
+            .claim(ClaimOptions {
+                limit: 2,
+                worker: "w-1".into(),
+                ..ClaimOptions::default()
+            })
+            .await,
+    );
+    assert!(message.contains("(job.attempt)"), "{message}");
+    assert!(message.contains(&bad), "{message}");
+    assert!(message.contains("\"x\""), "{message}");
+    assert_untouched(&env, &good).await;
+    let queues = env.queue.queues().await.expect("queues");
+    assert_eq!(queues[0].counts.active, 0);
+    // Long after any lease would have expired, nothing was lost.
+    env.advance_ms(3_600_000).await;
+    env.queue.reap_leases(100).await.expect("reap");
+    assert_untouched(&env, &good).await;
+    // The row mended, both are claimed, in order.
+    corrupt(&env, &bad, "attempt", "0").await;
+    let claimed: Vec<String> = env.claim(2).await.into_iter().map(|j| j.id).collect();
+    assert_eq!(claimed, vec![good, bad]);
+}
+
+/// A claim whose candidate's payload does not decode fails before it
+/// leases anything: the store decodes a claimed job's payload after the
+/// call, when nothing could be taken back.
+#[tokio::test]
+async fn a_claim_that_meets_an_undecodable_payload_leases_nothing() {
+    let env = Env::new().await;
+    let good = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("good");
+    let bad = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("bad");
+    corrupt(&env, &bad, "payload", "{\"half\": ").await;
+    let message = backend_message(
+        env.queue
+            .claim(ClaimOptions {
+                limit: 2,
+                worker: "w-1".into(),
+                ..ClaimOptions::default()
+            })
+            .await,
+    );
+    assert!(message.contains("(job.payload)"), "{message}");
+    assert_untouched(&env, &good).await;
+}
+
+/// Completions sent with a claim that meets an unreadable row are not
+/// recorded either: the whole call failed, so the worker's retried
+/// completion is accepted, not told its lease is lost.
+#[tokio::test]
+async fn a_complete_and_claim_that_meets_an_unreadable_row_records_no_completion() {
+    let env = Env::new().await;
+    let done = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("done");
+    let running = env.claim(1).await.remove(0);
+    assert_eq!(running.id, done);
+    let good = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("good");
+    let bad = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("bad");
+    corrupt(&env, &bad, "attempt", "x").await;
+    let completion = || idemq::Completion {
+        job_id: done.clone(),
+        lease_token: running.lease_token.clone(),
+        result: Some(json!({"ok": true})),
+    };
+    let message = backend_message(
+        env.queue
+            .complete_and_claim(
+                vec![completion()],
+                ClaimOptions {
+                    limit: 2,
+                    worker: "w-1".into(),
+                    ..ClaimOptions::default()
+                },
+            )
+            .await,
+    );
+    assert!(message.contains("(job.attempt)"), "{message}");
+    let job = env.queue.get(&done).await.expect("get").expect("job");
+    assert_eq!(job.state, JobState::Active);
+    assert_eq!(job.result, None);
+    assert_eq!(env.kinds(&done).await, vec!["accepted", "claimed"]);
+    assert_untouched(&env, &good).await;
+    // The retried completion alone lands.
+    let (completed, claimed) = env
+        .queue
+        .complete_and_claim(
+            vec![completion()],
+            ClaimOptions {
+                limit: 0,
+                worker: "w-1".into(),
+                ..ClaimOptions::default()
+            },
+        )
+        .await
+        .expect("completion alone");
+    assert!(completed.iter().all(Result::is_ok), "{completed:?}");
+    assert!(claimed.expect("no claim").is_empty());
+    let job = env.queue.get(&done).await.expect("get").expect("job");
+    assert_eq!(job.state, JobState::Completed);
+}
+
+/// Reaping expired leases checks every row it will record before the
+/// first: an unreadable one among them fails the pass and costs no other
+/// job its attempt.
+#[tokio::test]
+async fn a_reap_that_meets_an_unreadable_row_records_nothing() {
+    let env = Env::new().await;
+    let first = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("first");
+    assert_eq!(env.claim(1).await[0].id, first);
+    env.advance_ms(1).await;
+    let second = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("second");
+    assert_eq!(env.claim(1).await[0].id, second);
+    corrupt(&env, &second, "max_attempts", "many").await;
+    env.advance_ms(3_600_000).await;
+    let message = backend_message(env.queue.reap_leases(100).await);
+    assert!(message.contains("(job.max_attempts)"), "{message}");
+    let job = env.queue.get(&first).await.expect("get").expect("job");
+    assert_eq!((job.state, job.attempts_used), (JobState::Active, 0));
+    assert_eq!(env.kinds(&first).await, vec!["accepted", "claimed"]);
+    // The row mended, both leases are recorded.
+    corrupt(&env, &second, "max_attempts", "1").await;
+    assert_eq!(env.queue.reap_leases(100).await.expect("reap"), 2);
+    let job = env.queue.get(&first).await.expect("get").expect("job");
+    assert_eq!((job.state, job.attempts_used), (JobState::Ready, 1));
+    let job = env.queue.get(&second).await.expect("get").expect("job");
+    assert_eq!((job.state, job.attempts_used), (JobState::Dead, 1));
+}
+
+/// The keys of the installation matching `pattern` (after the default
+/// prefix), sorted.
+async fn keys(env: &Env, pattern: &str) -> Vec<String> {
+    let mut found: Vec<String> = redis::from_redis_value(
+        raw(&env.server.url(""), &["KEYS", &format!("idemq:{pattern}")]).await,
+    )
+    .expect("keys");
+    found.sort();
+    found
+}
+
+/// A job that ran keeps its idempotency bindings after a purge, until
+/// their ttl; the list of them (`jk:<id>`) goes with the job, so a key
+/// that expires and is taken by another job before the sweep leaves no
+/// list of a job that is gone.
+#[tokio::test]
+async fn a_purged_job_leaves_no_list_of_its_keys() {
+    let env = Env::new().await;
+    let req = || {
+        EnqueueRequest::new("t")
+            .idempotency(idemq::IdempotencyOptions::new("k").ttl(Duration::from_secs(3600)))
+    };
+    let first = env.queue.enqueue(req()).await.expect("first");
+    let c = env.claim(1).await.remove(0);
+    env.queue
+        .complete(&first, &c.lease_token, None)
+        .await
+        .expect("complete");
+    assert!(env.queue.purge(&first).await.expect("purge"));
+    assert_eq!(
+        keys(&env, &format!("jk:{first}")).await,
+        Vec::<String>::new()
+    );
+    // The key still replays the purged job until it expires.
+    let again = env.queue.enqueue_with_result(req()).await.expect("again");
+    assert_eq!(
+        (again.job_id.as_str(), again.outcome),
+        (first.as_str(), Outcome::Replayed)
+    );
+    env.advance_ms(3_600_001).await;
+    let second = env.queue.enqueue_with_result(req()).await.expect("second");
+    assert_eq!(second.outcome, Outcome::Accepted);
+    env.queue.sweep_bindings(100).await.expect("sweep");
+    assert_eq!(
+        keys(&env, "jk:*").await,
+        vec![format!("idemq:jk:{}", second.job_id)]
+    );
+}
+
+/// A key taken by another job after it expired leaves the list of the job
+/// it was bound to: the list names exactly the job's own bindings, and is
+/// gone once it names none.
+#[tokio::test]
+async fn a_reused_key_leaves_the_list_of_the_job_it_was_bound_to() {
+    let env = Env::new().await;
+    let req = || {
+        EnqueueRequest::new("t")
+            .idempotency(idemq::IdempotencyOptions::new("k").ttl(Duration::from_secs(3600)))
+    };
+    let first = env.queue.enqueue(req()).await.expect("first");
+    let c = env.claim(1).await.remove(0);
+    env.queue
+        .complete(&first, &c.lease_token, None)
+        .await
+        .expect("complete");
+    env.advance_ms(3_600_001).await;
+    let second = env.queue.enqueue(req()).await.expect("second");
+    assert_ne!(second, first);
+    assert!(env.queue.get(&first).await.expect("get").is_some());
+    assert_eq!(keys(&env, "jk:*").await, vec![format!("idemq:jk:{second}")]);
+    // A redrive key that expired and was taken by another redrive likewise.
+    let mut dead = Vec::new();
+    for _ in 0..2 {
+        let id = env
+            .queue
+            .enqueue(EnqueueRequest::new("d").queue("d").max_attempts(1))
+            .await
+            .expect("enqueue");
+        let c = env
+            .queue
+            .claim(ClaimOptions {
+                limit: 1,
+                queues: vec!["d".into()],
+                worker: "w-1".into(),
+                ..ClaimOptions::default()
+            })
+            .await
+            .expect("claim")
+            .remove(0);
+        assert_eq!(c.id, id);
+        env.queue
+            .fail(
+                &id,
+                &c.lease_token,
+                FailOptions {
+                    error: "boom".into(),
+                    permanent: true,
+                    ..FailOptions::default()
+                },
+            )
+            .await
+            .expect("fail");
+        dead.push(id);
+    }
+    let keyed = || RedriveOptions {
+        idempotency_key: Some("r".into()),
+        ..RedriveOptions::default()
+    };
+    env.queue.redrive(&dead[0], keyed()).await.expect("redrive");
+    env.advance_ms(24 * 3_600_000 + 1).await;
+    let again = env.queue.redrive(&dead[1], keyed()).await.expect("redrive");
+    assert_eq!(again.outcome, Outcome::Accepted);
+    assert!(env.queue.get(&dead[0]).await.expect("get").is_some());
+    let mut lists = vec![
+        format!("idemq:jk:{}", dead[1]),
+        format!("idemq:jk:{second}"),
+    ];
+    lists.sort();
+    assert_eq!(keys(&env, "jk:*").await, lists);
+}
+
+/// `no-appendfsync-on-rewrite yes` lets Redis skip the fsync while a
+/// `BGSAVE` or an AOF rewrite runs, even with `appendfsync always`: such a
+/// server is refused like one on `appendfsync everysec`, unless relaxed.
+#[tokio::test]
+async fn refuses_a_server_that_skips_fsync_during_rewrites_unless_relaxed() {
+    let server = Server::start(&["--no-appendfsync-on-rewrite", "yes"]);
+    let url = server.url("");
+    let err = idemq::store::redis::migrate(&url)
+        .await
+        .expect_err("migrate on no-appendfsync-on-rewrite yes");
+    assert!(
+        err.to_string().contains("no-appendfsync-on-rewrite yes"),
+        "{err}"
+    );
+    assert_eq!(raw(&url, &["DBSIZE"]).await, redis::Value::Int(0));
+    idemq::store::redis::migrate(&server.url("?durability=relaxed"))
+        .await
+        .expect("migrate relaxed");
+    let err = RedisStore::connect(&url, RedisOptions::default())
+        .await
+        .expect_err("strict");
+    assert!(matches!(err, Error::Validation { .. }), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("set `no-appendfsync-on-rewrite no`"),
+        "{err}"
+    );
+    let store = RedisStore::connect(&server.url("?durability=relaxed"), RedisOptions::default())
+        .await
+        .expect("relaxed");
+    assert!(store.durability().is_relaxed());
+}
+
+/// A strict store reads its server's durable settings again at every
+/// maintenance pass: switched to `appendfsync everysec` under it, the
+/// store refuses writes (`Unavailable`, naming the setting and how to set
+/// it back) and reports relaxed durability after one pass, while reads go
+/// on; set back, the next pass lifts both. A relaxed store goes on.
+#[tokio::test]
+async fn a_strict_store_refuses_writes_once_a_pass_finds_its_settings_changed() {
+    use idemq::worker::Maintenance;
+    use idemq::worker::maintenance::Step;
+
+    let env = Env::new().await;
+    let url = env.server.url("");
+    let id = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("enqueue");
+    let relaxed = Queue::connect(&env.server.url("?durability=relaxed"))
+        .await
+        .expect("relaxed");
+    let maintenance = Maintenance::new(env.queue.clone());
+    let report = maintenance.pass().await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+
+    raw(&url, &["CONFIG", "SET", "appendfsync", "everysec"]).await;
+    // Nothing tells the store until a pass looks.
+    assert_eq!(env.queue.durability(), idemq::Durability::Full);
+    let report = maintenance.pass().await;
+    let first = report.errors.first().expect("the check fails");
+    assert_eq!(first.step, Step::CheckDurability);
+    for e in &report.errors {
+        assert!(matches!(e.error, Error::Unavailable { .. }), "{e:?}");
+    }
+    let message = first.error.to_string();
+    assert!(message.contains("appendfsync everysec"), "{message}");
+    assert!(
+        message.contains("CONFIG SET appendfsync always"),
+        "{message}"
+    );
+    let reason = env.queue.durability().reason().map(str::to_owned);
+    assert!(
+        reason.as_deref().is_some_and(|r| r.contains("appendfsync")),
+        "{reason:?}"
+    );
+    let err = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect_err("refused");
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(err.to_string().contains("appendfsync everysec"), "{err}");
+    let err = env
+        .queue
+        .claim(ClaimOptions {
+            limit: 1,
+            worker: "w-1".into(),
+            ..ClaimOptions::default()
+        })
+        .await
+        .expect_err("refused");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    assert!(env.queue.get(&id).await.expect("reads go on").is_some());
+    // A relaxed store never checks: it goes on, and says it is relaxed.
+    relaxed
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("relaxed enqueue");
+    let report = Maintenance::new(relaxed.clone()).pass().await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(relaxed.durability().is_relaxed());
+
+    raw(&url, &["CONFIG", "SET", "appendfsync", "always"]).await;
+    let report = maintenance.pass().await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(env.queue.durability(), idemq::Durability::Full);
+    env.queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("writes again");
+}
+
+/// An installation records the revision of the library it was migrated
+/// for; a binary whose library is older refuses to migrate it (an older
+/// `idemq serve` restarting in a rolling upgrade) or to run on it, naming
+/// the idemq to run, and records nothing, so the newer processes keep it.
+/// An installation recorded before revisions is migrated as before.
+#[tokio::test]
+async fn an_older_binary_neither_records_its_functions_over_newer_ones_nor_runs_on_them() {
+    let server = Server::start(&[]);
+    let url = server.url("?prefix=roll:");
+    idemq::store::redis::migrate(&url).await.expect("migrate");
+    let get = |key: &'static str| {
+        let url = url.clone();
+        async move {
+            let v: Option<String> =
+                redis::from_redis_value(raw(&url, &["GET", &format!("roll:{key}")]).await)
+                    .expect("GET");
+            v
+        }
+    };
+    assert_eq!(
+        get("revision").await,
+        Some(idemq::store::redis::FUNCTIONS_REVISION.to_string())
+    );
+    let ours = get("version").await.expect("version");
+    // A newer idemq migrated since: a higher revision, its own library.
+    let newer = (idemq::store::redis::FUNCTIONS_REVISION + 1).to_string();
+    for (key, value) in [
+        ("roll:revision", newer.as_str()),
+        ("roll:version", "ffffffffffffffff"),
+        ("roll:idemq", "9.9.9"),
+    ] {
+        raw(&url, &["SET", key, value]).await;
+    }
+    for err in [
+        idemq::store::redis::migrate(&url)
+            .await
+            .expect_err("older migrate"),
+        RedisStore::connect(&url, RedisOptions::default())
+            .await
+            .expect_err("older connect"),
+    ] {
+        let text = err.to_string();
+        assert!(text.contains("revision of the idemq functions"), "{text}");
+        assert!(text.contains("run idemq 9.9.9"), "{text}");
+    }
+    assert_eq!(get("version").await.as_deref(), Some("ffffffffffffffff"));
+    assert_eq!(get("revision").await, Some(newer));
+    // Recorded before revisions: this binary's library is recorded again.
+    raw(&url, &["DEL", "roll:revision"]).await;
+    idemq::store::redis::migrate(&url).await.expect("migrate");
+    assert_eq!(get("version").await, Some(ours));
+    RedisStore::connect(&url, RedisOptions::default())
+        .await
+        .expect("connect");
+}

@@ -427,6 +427,18 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         Durability::Full
     }
 
+    /// Checks again that the server still has the settings
+    /// [`durability`](Self::durability) rests on; the maintenance pass calls
+    /// it. On a backend whose settings can change under a running store
+    /// (Redis: `CONFIG SET`, a restart with another configuration), a
+    /// strict store whose server lost them refuses every write
+    /// (`Unavailable`, naming the setting and how to set it back) and
+    /// reports relaxed durability until a check finds them again; the `Err`
+    /// says why. The default has nothing to check.
+    async fn durability_check(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// The store as its own type, for a backend's extras that run on a
     /// caller's connection (`Queue::enqueue_in_sqlite`, …).
     fn as_any(&self) -> &dyn std::any::Any;

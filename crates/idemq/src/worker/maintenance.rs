@@ -1,5 +1,6 @@
-//! The maintenance loop (docs/operating.md): reaps expired leases, fires due schedules,
-//! removes expired bindings, deletes terminal jobs past their retention. Every pass is
+//! The maintenance loop (docs/operating.md): checks the store's durable settings again,
+//! reaps expired leases, fires due schedules, removes expired bindings, deletes terminal
+//! jobs past their retention. Every pass is
 //! bounded in rows, and every step is safe to run on many processes at once
 //! (each row is taken by one pass; the others skip it).
 
@@ -13,6 +14,10 @@ use crate::queue::Queue;
 /// A step of a maintenance pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
+    /// Checking that the server still has the settings the store's
+    /// durability rests on (Redis; a strict store refuses writes while
+    /// they are off).
+    CheckDurability,
     /// Recording expired leases.
     ReapLeases,
     /// Firing due schedules.
@@ -25,7 +30,8 @@ pub enum Step {
 
 impl Step {
     /// Every step, in the order of a pass.
-    pub const ALL: [Step; 4] = [
+    pub const ALL: [Step; 5] = [
+        Self::CheckDurability,
         Self::ReapLeases,
         Self::FireSchedules,
         Self::SweepBindings,
@@ -35,6 +41,7 @@ impl Step {
     /// Its name in logs.
     pub fn name(self) -> &'static str {
         match self {
+            Self::CheckDurability => "check_durability",
             Self::ReapLeases => "reap_leases",
             Self::FireSchedules => "fire_schedules",
             Self::SweepBindings => "sweep_bindings",
@@ -128,6 +135,8 @@ impl Maintenance {
                 }
             };
             *match step {
+                // A check counts nothing; what it found is its error.
+                Step::CheckDurability => continue,
                 Step::ReapLeases => &mut report.leases_reaped,
                 Step::FireSchedules => &mut report.ticks_fired,
                 Step::SweepBindings => &mut report.bindings_removed,
@@ -167,6 +176,7 @@ impl Maintenance {
     async fn run_step(&self, step: Step) -> Result<u64> {
         let limit = self.limit(step);
         match step {
+            Step::CheckDurability => self.queue.check_durability().await.map(|()| 0),
             Step::ReapLeases => self.queue.reap_leases(limit).await,
             Step::FireSchedules => self.queue.fire_schedules(limit).await,
             Step::SweepBindings => self.queue.sweep_bindings(limit).await,

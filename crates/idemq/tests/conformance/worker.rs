@@ -1493,6 +1493,9 @@ impl idemq::store::Store for Faulty {
     fn durability(&self) -> idemq::Durability {
         self.inner.durability()
     }
+    async fn durability_check(&self) -> idemq::Result<()> {
+        self.inner.durability_check().await
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self.inner.as_any()
     }

@@ -1,7 +1,8 @@
 //! Fault tests on Redis with real processes: each test starts its own
 //! `redis-server` in a temporary directory with the durable settings
-//! (`appendonly yes`, `appendfsync always`, `maxmemory-policy noeviction`,
-//! asserted with `CONFIG GET` on the running server), and kills it, a
+//! (`appendonly yes`, `appendfsync always`, `no-appendfsync-on-rewrite
+//! no`, `maxmemory-policy noeviction`, asserted with `CONFIG GET` on the
+//! running server), and kills it, a
 //! worker process or the connections, then counts what survived.
 //!
 //! - `crash`: redis-server SIGKILLed during 8 producers' keyed enqueues

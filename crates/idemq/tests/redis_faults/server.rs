@@ -14,6 +14,7 @@ use idemq::Queue;
 const DURABLE: &[(&str, &str)] = &[
     ("appendonly", "yes"),
     ("appendfsync", "always"),
+    ("no-appendfsync-on-rewrite", "no"),
     ("maxmemory-policy", "noeviction"),
 ];
 

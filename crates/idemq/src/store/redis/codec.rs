@@ -20,6 +20,38 @@ pub(super) fn corrupt(what: impl std::fmt::Display) -> Error {
     }
 }
 
+/// The error of a function that met a stored value it cannot act on
+/// (`unreadable` in lua/common.lua), from the detail of its `UNREADABLE`
+/// error reply: the function ended before its first write, so this is the
+/// `Backend` error naming the record and the field that the SQL backends
+/// give for an unreadable row, after a rollback.
+pub(super) fn unreadable(detail: &str) -> Error {
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        row: String,
+        column: String,
+        kind: String,
+        what: String,
+        value: Option<String>,
+        detail: Option<String>,
+    }
+    // The reply goes on after the JSON with where the function raised it.
+    let first = serde_json::Deserializer::from_str(detail)
+        .into_iter::<Stored>()
+        .next();
+    let Some(Ok(s)) = first else {
+        return corrupt(format!("UNREADABLE {detail}"));
+    };
+    let value = s.value.unwrap_or_default();
+    let e = match s.kind.as_str() {
+        "null" => Undecodable::null(&s.what),
+        "unknown" => Undecodable::unknown(&s.what, &value),
+        "unreadable" => Undecodable::unreadable(&s.what, &value, s.detail.unwrap_or_default()),
+        _ => Undecodable::invalid(&s.what, value),
+    };
+    e.at(s.row, &s.column)
+}
+
 /// µs since the epoch → instant.
 pub(super) fn ts(us: i64) -> Result<DateTime<Utc>> {
     DateTime::from_timestamp_micros(us).ok_or_else(|| corrupt(format!("instant {us} µs")))

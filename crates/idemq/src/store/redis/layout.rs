@@ -9,6 +9,9 @@
 //! - `P version`: the version of the function library the installation was
 //!   migrated for (the library is `idemq_<version>`, its functions
 //!   `idemq_<version>_<operation>`);
+//! - `P revision`: that library's revision ([`super::FUNCTIONS_REVISION`]),
+//!   which only grows: an older binary refuses a higher one;
+//! - `P idemq`: the idemq version that last migrated the installation;
 //! - `P installation` (hash): `key_check`, `created_at`, `updated_at`;
 //! - `P seq`: the counter that numbers jobs and events alike;
 //! - `P test_clock`: the clock of record of stores opened with the test
@@ -65,7 +68,9 @@
 //! Bindings:
 //! - `P idem:<scope>|<hash hex>` (hash `job`, `fp`, `preview`, `created`,
 //!   `expires`); `P idemexp` (zset expires → `<scope>|<hash hex>`);
-//!   `P jk:<id>` (set): the bindings that were made to a job;
+//!   `P jk:<id>` (set): the bindings bound to a job now (a binding taken
+//!   by another job leaves it), deleted with the job (a purged job's
+//!   bindings live out their ttl without it);
 //! - `P dd:<type>|<key>` (hash `job`, `mode`, `ttl`, `mw`, `acc`, `wu`);
 //!   `P ddexp` (zset: window end, or the instant a window-less binding's
 //!   job ended → `<type>|<key>`).

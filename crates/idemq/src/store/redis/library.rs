@@ -21,6 +21,17 @@ use crate::request::defaults;
 /// such an installation.
 pub const LAYOUT: i64 = 3;
 
+/// The revision of the library (`lua/`): raised by one at every change of
+/// its code (a unit test pins the library's version digest to it). An
+/// installation records the revision it was migrated for
+/// (`<prefix>revision`), and a binary refuses to migrate an installation,
+/// or to run on one, recorded for a higher revision: an older `idemq
+/// serve` or `idemq migrate` started during a rolling upgrade would
+/// otherwise record its own library again and the newer processes would
+/// then refuse the installation. An installation recorded before revisions
+/// existed has none, and is migrated as before.
+pub const FUNCTIONS_REVISION: i64 = 1;
+
 /// The Lua sources, in the order they are joined: each file uses the
 /// locals of the files before it.
 const SOURCES: [&str; 6] = [
@@ -95,6 +106,15 @@ mod tests {
         assert_eq!(
             LIBRARY.function("enqueue"),
             format!("idemq_{}_enqueue", LIBRARY.version)
+        );
+    }
+
+    #[test]
+    fn the_functions_revision_follows_the_library() {
+        assert_eq!(
+            (FUNCTIONS_REVISION, LIBRARY.version.as_str()),
+            (1, "6fc28ef5f7b09d85"),
+            "the Lua library changed: raise FUNCTIONS_REVISION by one and pin the new version here"
         );
     }
 }

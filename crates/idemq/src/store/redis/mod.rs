@@ -13,19 +13,24 @@
 //! trait is one `FCALL` of a function of the idemq Redis Functions library
 //! (`lua/`), which Redis runs atomically. Redis cannot roll back a
 //! function that errors after a write, so each function decides first (all
-//! reads and checks) and then writes with commands that cannot fail; a
-//! batch enqueue decides every item before it writes any. `idemq migrate`
-//! loads the library (`FUNCTION LOAD REPLACE`; functions persist in the AOF
-//! and survive restarts) and records its version under the installation's
+//! reads and checks, every row it will write checked to read) and then
+//! writes with commands that cannot fail; a batch enqueue decides every
+//! item before it writes any, and a claim every job. A row that does not
+//! read ends the call before its first write with the `Backend` error
+//! naming it (`UNREADABLE`, `codec.rs`). `idemq migrate` loads the library
+//! (`FUNCTION LOAD REPLACE`; functions persist in the AOF and survive
+//! restarts) and records its version and revision under the installation's
 //! key prefix; a binary refuses an installation migrated for another
-//! version.
+//! version, and does not migrate one recorded for a higher revision.
 //!
 //! **Durability.** "Nothing acknowledged is lost" holds only with
-//! `appendonly yes`, `appendfsync always` and `maxmemory-policy
-//! noeviction`; [`RedisStore::connect`] checks them and refuses a server
-//! without them unless the URL says `?durability=relaxed`
-//! ([`RedisStore::durability_relaxed`]). Replication is asynchronous: a
-//! failover can lose acknowledged work.
+//! `appendonly yes`, `appendfsync always`, `no-appendfsync-on-rewrite no`
+//! and `maxmemory-policy noeviction`; [`RedisStore::connect`] checks them
+//! and refuses a server without them unless the URL says
+//! `?durability=relaxed` ([`RedisStore::durability_relaxed`]). Every
+//! maintenance pass checks them again: while they are off, a strict store
+//! refuses writes and reports relaxed durability (`durability.rs`).
+//! Replication is asynchronous: a failover can lose acknowledged work.
 //!
 //! **Connections.** One multiplexed connection, re-established by the
 //! driver's connection manager after a drop. A command in flight when the
@@ -49,8 +54,10 @@
 
 mod args;
 mod codec;
+mod durability;
 pub mod layout;
 mod library;
+mod migrate;
 mod url;
 
 use std::collections::BTreeMap;
@@ -69,9 +76,29 @@ use super::*;
 use crate::error::Error;
 use crate::job::JobState;
 use codec::{array, at, int, opt_string, string};
-pub use library::LAYOUT;
+pub use library::{FUNCTIONS_REVISION, LAYOUT};
 use library::{LIBRARY, not_current};
+use migrate::{Installed, installed, loaded, newer, newer_functions};
+pub use migrate::{migrate, migration_status};
 pub use url::{DEFAULT_PREFIX, RedisUrl};
+
+/// The library's functions that write nothing (registered `no-writes`):
+/// what a store still answers while its server's durable settings are off.
+const READS: [&str; 13] = [
+    "now",
+    "explain",
+    "job_get",
+    "job_list",
+    "job_events",
+    "job_runs",
+    "checkpoint_list",
+    "checkpoint_get",
+    "binding_lookup",
+    "dedupe_lookup",
+    "queue_list",
+    "schedule_list",
+    "schedule_due",
+];
 
 /// How long one call may take before it fails with `Unavailable`.
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -81,9 +108,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Maps a driver error: a dropped or refused connection, a timeout, a
 /// server loading its data, read-only, busy or out of memory is
 /// `Unavailable` (retryable); a missing function means the library is not
-/// loaded.
+/// loaded; a function that met a stored value it cannot act on
+/// (`UNREADABLE`, before any write) is the `Backend` error naming it.
 pub(crate) fn redis_err(e: ::redis::RedisError) -> Error {
     use ::redis::{ErrorKind, ServerErrorKind};
+    if e.code() == Some("UNREADABLE") {
+        return codec::unreadable(e.detail().unwrap_or_default());
+    }
     let retryable = e.is_io_error()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
@@ -132,6 +163,8 @@ struct Inner {
     conn: ConnectionManager,
     prefix: String,
     relaxed: bool,
+    /// The durable settings since connect (a strict store only).
+    watch: durability::Watch,
     test_clock: bool,
     wakeup: Arc<Notify>,
     /// The subscriber task, started by the first `wakeups` call.
@@ -181,176 +214,6 @@ async fn open(url: &RedisUrl) -> Result<(::redis::Client, ConnectionManager)> {
     Ok((client, conn))
 }
 
-/// Refuses a server whose settings could lose acknowledged writes, naming
-/// the setting to change.
-async fn check_durability(conn: &mut ConnectionManager) -> Result<()> {
-    let wanted = [
-        ("appendonly", "yes"),
-        ("appendfsync", "always"),
-        ("maxmemory-policy", "noeviction"),
-    ];
-    for (name, value) in wanted {
-        let got: std::collections::HashMap<String, String> = ::redis::cmd("CONFIG")
-            .arg("GET")
-            .arg(name)
-            .query_async(conn)
-            .await
-            .map_err(|e| {
-                Error::validation(
-                    "database",
-                    format!(
-                        "cannot read the Redis setting {name} to check durability ({e}); add \
-                         ?durability=relaxed to the URL to run without the check"
-                    ),
-                )
-            })?;
-        let got = got.get(name).map(String::as_str).unwrap_or("(unset)");
-        if !got.eq_ignore_ascii_case(value) {
-            return Err(Error::validation(
-                "database",
-                format!(
-                    "the Redis server runs with {name} {got}, which can lose acknowledged \
-                     jobs: set `{name} {value}` (appendonly yes, appendfsync always, \
-                     maxmemory-policy noeviction), or add ?durability=relaxed to the URL to \
-                     accept the loss"
-                ),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// The layout and library version an installation was migrated for.
-async fn installed(conn: &mut ConnectionManager, prefix: &str) -> Result<(i64, Option<String>)> {
-    let (layout, version): (Option<i64>, Option<String>) = ::redis::pipe()
-        .get(format!("{prefix}layout"))
-        .get(format!("{prefix}version"))
-        .query_async(conn)
-        .await
-        .map_err(redis_err)?;
-    Ok((layout.unwrap_or(0), version))
-}
-
-/// Whether this binary's library is loaded on the server.
-async fn loaded(conn: &mut ConnectionManager) -> Result<bool> {
-    let found: Value = ::redis::cmd("FUNCTION")
-        .arg("LIST")
-        .arg("LIBRARYNAME")
-        .arg(LIBRARY.name())
-        .query_async(conn)
-        .await
-        .map_err(redis_err)?;
-    // LIBRARYNAME matches a pattern; look for the exact name.
-    let wanted = LIBRARY.name();
-    Ok(array(&found)?.iter().any(|lib| match lib {
-        Value::Array(fields) => fields.chunks(2).any(|kv| {
-            matches!(kv, [k, v] if string(k).is_ok_and(|k| k == "library_name")
-                && string(v).is_ok_and(|v| v == wanted))
-        }),
-        Value::Map(fields) => fields.iter().any(|(k, v)| {
-            string(k).is_ok_and(|k| k == "library_name") && string(v).is_ok_and(|v| v == wanted)
-        }),
-        _ => false,
-    }))
-}
-
-/// Loads this binary's library on the server the URL names and records
-/// it as the installation's; returns the layout versions applied (none
-/// when the installation was already current). Safe to run from several
-/// processes at once.
-pub async fn migrate(url: &str) -> Result<Vec<i64>> {
-    let url = RedisUrl::parse(url)?;
-    let (_, mut conn) = open(&url).await?;
-    // A server the store would refuse gets nothing written either.
-    if !url.relaxed {
-        check_durability(&mut conn).await?;
-    }
-    let (layout, _) = installed(&mut conn, &url.prefix).await?;
-    if layout > LAYOUT {
-        return Err(newer(&mut conn, &url.prefix, layout).await);
-    }
-    let _: Value = ::redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(&LIBRARY.source)
-        .query_async(&mut conn)
-        .await
-        .map_err(redis_err)?;
-    if layout > 0 && layout < LAYOUT {
-        // The data of an older layout is brought to this one, in one call,
-        // before the layout is recorded: a store never reads it unconverted.
-        let _: Value = ::redis::cmd("FCALL")
-            .arg(LIBRARY.function("upgrade"))
-            .arg(0)
-            .arg(&url.prefix)
-            .arg("0")
-            .arg(layout)
-            .query_async(&mut conn)
-            .await
-            .map_err(redis_err)?;
-    }
-    let _: Value = ::redis::pipe()
-        .atomic()
-        .set(format!("{}layout", url.prefix), LAYOUT)
-        .set(format!("{}version", url.prefix), &LIBRARY.version)
-        .set(format!("{}idemq", url.prefix), IDEMQ_VERSION)
-        .query_async(&mut conn)
-        .await
-        .map_err(redis_err)?;
-    Ok(if layout < LAYOUT {
-        vec![LAYOUT]
-    } else {
-        Vec::new()
-    })
-}
-
-/// How the installation the URL names stands against this binary, changing nothing.
-pub async fn migration_status(url: &str) -> Result<MigrationStatus> {
-    let url = RedisUrl::parse(url)?;
-    let (_, mut conn) = open(&url).await?;
-    let (layout, version) = installed(&mut conn, &url.prefix).await?;
-    let functions_current =
-        version.as_deref() == Some(LIBRARY.version.as_str()) && loaded(&mut conn).await?;
-    // Which idemq wrote a newer layout, when it recorded itself.
-    let written_by: Option<String> = if layout > LAYOUT {
-        ::redis::cmd("GET")
-            .arg(format!("{}idemq", url.prefix))
-            .query_async(&mut conn)
-            .await
-            .map_err(redis_err)?
-    } else {
-        None
-    };
-    Ok(MigrationStatus {
-        current: layout,
-        latest: LAYOUT,
-        pending: if layout < LAYOUT {
-            vec![LAYOUT]
-        } else {
-            Vec::new()
-        },
-        functions_current,
-        written_by,
-    })
-}
-
-/// The refusal of a layout newer than this binary's, naming the idemq
-/// that recorded it when it did.
-async fn newer(conn: &mut ConnectionManager, prefix: &str, layout: i64) -> Error {
-    let written_by: Option<String> = ::redis::cmd("GET")
-        .arg(format!("{prefix}idemq"))
-        .query_async(conn)
-        .await
-        .ok()
-        .flatten();
-    newer_schema(
-        &format!("the idemq data layout under the key prefix {prefix:?}"),
-        layout,
-        LAYOUT,
-        written_by.as_deref(),
-    )
-}
-
 impl RedisStore {
     /// Connects to `url` (`redis://host:port[/db]` or
     /// `redis+unix:///path.sock`, with `?prefix=` (default `idemq:`) and
@@ -360,11 +223,18 @@ impl RedisStore {
         let url = RedisUrl::parse(url)?;
         let (client, mut conn) = open(&url).await?;
         if !url.relaxed {
-            check_durability(&mut conn).await?;
+            durability::check(&mut conn).await?;
         }
-        let (layout, version) = installed(&mut conn, &url.prefix).await?;
+        let Installed {
+            layout,
+            version,
+            revision,
+        } = installed(&mut conn, &url.prefix).await?;
         if layout > LAYOUT {
             return Err(newer(&mut conn, &url.prefix, layout).await);
+        }
+        if let Some(newer) = newer_functions(&mut conn, &url.prefix, revision).await {
+            return Err(newer);
         }
         match version {
             None => return Err(not_current(&url.prefix, "is not set up")),
@@ -401,6 +271,7 @@ impl RedisStore {
                 conn,
                 prefix: url.prefix,
                 relaxed: url.relaxed,
+                watch: durability::Watch::default(),
                 test_clock,
                 wakeup: Arc::new(Notify::new()),
                 listener: Mutex::new(None),
@@ -444,14 +315,32 @@ impl RedisStore {
     }
 
     /// An `FCALL` of function `op` of this binary's library, with the
-    /// arguments every function takes first.
-    fn fcall(&self, op: &str) -> Cmd {
+    /// arguments every function takes first; refused (`Unavailable`) for a
+    /// function that writes while the server's durable settings are off
+    /// (`durability.rs`).
+    fn fcall(&self, op: &str) -> Result<Cmd> {
+        if !READS.contains(&op)
+            && let Some(refused) = self.inner.watch.refusal()
+        {
+            return Err(refused);
+        }
         let mut cmd = ::redis::cmd("FCALL");
         cmd.arg(LIBRARY.function(op))
             .arg(0)
             .arg(&self.inner.prefix)
             .arg(if self.inner.test_clock { "1" } else { "0" });
-        cmd
+        Ok(cmd)
+    }
+
+    /// Reads the server's durable settings again (a strict store; a
+    /// relaxed one never checks): while they are off every write is
+    /// refused and [`Store::durability`] says why; the first check that
+    /// finds them again lifts both. The maintenance pass calls it.
+    async fn recheck_durability(&self) -> Result<()> {
+        if self.inner.relaxed {
+            return Ok(());
+        }
+        self.inner.watch.recheck(&mut self.inner.conn.clone()).await
     }
 
     async fn run(&self, cmd: Cmd) -> Result<Value> {
@@ -462,7 +351,7 @@ impl RedisStore {
 
     /// Calls `op` with one more argument.
     async fn call1(&self, op: &str, arg: impl ::redis::ToRedisArgs) -> Result<Value> {
-        let mut cmd = self.fcall(op);
+        let mut cmd = self.fcall(op)?;
         cmd.arg(arg);
         self.run(cmd).await
     }
@@ -520,3 +409,29 @@ fn status(v: &Value) -> Result<(String, &[Value])> {
 
 mod schedule;
 mod store_impl;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A function that writes is refused while the durable settings are
+    /// off: [`READS`] must name exactly the functions registered `no-writes`.
+    #[test]
+    fn reads_are_the_functions_registered_without_writes() {
+        let mut registered: Vec<&str> = LIBRARY
+            .source
+            .split("\nreg('")
+            .skip(1)
+            .filter(|f| {
+                // A function ends at the first `end` of a line of its own.
+                f.find("\nend")
+                    .is_some_and(|at| f[at..].starts_with("\nend, true)"))
+            })
+            .filter_map(|f| f.split('\'').next())
+            .collect();
+        registered.sort_unstable();
+        let mut reads = READS.to_vec();
+        reads.sort_unstable();
+        assert_eq!(registered, reads);
+    }
+}

@@ -32,7 +32,7 @@ fn schedule(v: &::redis::Value) -> Result<Schedule> {
 }
 
 pub(super) async fn put(store: &RedisStore, p: SchedulePut) -> Result<bool> {
-    let mut cmd = store.fcall("schedule_put");
+    let mut cmd = store.fcall("schedule_put")?;
     cmd.arg(&p.name)
         .arg(p.cron.as_deref().unwrap_or_default())
         .arg(opt(p.every_ms))
@@ -45,7 +45,7 @@ pub(super) async fn put(store: &RedisStore, p: SchedulePut) -> Result<bool> {
 }
 
 pub(super) async fn list(store: &RedisStore) -> Result<Vec<Schedule>> {
-    let v = store.run(store.fcall("schedule_list")).await?;
+    let v = store.run(store.fcall("schedule_list")?).await?;
     let mut out = array(&v)?
         .iter()
         .map(schedule)
@@ -55,7 +55,7 @@ pub(super) async fn list(store: &RedisStore) -> Result<Vec<Schedule>> {
 }
 
 pub(super) async fn due(store: &RedisStore, p: ScheduleDue) -> Result<DueSchedules> {
-    let mut cmd = store.fcall("schedule_due");
+    let mut cmd = store.fcall("schedule_due")?;
     cmd.arg(p.limit);
     let v = store.run(cmd).await?;
     let r = array(&v)?;
@@ -77,7 +77,7 @@ pub(super) async fn due(store: &RedisStore, p: ScheduleDue) -> Result<DueSchedul
 }
 
 pub(super) async fn mark_fired(store: &RedisStore, p: ScheduleMarkFired) -> Result<bool> {
-    let mut cmd = store.fcall("schedule_mark_fired");
+    let mut cmd = store.fcall("schedule_mark_fired")?;
     cmd.arg(&p.name)
         .arg(p.cron.as_deref().unwrap_or_default())
         .arg(opt(p.every_ms))

@@ -20,19 +20,27 @@ impl Store for RedisStore {
         false
     }
 
-    /// Relaxed when the URL said `?durability=relaxed`: the server's
-    /// settings were not checked, so acknowledged jobs may be lost.
+    /// Relaxed when the URL said `?durability=relaxed` (the server's
+    /// settings were not checked, so acknowledged jobs may be lost), or
+    /// when the last maintenance pass found them changed (writes are
+    /// refused until they are set back).
     fn durability(&self) -> Durability {
         if self.inner.relaxed {
             Durability::Relaxed {
                 reason: "Redis opened with ?durability=relaxed: appendonly yes, appendfsync \
-                         always and maxmemory-policy noeviction were not checked, so a crash \
-                         or an eviction can lose acknowledged jobs"
+                         always, no-appendfsync-on-rewrite no and maxmemory-policy noeviction \
+                         were not checked, so a crash or an eviction can lose acknowledged jobs"
                     .into(),
             }
+        } else if let Some(reason) = self.inner.watch.drift() {
+            Durability::Relaxed { reason }
         } else {
             Durability::Full
         }
+    }
+
+    async fn durability_check(&self) -> Result<()> {
+        self.recheck_durability().await
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -45,12 +53,12 @@ impl Store for RedisStore {
     }
 
     async fn now(&self) -> Result<DateTime<Utc>> {
-        let v = self.run(self.fcall("now")).await?;
+        let v = self.run(self.fcall("now")?).await?;
         codec::ts(int(&v)?)
     }
 
     async fn job_enqueue(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
-        let mut cmd = self.fcall("enqueue");
+        let mut cmd = self.fcall("enqueue")?;
         cmd.arg(if p.atomic { "1" } else { "0" })
             .arg(if p.dry_run { "1" } else { "0" });
         for item in &p.items {
@@ -85,7 +93,7 @@ impl Store for RedisStore {
     }
 
     async fn job_explain(&self, p: JobExplain) -> Result<Explain> {
-        let mut cmd = self.fcall("explain");
+        let mut cmd = self.fcall("explain")?;
         args::item(&mut cmd, &p.item);
         let v = self.run(cmd).await?;
         let r = array(&v)?;
@@ -128,7 +136,7 @@ impl Store for RedisStore {
 
     async fn job_list(&self, p: JobListing) -> Result<JobPage> {
         let (stored, due) = (p.stored_state, p.due);
-        let mut cmd = self.fcall("job_list");
+        let mut cmd = self.fcall("job_list")?;
         cmd.arg(stored.unwrap_or_default())
             .arg(match due {
                 Some(true) => "1",
@@ -189,7 +197,7 @@ impl Store for RedisStore {
     }
 
     async fn job_cancel_by_key(&self, p: JobCancelByKey) -> Result<bool> {
-        let mut cmd = self.fcall("cancel_by_key");
+        let mut cmd = self.fcall("cancel_by_key")?;
         cmd.arg(&p.job_type).arg(&p.key);
         Ok(int(&self.run(cmd).await?)? == 1)
     }
@@ -209,7 +217,7 @@ impl Store for RedisStore {
 
     async fn job_redrive(&self, p: JobRedrive) -> Result<EnqueueResult> {
         let k = p.key.as_ref();
-        let mut cmd = self.fcall("redrive");
+        let mut cmd = self.fcall("redrive")?;
         cmd.arg(&p.job_id)
             .arg(k.map(|k| k.scope.as_str()).unwrap_or_default())
             .arg(
@@ -261,14 +269,14 @@ impl Store for RedisStore {
     }
 
     async fn queue_pause(&self, p: QueuePause) -> Result<bool> {
-        let mut cmd = self.fcall("queue_pause");
+        let mut cmd = self.fcall("queue_pause")?;
         cmd.arg(&p.queue).arg(if p.paused { "1" } else { "0" });
         self.run(cmd).await?;
         Ok(p.paused)
     }
 
     async fn queue_list(&self) -> Result<Vec<QueueInfo>> {
-        let v = self.run(self.fcall("queue_list")).await?;
+        let v = self.run(self.fcall("queue_list")?).await?;
         let mut out = array(&v)?
             .iter()
             .map(|q| {
@@ -294,13 +302,13 @@ impl Store for RedisStore {
     }
 
     async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>> {
-        let mut cmd = self.fcall("claim");
+        let mut cmd = self.fcall("claim")?;
         args::claim(&mut cmd, &p);
         args::claimed(&self.run(cmd).await?)
     }
 
     async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat> {
-        let mut cmd = self.fcall("heartbeat");
+        let mut cmd = self.fcall("heartbeat")?;
         cmd.arg(&p.job_id)
             .arg(&p.lease_token)
             .arg(rand::random::<f64>());
@@ -332,19 +340,21 @@ impl Store for RedisStore {
         done: JobCompleteMany,
         claim: JobClaim,
     ) -> Result<(Vec<Result<()>>, Result<Vec<ClaimedJob>>)> {
-        let mut cmd = self.fcall("complete_and_claim");
+        let mut cmd = self.fcall("complete_and_claim")?;
         args::completions(&mut cmd, &done.items);
         args::claim(&mut cmd, &claim);
         let v = self.run(cmd).await?;
         let r = array(&v)?;
+        // The completions are recorded whatever the claim's answer holds:
+        // a claimed job that does not decode is the claim's error only.
         Ok((
             args::completed(&done.items, at(r, 0)?)?,
-            Ok(args::claimed(at(r, 1)?)?),
+            at(r, 1).and_then(args::claimed),
         ))
     }
 
     async fn job_fail(&self, p: JobFail) -> Result<FailOutcome> {
-        let mut cmd = self.fcall("fail");
+        let mut cmd = self.fcall("fail")?;
         cmd.arg(&p.lease.job_id)
             .arg(&p.lease.lease_token)
             .arg(args::truncate(&p.error))
@@ -364,7 +374,7 @@ impl Store for RedisStore {
     }
 
     async fn job_release(&self, p: LeaseRef) -> Result<JobState> {
-        let mut cmd = self.fcall("release");
+        let mut cmd = self.fcall("release")?;
         cmd.arg(&p.job_id).arg(&p.lease_token);
         let v = self.run(cmd).await?;
         match status(&v)? {
@@ -375,7 +385,7 @@ impl Store for RedisStore {
     }
 
     async fn checkpoint_put(&self, p: CheckpointPut) -> Result<bool> {
-        let mut cmd = self.fcall("checkpoint_put");
+        let mut cmd = self.fcall("checkpoint_put")?;
         cmd.arg(&p.lease.job_id)
             .arg(&p.lease.lease_token)
             .arg(&p.name)
@@ -389,7 +399,7 @@ impl Store for RedisStore {
     }
 
     async fn checkpoint_get(&self, p: CheckpointGet) -> Result<Option<Json>> {
-        let mut cmd = self.fcall("checkpoint_get");
+        let mut cmd = self.fcall("checkpoint_get")?;
         cmd.arg(&p.job_id).arg(&p.name);
         opt_string(&self.run(cmd).await?)?
             .map(|s| codec::checkpoint(&s, &p.job_id, &p.name))
@@ -397,7 +407,7 @@ impl Store for RedisStore {
     }
 
     async fn binding_lookup(&self, p: BindingRef) -> Result<Option<BindingInfo>> {
-        let mut cmd = self.fcall("binding_lookup");
+        let mut cmd = self.fcall("binding_lookup")?;
         cmd.arg(&p.scope).arg(crate::fingerprint::hex(&p.hash));
         let v = self.run(cmd).await?;
         match array(&v)? {
@@ -412,13 +422,13 @@ impl Store for RedisStore {
     }
 
     async fn binding_release(&self, p: BindingRef) -> Result<bool> {
-        let mut cmd = self.fcall("binding_release");
+        let mut cmd = self.fcall("binding_release")?;
         cmd.arg(&p.scope).arg(crate::fingerprint::hex(&p.hash));
         Ok(int(&self.run(cmd).await?)? == 1)
     }
 
     async fn dedupe_lookup(&self, p: DedupeRef) -> Result<Option<ExplainDedupe>> {
-        let mut cmd = self.fcall("dedupe_lookup");
+        let mut cmd = self.fcall("dedupe_lookup")?;
         cmd.arg(&p.job_type).arg(&p.key);
         let v = self.run(cmd).await?;
         match array(&v)? {

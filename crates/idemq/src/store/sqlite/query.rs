@@ -411,6 +411,13 @@ pub(super) fn queue_list(cx: &Cx) -> Result<Vec<QueueInfo>> {
     queue_counts(cx, EXACT_SPAN)
 }
 
+/// The condition of the jobs in a terminal state.
+macro_rules! terminal {
+    () => {
+        "state IN ('completed', 'dead', 'cancelled')"
+    };
+}
+
 /// One count of jobs: queue, state (derived), how many.
 type Count = (String, JobState, i64);
 
@@ -453,29 +460,32 @@ fn queue_counts(cx: &Cx, exact_span: i64) -> Result<Vec<QueueInfo>> {
         .db
         .prepare_cached("SELECT min(seq), max(seq) FROM idemq_jobs")?
         .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
-    let terminal = "state IN ('completed', 'dead', 'cancelled')";
     let estimated = match (first, last) {
         (Some(first), Some(last)) if last - first >= exact_span => {
             let bound = (last / RECENT - 1) * RECENT;
             counts.extend(all(
-                cx.db.prepare_cached(&format!(
+                cx.db.prepare_cached(concat!(
                     "SELECT queue, state, count(*) AS n FROM idemq_jobs
-                     WHERE seq > ?1 AND {terminal} GROUP BY 1, 2"
+                     WHERE seq > ?1 AND ",
+                    terminal!(),
+                    " GROUP BY 1, 2"
                 ))?,
                 [bound],
                 |r| decode(r, None),
             )?);
             let windows = Sample::of(first, bound);
             let sampled: Vec<Count> = all(
-                cx.db.prepare_cached(&format!(
+                cx.db.prepare_cached(concat!(
                     "WITH RECURSIVE w(lo) AS (
                          SELECT ?1 UNION ALL SELECT lo + ?2 FROM w WHERE lo + ?2 <= ?3)
                      SELECT j.queue, j.state, count(*) AS n
                      FROM w JOIN idemq_jobs j
-                       ON j.seq >= w.lo AND j.seq < w.lo + {WINDOW} AND j.seq <= ?3
-                     WHERE j.{terminal} GROUP BY 1, 2"
+                       ON j.seq >= w.lo AND j.seq < w.lo + ?4 AND j.seq <= ?3
+                     WHERE j.",
+                    terminal!(),
+                    " GROUP BY 1, 2"
                 ))?,
-                [windows.start, windows.stride, bound],
+                [windows.start, windows.stride, bound, WINDOW],
                 |r| decode(r, None),
             )?;
             let scale = windows.scale(first, bound);
@@ -488,9 +498,10 @@ fn queue_counts(cx: &Cx, exact_span: i64) -> Result<Vec<QueueInfo>> {
         }
         _ => {
             counts.extend(all(
-                cx.db.prepare_cached(&format!(
-                    "SELECT queue, state, count(*) AS n FROM idemq_jobs
-                     WHERE {terminal} GROUP BY 1, 2"
+                cx.db.prepare_cached(concat!(
+                    "SELECT queue, state, count(*) AS n FROM idemq_jobs WHERE ",
+                    terminal!(),
+                    " GROUP BY 1, 2"
                 ))?,
                 [],
                 |r| decode(r, None),

@@ -19,6 +19,9 @@ reg('cancel', function(args)
   if not j then
     return { 'not_found' }
   end
+  if PENDING[j.state] then
+    checked(j)
+  end
   if j.state == 'waiting' then
     cancel_waiting(j)
     return { 'ok', 1, 'cancelled' }
@@ -36,9 +39,10 @@ reg('cancel_by_key', function(args)
   for _, id in ipairs(ids) do
     local j = load(id)
     if j and PENDING[j.state] then
-      jobs[#jobs + 1] = j
+      jobs[#jobs + 1] = checked(j)
     end
   end
+  -- Writes only from here on.
   for _, j in ipairs(jobs) do
     if j.state == 'waiting' then
       cancel_waiting(j)
@@ -54,14 +58,15 @@ reg('cancel_by_key', function(args)
   return 0
 end)
 
--- Deletes a job with its events, runs and checkpoints.
-local function delete_job(j, keep_keys)
+-- Deletes a job with its events, runs, checkpoints and the list of the
+-- idempotency bindings made to it (`jk:`; bindings that outlive their job
+-- are swept by their own expiry, binding_sweep).
+local function delete_job(j)
   leave(j)
   redis.call('ZREM', P .. 'qj:' .. j.queue, j.id)
-  redis.call('DEL', jkey(j.id), P .. 'ev:' .. j.id, P .. 'runs:' .. j.id, P .. 'cp:' .. j.id)
-  if not keep_keys then
-    redis.call('DEL', P .. 'jk:' .. j.id)
-  end
+  redis.call('DEL', jkey(j.id), P .. 'ev:' .. j.id, P .. 'runs:' .. j.id, P .. 'cp:' .. j.id,
+    P .. 'jk:' .. j.id)
+  ROWS[j.id] = false
 end
 
 reg('purge', function(args)
@@ -69,7 +74,8 @@ reg('purge', function(args)
   if not j or j.state == 'active' then
     return 0
   end
-  local never_ran = tonumber(j.attempt) == 0
+  checked(j)
+  local never_ran = jint(j, 'attempt') == 0
   if never_ran then
     -- The work never happened, so its keys may own new work.
     for _, name in ipairs(redis.call('SMEMBERS', P .. 'jk:' .. j.id)) do
@@ -80,7 +86,7 @@ reg('purge', function(args)
     end
   end
   -- A job that ran keeps its idempotency bindings until their ttl.
-  delete_job(j, not never_ran)
+  delete_job(j)
   release_dedupe(j)
   return 1
 end)
@@ -90,6 +96,7 @@ reg('promote', function(args)
   if not j then
     return { 'not_found' }
   end
+  checked(j)
   if derived(j) ~= 'scheduled' then
     return { 'ok', 0 }
   end
@@ -106,7 +113,7 @@ reg('redrive', function(args)
   -- A live redrive key decides, as an idempotency key does for enqueue.
   if scope ~= '' then
     local r = redis.call('HMGET', P .. 'idem:' .. scope .. '|' .. args[5], 'job', 'fp', 'expires')
-    if r[1] and tonumber(r[3]) > NOW then
+    if r[1] and idem_until(r[1], r[3]) > NOW then
       if r[2] == args[8] then
         return { 'ok', r[1], 'replayed' }
       end
@@ -117,6 +124,7 @@ reg('redrive', function(args)
   if not j then
     return { 'not_found' }
   end
+  checked(j)
   if j.state ~= 'dead' then
     return { 'not_dead', derived(j) }
   end
@@ -157,12 +165,7 @@ reg('redrive', function(args)
   end
   event(id, 'redriven', obj('run_at', I(run_at), 'reset_checkpoints', reset and 'true' or 'false'))
   if scope ~= '' then
-    local name = scope .. '|' .. args[5]
-    local expires = NOW + tonumber(args[7]) * 1000
-    redis.call('HSET', P .. 'idem:' .. name, 'job', id, 'fp', args[8], 'preview', args[6],
-      'created', I(NOW), 'expires', I(expires))
-    redis.call('ZADD', P .. 'idemexp', I(expires), name)
-    redis.call('SADD', P .. 'jk:' .. id, name)
+    write_binding(scope .. '|' .. args[5], id, args[8], args[6], NOW + tonumber(args[7]) * 1000)
   end
   wake(j.queue)
   return { 'ok', id, 'accepted' }
@@ -179,7 +182,7 @@ end)
 reg('binding_release', function(args)
   local name = args[3] .. '|' .. args[4]
   local r = redis.call('HMGET', P .. 'idem:' .. name, 'job', 'preview', 'expires')
-  if not r[1] or tonumber(r[3]) <= NOW then
+  if not r[1] or idem_until(r[1], r[3]) <= NOW then
     return 0
   end
   redis.call('DEL', P .. 'idem:' .. name)
@@ -198,44 +201,66 @@ reg('binding_release', function(args)
   return 1
 end)
 
--- Removes expired idempotency bindings and dedupe bindings that no longer live.
+-- Removes expired idempotency bindings and dedupe bindings that no longer
+-- live. Decides every binding it looks at before it writes.
 reg('binding_sweep', function(args)
   local limit = tonumber(args[3])
-  local removed = 0
+  local idem = {}
   local names = redis.call('ZRANGEBYSCORE', P .. 'idemexp', '-inf', I(NOW), 'LIMIT', 0, limit)
   for _, name in ipairs(names) do
     local r = redis.call('HMGET', P .. 'idem:' .. name, 'job', 'expires')
-    if r[1] and tonumber(r[2]) > NOW then
-      redis.call('ZADD', P .. 'idemexp', r[2], name)
-    else
-      if r[1] then
-        redis.call('DEL', P .. 'idem:' .. name)
-        redis.call('SREM', P .. 'jk:' .. r[1], name)
-        removed = removed + 1
-      end
-      redis.call('ZREM', P .. 'idemexp', name)
+    local d = { name = name, job = r[1] }
+    if r[1] then
+      d.expires = idem_until(r[1], r[2])
     end
+    idem[#idem + 1] = d
   end
   -- One pass removes at most `limit` bindings of both kinds together.
   local rest = limit - #names
-  if rest <= 0 then
-    return removed
+  local dd = {}
+  if rest > 0 then
+    names = redis.call('ZRANGEBYSCORE', P .. 'ddexp', '-inf', I(NOW), 'LIMIT', 0, rest)
+    for _, name in ipairs(names) do
+      local bar = string.find(name, '|', 1, true)
+      local b = read_dd(name:sub(1, bar - 1), name:sub(bar + 1))
+      local d = { name = name }
+      if not b then
+        d.act = 'forget'
+      elseif not is_live(b, keyed(load(b.job))) then
+        d.act = 'remove'
+      elseif b.wu then
+        d.act = 'later'
+        d.at = b.wu
+      else
+        -- Lives while its job is pending: looked at again when the job ends.
+        d.act = 'forget'
+      end
+      dd[#dd + 1] = d
+    end
   end
-  names = redis.call('ZRANGEBYSCORE', P .. 'ddexp', '-inf', I(NOW), 'LIMIT', 0, rest)
-  for _, name in ipairs(names) do
-    local bar = string.find(name, '|', 1, true)
-    local b = read_dd(name:sub(1, bar - 1), name:sub(bar + 1))
-    if not b then
-      redis.call('ZREM', P .. 'ddexp', name)
-    elseif not is_live(b, keyed(load(b.job))) then
-      redis.call('DEL', P .. 'dd:' .. name)
-      redis.call('ZREM', P .. 'ddexp', name)
-      removed = removed + 1
-    elseif b.wu then
-      redis.call('ZADD', P .. 'ddexp', I(b.wu), name)
+  -- Writes only from here on.
+  local removed = 0
+  for _, d in ipairs(idem) do
+    if d.job and d.expires > NOW then
+      redis.call('ZADD', P .. 'idemexp', I(d.expires), d.name)
     else
-      -- Lives while its job is pending: looked at again when the job ends.
-      redis.call('ZREM', P .. 'ddexp', name)
+      if d.job then
+        redis.call('DEL', P .. 'idem:' .. d.name)
+        redis.call('SREM', P .. 'jk:' .. d.job, d.name)
+        removed = removed + 1
+      end
+      redis.call('ZREM', P .. 'idemexp', d.name)
+    end
+  end
+  for _, d in ipairs(dd) do
+    if d.act == 'remove' then
+      redis.call('DEL', P .. 'dd:' .. d.name)
+      redis.call('ZREM', P .. 'ddexp', d.name)
+      removed = removed + 1
+    elseif d.act == 'later' then
+      redis.call('ZADD', P .. 'ddexp', I(d.at), d.name)
+    else
+      redis.call('ZREM', P .. 'ddexp', d.name)
     end
   end
   return removed
@@ -243,20 +268,24 @@ end)
 
 -- Deletes terminal jobs past their retention, never one a live binding
 -- points at (such a job is looked at again when that binding ends).
+-- Decides every job it looks at before it writes.
 reg('job_retention_sweep', function(args)
   local limit = tonumber(args[3])
   local ids = redis.call('ZRANGEBYSCORE', P .. 'purge', '-inf', I(NOW), 'LIMIT', 0, limit)
-  local deleted = 0
+  local plan = {}
   for _, id in ipairs(ids) do
     local j = load(id)
-    if not j or PENDING[j.state] then
-      redis.call('ZREM', P .. 'purge', id)
-    else
+    local d = { id = id }
+    if j and not PENDING[j.state] then
+      checked(j)
       local until_ = nil
       for _, name in ipairs(redis.call('SMEMBERS', P .. 'jk:' .. id)) do
         local r = redis.call('HMGET', P .. 'idem:' .. name, 'job', 'expires')
-        if r[1] == id and tonumber(r[2]) > NOW then
-          until_ = math.max(until_ or 0, tonumber(r[2]))
+        if r[1] == id then
+          local expires = idem_until(id, r[2])
+          if expires > NOW then
+            until_ = math.max(until_ or 0, expires)
+          end
         end
       end
       if j.dedupe_key then
@@ -265,13 +294,22 @@ reg('job_retention_sweep', function(args)
           until_ = math.max(until_ or 0, b.wu)
         end
       end
-      if until_ then
-        redis.call('ZADD', P .. 'purge', I(until_), id)
-      else
-        delete_job(j, false)
-        release_dedupe(j)
-        deleted = deleted + 1
-      end
+      d.job = j
+      d.until_ = until_
+    end
+    plan[#plan + 1] = d
+  end
+  -- Writes only from here on.
+  local deleted = 0
+  for _, d in ipairs(plan) do
+    if not d.job then
+      redis.call('ZREM', P .. 'purge', d.id)
+    elseif d.until_ then
+      redis.call('ZADD', P .. 'purge', I(d.until_), d.id)
+    else
+      delete_job(d.job)
+      release_dedupe(d.job)
+      deleted = deleted + 1
     end
   end
   return deleted
@@ -295,6 +333,25 @@ reg('key_check_replace', function(args)
     live = redis.call('ZCOUNT', P .. 'idemexp', '(' .. I(NOW), '+inf')
   end
   return { previous or '', previous and 1 or 0, live }
+end)
+
+-- Records what `idemq migrate` installed (args: prefix, clock, layout,
+-- library version, revision, idemq version), unless the installation was
+-- migrated for a higher revision meanwhile: {'ok'}, or {'newer', that
+-- revision, the idemq that recorded it}. One call, so two migrations at
+-- once cannot leave an older library recorded over a newer one.
+reg('record_migration', function(args)
+  local revision = tonumber(args[5])
+  local r = redis.call('MGET', P .. 'revision', P .. 'idemq')
+  local recorded = tonumber(r[1])
+  if recorded and recorded > revision then
+    return { 'newer', r[1], r[2] or '' }
+  end
+  redis.call('SET', P .. 'layout', args[3])
+  redis.call('SET', P .. 'version', args[4])
+  redis.call('SET', P .. 'revision', args[5])
+  redis.call('SET', P .. 'idemq', args[6])
+  return { 'ok' }
 end)
 
 -- Brings data of an older layout (args: prefix, clock, its layout) to this

@@ -4,7 +4,9 @@
 -- Rules kept throughout (a function that errors after a write keeps the
 -- write, Redis has no rollback):
 --   * decide first (every read and check), then write with commands that
---     cannot fail;
+--     cannot fail; every row a call will write is checked (checked() below)
+--     before its first write, so a row it cannot read ends the call with an
+--     UNREADABLE error and nothing written, as the SQL backends roll back;
 --   * a microsecond timestamp never goes through tostring, `..` on a number
 --     or cjson: it is formatted with I() (string.format '%d', exact below
 --     2^53) or kept as the string Redis returned;
@@ -23,6 +25,10 @@ local WOKEN = {}
 -- waiting job of theirs left): each is settled once, when the function
 -- returns (settle below).
 local FREED = {}
+-- The job hashes this call has read, by id (false: no such job), each
+-- table kept equal to the stored hash by every write of it: a row is read
+-- once per call, and a row decided on is the row written.
+local ROWS = {}
 
 local function I(x)
   return string.format('%d', x)
@@ -61,6 +67,7 @@ local function begin(args)
   O = { idem = {}, jobs = {}, dd = {}, writes = {} }
   WOKEN = {}
   FREED = {}
+  ROWS = {}
 end
 
 -- A JSON string.
@@ -78,18 +85,159 @@ local function obj(...)
   return '{' .. table.concat(out, ',') .. '}'
 end
 
+-- Ends the call, before its first write, on a stored value it cannot act
+-- on: the store reads the UNREADABLE error as the Backend error naming the
+-- record and the field (crate::job::Undecodable) that the SQL backends
+-- give for an unreadable row. `kind` is `invalid`, `unreadable`, `unknown`
+-- or `null`.
+local function unreadable(row, column, kind, what, value, detail)
+  error({ err = 'UNREADABLE ' .. cjson.encode({
+    row = row, column = column, kind = kind, what = what,
+    value = value or cjson.null, detail = detail or cjson.null,
+  }) })
+end
+
+-- A stored integer as a number, or nil when `s` is not integer text
+-- (what Rust's i64 parse takes, within 2^63).
+local function int_of(s)
+  if type(s) ~= 'string' or #s > 20 or not s:match('^[-+]?%d+$') then
+    return nil
+  end
+  return tonumber(s)
+end
+
+-- A stored integer that must read as one (nil stays nil when optional);
+-- `row` and `column` name it in the error.
+local function stored_int(s, row, column, optional)
+  if s == nil or s == false then
+    if optional then
+      return nil
+    end
+    unreadable(row, column, 'null', 'value')
+  end
+  local n = int_of(s)
+  if n == nil then
+    unreadable(row, column, 'invalid', 'a non-integer value', s)
+  end
+  return n
+end
+
 local function jkey(id)
   return P .. 'job:' .. id
 end
 
+-- Job `id`'s hash (nil when there is none), read once per call (ROWS).
 local function load(id)
+  local j = ROWS[id]
+  if j ~= nil then
+    return j or nil
+  end
   local raw = redis.call('HGETALL', jkey(id))
   if #raw == 0 then
+    ROWS[id] = false
     return nil
   end
-  local j = {}
+  j = {}
   for i = 1, #raw, 2 do
     j[raw[i]] = raw[i + 1]
+  end
+  ROWS[id] = j
+  return j
+end
+
+-- Integer field `f` of job j, which must read as one.
+local function jint(j, f)
+  return stored_int(j[f], 'job ' .. tostring(j.id), 'job.' .. f)
+end
+
+local JOB_STATES = { waiting = true, active = true, completed = true, dead = true, cancelled = true }
+-- The fields of a job hash a function may compute with or write back:
+-- text every job has, integers every job has, integers it may have, and
+-- what an active job has besides.
+local JOB_TEXT = { 'id', 'type', 'queue', 'payload', 'retry', 'tags' }
+local JOB_INTS = {
+  'priority', 'run_at', 'attempt', 'attempts_used', 'max_attempts', 'timeout_ms', 'seq',
+  'created_at', 'updated_at',
+}
+local JOB_OPT_INTS = {
+  'first_run_at', 'deadline', 'keep_ms', 'lease_expires_at', 'lease_ms', 'started_at',
+  'claim_seq', 'done_seq', 'finished_at', 'purge_after',
+}
+local ACTIVE_INTS = { 'lease_expires_at', 'lease_ms', 'started_at' }
+
+-- The fields a retry policy of each kind must have as numbers
+-- (crate::RetryPolicy as serde writes it).
+local RETRY_NUMBERS = {
+  exponential = { 'initial_ms', 'factor', 'max_ms' },
+  fixed = { 'delay_ms' },
+  none = {},
+}
+
+-- JSON field `f` of job j, decoded; unreadable JSON ends the call.
+local function jjson(j, f, what)
+  local ok, v = pcall(cjson.decode, j[f])
+  if not ok then
+    unreadable('job ' .. j.id, 'job.' .. f, 'unreadable', what, j[f], tostring(v))
+  end
+  return v
+end
+
+-- Job j, once every field a function computes with or writes back reads
+-- as what it must be; else the call ends (unreadable) before any write.
+-- Called on every row a call will write, before the call's first write.
+local function checked(j)
+  local row = 'job ' .. tostring(j.id)
+  for _, f in ipairs(JOB_TEXT) do
+    if j[f] == nil then
+      unreadable(row, 'job.' .. f, 'null', 'value')
+    end
+  end
+  if not JOB_STATES[j.state] then
+    if j.state == nil then
+      unreadable(row, 'job.state', 'null', 'value')
+    end
+    unreadable(row, 'job.state', 'unknown', 'state', j.state)
+  end
+  for _, f in ipairs(JOB_INTS) do
+    stored_int(j[f], row, 'job.' .. f)
+  end
+  for _, f in ipairs(JOB_OPT_INTS) do
+    stored_int(j[f], row, 'job.' .. f, true)
+  end
+  if j.state == 'active' then
+    for _, f in ipairs(ACTIVE_INTS) do
+      stored_int(j[f], row, 'job.' .. f)
+    end
+  end
+  local r = jjson(j, 'retry', 'retry policy')
+  local numbers = type(r) == 'table' and RETRY_NUMBERS[r.kind]
+  if not numbers then
+    unreadable(row, 'job.retry', 'unreadable', 'retry policy', j.retry, 'not a retry policy')
+  end
+  for _, f in ipairs(numbers) do
+    if type(r[f]) ~= 'number' then
+      unreadable(row, 'job.retry', 'unreadable', 'retry policy', j.retry, 'no number ' .. f)
+    end
+  end
+  return j
+end
+
+-- checked(j), and the JSON a claim answers with decodes (the store decodes
+-- it after the call, when nothing could be taken back).
+local function checked_claim(j)
+  checked(j)
+  jjson(j, 'payload', 'payload')
+  local tags = jjson(j, 'tags', 'tags')
+  local list = type(tags) == 'table' and j.tags:match('^%s*%[')
+  if list then
+    for _, t in pairs(tags) do
+      if type(t) ~= 'string' then
+        list = false
+      end
+    end
+  end
+  if not list then
+    unreadable('job ' .. j.id, 'job.tags', 'unreadable', 'tags', j.tags, 'not a list of strings')
   end
   return j
 end
@@ -133,6 +281,26 @@ local function wmember(j)
   return string.format('%016d', tonumber(j.seq)) .. j.id
 end
 
+-- The expiry of an idempotency binding of job `job`, which must read.
+local function idem_until(job, expires)
+  return stored_int(expires, 'idempotency binding of job ' .. job, 'idem.expires')
+end
+
+-- Binds idempotency binding `name` to job `id` until `expires` (a binding
+-- there is expired: a live one decides the request). `jk:<job>` lists
+-- exactly the bindings made to the job, so the name leaves the list of a
+-- job it was bound to before, and no list outlives its job.
+local function write_binding(name, id, fp, preview, expires)
+  local k = P .. 'idem:' .. name
+  local old = redis.call('HGET', k, 'job')
+  if old and old ~= id then
+    redis.call('SREM', P .. 'jk:' .. old, name)
+  end
+  redis.call('HSET', k, 'job', id, 'fp', fp, 'preview', preview, 'created', I(NOW), 'expires', I(expires))
+  redis.call('ZADD', P .. 'idemexp', I(expires), name)
+  redis.call('SADD', P .. 'jk:' .. id, name)
+end
+
 local function ddname(jtype, key)
   return jtype .. '|' .. key
 end
@@ -141,13 +309,26 @@ local function dkkey(j)
   return P .. 'dk:' .. ddname(j.type, j.dedupe_key)
 end
 
--- Reads a dedupe binding.
+local DD_MODES = { pending = true, throttle = true, debounce = true, replace = true }
+
+-- Reads a dedupe binding; one that does not read ends the call.
 local function read_dd(jtype, key)
   local r = redis.call('HMGET', P .. 'dd:' .. ddname(jtype, key), 'job', 'mode', 'ttl', 'mw', 'acc', 'wu')
   if not r[1] then
     return nil
   end
-  return { job = r[1], mode = r[2], ttl = N(r[3]), mw = N(r[4]), acc = tonumber(r[5]), wu = N(r[6]) }
+  local row = 'dedupe binding of job ' .. r[1]
+  if not DD_MODES[r[2]] then
+    if not r[2] then
+      unreadable(row, 'dd.mode', 'null', 'value')
+    end
+    unreadable(row, 'dd.mode', 'unknown', 'dedupe mode', r[2])
+  end
+  return {
+    job = r[1], mode = r[2], ttl = stored_int(r[3], row, 'dd.ttl', true),
+    mw = stored_int(r[4], row, 'dd.mw', true), acc = stored_int(r[5], row, 'dd.acc'),
+    wu = stored_int(r[6], row, 'dd.wu', true),
+  }
 end
 
 -- Removes the dedupe binding `name` if job `id` holds it (the generation
@@ -209,9 +390,26 @@ local function park(j, lane, member)
   j.parked = '1'
 end
 
+-- Whether job j waits parked under `key` in lane `lf` as entry `member`
+-- (an entry it left behind is not). Reads no field it could fail on: a
+-- row whose lane or member cannot be computed is taken as its entry says,
+-- so its claim meets it and reports it (unreadable) rather than it being
+-- lost here, where the call may have written already.
+local function parked_here(j, key, lf, member)
+  if not (j and j.state == 'waiting' and j.parked and j.concurrency_key == key) then
+    return false
+  end
+  if j.queue and j.priority and j.type and lfield(j) ~= lf then
+    return false
+  end
+  return not int_of(j.seq) or wmember(j) == member
+end
+
 -- If no active job holds `key`, puts the best parked job of each of its
--- lanes back in that lane; an entry whose job no longer waits parked there
--- is dropped on the way.
+-- lanes back in that lane (at the run_at it was parked with); an entry
+-- whose job no longer waits parked there is dropped on the way. Cannot
+-- fail on a job's fields (parked_here), so it may run after a call's
+-- writes (settle).
 local function unpark(key)
   if redis.call('EXISTS', P .. 'ck:' .. key) == 1 then
     return
@@ -219,7 +417,7 @@ local function unpark(key)
   local l = P .. 'ckwl:' .. key
   for _, lf in ipairs(redis.call('HKEYS', l)) do
     for _ = 1, 100 do
-      local top = redis.call('ZRANGE', ckw(key, lf), 0, 0)
+      local top = redis.call('ZRANGE', ckw(key, lf), 0, 0, 'WITHSCORES')
       if #top == 0 then
         redis.call('HDEL', l, lf)
         break
@@ -227,11 +425,13 @@ local function unpark(key)
       local member = top[1]
       unlist_parked(key, lf, member)
       local j = load(member:sub(17))
-      if j and j.state == 'waiting' and j.parked and j.concurrency_key == key
-        and lfield(j) == lf and wmember(j) == member then
+      if parked_here(j, key, lf, member) then
         redis.call('HDEL', jkey(j.id), 'parked')
-        redis.call('ZADD', wkey(j), j.run_at, member)
-        WOKEN[j.queue] = true
+        j.parked = nil
+        redis.call('ZADD', P .. 'w:' .. lf, top[2], member)
+        if j.queue then
+          WOKEN[j.queue] = true
+        end
         break
       end
     end
@@ -367,7 +567,7 @@ local function keyed(j)
   if not j then
     return keyed_of(nil)
   end
-  return keyed_of(j.state, tonumber(j.attempt), tonumber(j.run_at))
+  return keyed_of(j.state, jint(j, 'attempt'), jint(j, 'run_at'))
 end
 
 -- Liveness of a binding (crate::dedupe::Binding::is_live).

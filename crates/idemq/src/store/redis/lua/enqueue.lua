@@ -14,7 +14,7 @@ local function idem_get(scope, hash)
   if b == nil then
     local r = redis.call('HMGET', P .. 'idem:' .. name, 'job', 'fp', 'expires')
     if r[1] then
-      b = { job = r[1], fp = r[2], expires = tonumber(r[3]) }
+      b = { job = r[1], fp = r[2], expires = idem_until(r[1], r[3]) }
     else
       b = false
     end
@@ -32,7 +32,11 @@ local function ejob(id)
   if j == nil then
     local r = redis.call('HMGET', jkey(id), 'state', 'attempt', 'run_at', 'fingerprint')
     if r[1] then
-      j = { state = r[1], attempt = tonumber(r[2]), run_at = tonumber(r[3]), fp = r[4] }
+      local row = 'job ' .. id
+      j = {
+        state = r[1], attempt = stored_int(r[2], row, 'job.attempt'),
+        run_at = stored_int(r[3], row, 'job.run_at'), fp = r[4],
+      }
     else
       j = false
     end
@@ -70,10 +74,7 @@ local function bind_key(scope, hash, preview, ttl_ms, job_id, fp)
   local expires = NOW + ttl_ms * 1000
   O.idem[name] = { job = job_id, fp = fp, expires = expires }
   later(function()
-    redis.call('HSET', P .. 'idem:' .. name, 'job', job_id, 'fp', fp, 'preview', preview,
-      'created', I(NOW), 'expires', I(expires))
-    redis.call('ZADD', P .. 'idemexp', I(expires), name)
-    redis.call('SADD', P .. 'jk:' .. job_id, name)
+    write_binding(name, job_id, fp, preview, expires)
   end)
 end
 
@@ -201,6 +202,7 @@ local function write_job(p, id, run_at)
     redis.call('SADD', P .. 'dk:' .. ddname(p.type, p.dkey), id)
   end
   redis.call('HSET', jkey(id), unpack(h))
+  ROWS[id] = nil
   local q = p.queue
   redis.call('ZADD', P .. 'qj:' .. q, s, id)
   local lane = p.priority .. '|' .. p.type
@@ -222,6 +224,12 @@ local function insert_job(p, id, run_at)
 end
 
 local function replace_job(p, id, run_at)
+  -- The stored row is written over: it must read (one this batch creates
+  -- is not stored yet, and is read when its write has run).
+  local stored = load(id)
+  if stored then
+    checked(stored)
+  end
   local ej = O.jobs[id]
   ej.run_at = run_at
   ej.fp = p.fp

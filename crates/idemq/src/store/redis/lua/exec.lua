@@ -157,21 +157,190 @@ local function end_attempt(j, e)
   return { 'cancelled', '' }
 end
 
--- Records every expired lease (at most `limit`).
-local function reap(limit)
-  local ids = redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', I(NOW), 'LIMIT', 0, limit)
-  local n = 0
+-- A claim, a batch of completions and the reaping of expired leases act
+-- on many jobs, each decision depending on the ones before it (a
+-- completion frees a key whose parked job the claim then takes; a reaped
+-- job is claimable at once). Each is decided in full over a view (v) of
+-- the stored state with the call's earlier decisions laid over it, every
+-- row it will write checked on the way, and only then applied in order:
+-- a row that does not read ends the call with nothing written.
+--   v.rows[id]  the job as the decisions so far leave it (a copy once
+--               changed; the stored row, from ROWS, until then)
+--   v.ck[key]   the job holding a concurrency key (false: free)
+--   v.freed     the keys the decisions so far free, to settle
+--   v.gone      jobs the decisions take out of `leases`, and how many
+--   v.extra     entries the decisions add to lanes, by lane key
+local function view()
+  return { rows = {}, ck = {}, freed = {}, gone = {}, ngone = 0, extra = {} }
+end
+
+local function vrow(v, id)
+  local j = v.rows[id]
+  if j == nil then
+    j = load(id) or false
+    v.rows[id] = j
+  end
+  return j or nil
+end
+
+-- Lays the changes `ch` (false deletes a field) over job j in the view.
+local function vset(v, j, ch)
+  local c = {}
+  for k, x in pairs(j) do
+    c[k] = x
+  end
+  for k, x in pairs(ch) do
+    if x == false then
+      c[k] = nil
+    elseif type(x) == 'number' then
+      c[k] = I(x)
+    else
+      c[k] = x
+    end
+  end
+  v.rows[j.id] = c
+  return c
+end
+
+local function vholder(v, key)
+  local h = v.ck[key]
+  if h == nil then
+    h = redis.call('GET', P .. 'ck:' .. key) or false
+    v.ck[key] = h
+  end
+  return h or nil
+end
+
+-- Active job j leaves the active state in the view (leave() in common.lua).
+local function vleave_active(v, j)
+  v.gone[j.id] = true
+  v.ngone = v.ngone + 1
+  local key = j.concurrency_key
+  if key and vholder(v, key) == j.id then
+    v.ck[key] = false
+    v.freed[key] = true
+  end
+end
+
+local function vextra(v, lane, member, score, j)
+  local l = v.extra[lane]
+  if not l then
+    l = {}
+    v.extra[lane] = l
+  end
+  l[#l + 1] = { member = member, score = score, queue = j.queue, prio = tonumber(j.priority), type = j.type }
+end
+
+-- The completions of args from `at`, (id, token, has result, result) × n:
+-- per item {id, result}, or false for a lost lease.
+local function plan_completions(v, args, at, n)
+  local plan = {}
+  for k = 0, n - 1 do
+    local i = at + k * 4
+    local j = vrow(v, args[i])
+    if j and j.state == 'active' and j.lease_token == args[i + 1] then
+      checked(j)
+      local result = nil
+      if args[i + 2] == '1' then
+        result = args[i + 3]
+      end
+      plan[#plan + 1] = { id = j.id, result = result }
+      vleave_active(v, j)
+      vset(v, j, { state = 'completed' })
+    else
+      plan[#plan + 1] = false
+    end
+  end
+  return plan
+end
+
+local function apply_completions(plan)
+  local out = {}
+  for _, d in ipairs(plan) do
+    if d then
+      end_attempt(load(d.id), { kind = 'completed', result = d.result })
+      out[#out + 1] = 1
+    else
+      out[#out + 1] = 0
+    end
+  end
+  return out
+end
+
+-- The expired leases to record (at most `limit`, counted as if the
+-- decisions before had been written): per entry {id, reap} (reap false
+-- drops an entry its job left behind).
+local function plan_reap(v, limit)
+  local plan = {}
+  local ids = redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', I(NOW), 'LIMIT', 0, limit + v.ngone)
+  local seen = 0
   for _, id in ipairs(ids) do
-    local j = load(id)
-    if j and j.state == 'active' and tonumber(j.lease_expires_at) <= NOW then
-      end_attempt(j, { kind = 'lease_expired' })
+    if seen >= limit then
+      break
+    end
+    if not v.gone[id] then
+      seen = seen + 1
+      local j = vrow(v, id)
+      if j and j.state == 'active' then
+        checked(j)
+        if jint(j, 'lease_expires_at') <= NOW then
+          plan[#plan + 1] = { id = id, reap = true }
+          local used = jint(j, 'attempts_used') + 1
+          local next = decide_next(j, { kind = 'lease_expired' }, used)
+          vleave_active(v, j)
+          if next[1] == 'waiting' then
+            -- Back in its lane, due at once: this call's claim may take it.
+            vextra(v, wkey(j), wmember(j), next[2], j)
+            vset(v, j, {
+              state = 'waiting', run_at = next[2], attempts_used = used, lease_token = false,
+              lease_expires_at = false, lease_ms = false, worker = false, started_at = false,
+              claim_seq = false, parked = false,
+            })
+          else
+            vset(v, j, { state = next[1] })
+          end
+        end
+      else
+        plan[#plan + 1] = { id = id, reap = false }
+      end
+    end
+  end
+  return plan
+end
+
+local function apply_reap(plan)
+  local n = 0
+  for _, d in ipairs(plan) do
+    if d.reap then
+      end_attempt(load(d.id), { kind = 'lease_expired' })
       n = n + 1
-    elseif not j or j.state ~= 'active' then
-      -- An entry its job left behind: drop it.
-      redis.call('ZREM', P .. 'leases', id)
+    else
+      redis.call('ZREM', P .. 'leases', d.id)
     end
   end
   return n
+end
+
+-- What settle() will put back in lanes for the keys the decisions freed
+-- (unpark in common.lua, read only).
+local function plan_settle(v)
+  for key in pairs(v.freed) do
+    if not vholder(v, key) then
+      for _, lf in ipairs(redis.call('HKEYS', P .. 'ckwl:' .. key)) do
+        local top = redis.call('ZRANGE', ckw(key, lf), 0, 99, 'WITHSCORES')
+        for i = 1, #top, 2 do
+          local member = top[i]
+          local j = vrow(v, member:sub(17))
+          if parked_here(j, key, lf, member) then
+            vextra(v, P .. 'w:' .. lf, member, tonumber(top[i + 1]), j)
+            vset(v, j, { parked = false })
+            break
+          end
+        end
+      end
+    end
+  end
+  v.freed = {}
 end
 
 -- Candidates a claim parks without taking them, at most: a bound on one
@@ -200,103 +369,171 @@ local function claim_one(j, c)
   }
 end
 
--- Claims up to c.limit due jobs: highest priority first, then oldest
--- run_at, then acceptance, across the waiting lists of the queues and
--- types asked for (one list per queue, priority and type).
-local function claim(c)
-  local claimed = {}
-  if c.limit <= 0 then
-    return claimed
-  end
-  reap(1000)
-  -- A key freed by the reap or by this call's completions offers its
-  -- parked job before the lanes are read.
-  settle()
+-- Whether lane entry (m, s) comes before (bm, bs): earlier run_at, then
+-- acceptance (the member's first 16 characters, its sequence number).
+local function before(s, m, bs, bm)
+  return s < bs or (s == bs and m:sub(1, 16) < bm:sub(1, 16))
+end
+
+-- The claim of up to c.limit due jobs: highest priority first, then
+-- oldest run_at, then acceptance, across the waiting lists of the queues
+-- and types asked for (one list per queue, priority and type) with the
+-- entries the decisions before add to them. Per entry met, in order:
+-- {kind = 'claim' | 'park' | 'dead' | 'drop', id, lane, member}.
+local function plan_claim(v, c)
+  local plan = { n = 0, wake = nil }
   local queues = c.queues
   if #queues == 0 then
     queues = redis.call('SMEMBERS', P .. 'queues')
   end
-  local lists = {}
+  local lists, bykey = {}, {}
+  local function list(key, prio)
+    local l = bykey[key]
+    if not l then
+      l = { key = key, prio = prio, buf = {}, pos = 1, off = 0, done = false, extra = {}, x = 1 }
+      bykey[key] = l
+      lists[#lists + 1] = l
+    end
+    return l
+  end
+  local open = {}
   for _, q in ipairs(queues) do
     if redis.call('HGET', P .. 'paused', q) ~= '1' then
+      open[q] = true
       local fields = redis.call('HKEYS', P .. 'wl:' .. q)
       for _, f in ipairs(fields) do
         local bar = string.find(f, '|', 2, true)
         local prio, jtype = tonumber(f:sub(1, bar - 1)), f:sub(bar + 1)
         if not c.types or c.types[jtype] then
-          lists[#lists + 1] = { key = P .. 'w:' .. q .. '|' .. f, prio = prio, buf = {}, pos = 1, done = false }
+          list(P .. 'w:' .. q .. '|' .. f, prio)
         end
       end
     end
   end
+  for key, entries in pairs(v.extra) do
+    for _, e in ipairs(entries) do
+      if open[e.queue] and e.score <= NOW and (not c.types or c.types[e.type]) then
+        local l = list(key, e.prio)
+        l.extra[#l.extra + 1] = e
+      end
+    end
+  end
+  for _, l in ipairs(lists) do
+    table.sort(l.extra, function(a, b)
+      return before(a.score, a.member, b.score, b.member)
+    end)
+  end
+  -- The next entry of a lane, and whether it is one the decisions added.
+  -- Nothing is written while deciding, so the stored lane is read on from
+  -- where the last page ended.
   local function head(l)
     if l.pos > #l.buf and not l.done then
-      -- Every entry read before has left the lane (claimed, parked or
-      -- dropped), so the next page starts at the lane's head again.
-      l.buf = redis.call('ZRANGEBYSCORE', l.key, '-inf', I(NOW), 'WITHSCORES', 'LIMIT', 0, PAGE)
+      l.buf = redis.call('ZRANGEBYSCORE', l.key, '-inf', I(NOW), 'WITHSCORES', 'LIMIT', l.off, PAGE)
       l.pos = 1
+      l.off = l.off + #l.buf / 2
       if #l.buf < PAGE * 2 then
         l.done = true
       end
     end
-    if l.pos > #l.buf then
-      return nil
+    local m, s = nil, nil
+    if l.pos <= #l.buf then
+      m, s = l.buf[l.pos], tonumber(l.buf[l.pos + 1])
     end
-    return l.buf[l.pos], tonumber(l.buf[l.pos + 1])
+    local e = l.extra[l.x]
+    if e and (m == nil or before(e.score, e.member, s, m)) then
+      return e.member, e.score, true
+    end
+    return m, s, false
   end
   local taken = {}
   local skipped, ended = 0, 0
-  local ended_queue = nil
-  while #claimed < c.limit and skipped < SKIP_LIMIT and ended < DEADLINE_LIMIT do
-    local best, bm, bs = nil, nil, nil
+  local function add(kind, j, lane, member)
+    plan[#plan + 1] = { kind = kind, id = j.id, lane = lane, member = member }
+  end
+  while plan.n < c.limit and skipped < SKIP_LIMIT and ended < DEADLINE_LIMIT do
+    local best, bm, bs, bx = nil, nil, nil, false
     for _, l in ipairs(lists) do
-      local m, s = head(l)
+      local m, s, x = head(l)
       if m then
         local better = best == nil or l.prio > best.prio
-          or (l.prio == best.prio and (s < bs or (s == bs and m:sub(1, 16) < bm:sub(1, 16))))
+          or (l.prio == best.prio and before(s, m, bs, bm))
         if better then
-          best, bm, bs = l, m, s
+          best, bm, bs, bx = l, m, s, x
         end
       end
     end
     if not best then
       break
     end
-    best.pos = best.pos + 2
-    local id = bm:sub(17)
-    local j = load(id)
+    if bx then
+      best.x = best.x + 1
+    else
+      best.pos = best.pos + 2
+    end
+    local j = vrow(v, bm:sub(17))
     if not j or j.state ~= 'waiting' then
       -- An entry its job left behind: drop it.
-      redis.call('ZREM', best.key, bm)
-    elseif j.concurrency_key and not taken[j.concurrency_key]
-      and redis.call('EXISTS', P .. 'ck:' .. j.concurrency_key) == 1 then
-      -- Its key is held by a job that was active before this claim: not a
-      -- candidate at all (as on SQL), so a passed deadline is left for the
-      -- claim that finds the key free. Parked until then.
-      park(j, best.key, bm)
-      skipped = skipped + 1
-    elseif N(j.deadline) and N(j.deadline) <= NOW then
-      -- Past its deadline: never started.
-      finish(j, 'dead', tonumber(j.attempts_used), 'deadline')
-      event(id, 'dead', obj('reason', js('deadline')))
-      ended = ended + 1
-      ended_queue = j.queue
-    elseif j.concurrency_key and taken[j.concurrency_key] then
-      -- Its key was taken by this claim: parked until that job ends.
-      park(j, best.key, bm)
-      skipped = skipped + 1
+      plan[#plan + 1] = { kind = 'drop', lane = best.key, member = bm }
     else
-      if j.concurrency_key then
-        taken[j.concurrency_key] = true
+      checked(j)
+      local key = j.concurrency_key
+      local deadline = N(j.deadline)
+      if key and not taken[key] and vholder(v, key) then
+        -- Its key is held by a job that was active before this claim: not
+        -- a candidate at all (as on SQL), so a passed deadline is left for
+        -- the claim that finds the key free. Parked until then.
+        add('park', j, best.key, bm)
+        vset(v, j, { parked = '1' })
+        skipped = skipped + 1
+      elseif deadline and deadline <= NOW then
+        -- Past its deadline: never started.
+        add('dead', j)
+        vset(v, j, { state = 'dead' })
+        ended = ended + 1
+        plan.wake = j.queue
+      elseif key and taken[key] then
+        -- Its key was taken by this claim: parked until that job ends.
+        add('park', j, best.key, bm)
+        vset(v, j, { parked = '1' })
+        skipped = skipped + 1
+      else
+        checked_claim(j)
+        if key then
+          taken[key] = true
+          v.ck[key] = j.id
+        end
+        add('claim', j)
+        vset(v, j, { state = 'active' })
+        plan.n = plan.n + 1
       end
-      claimed[#claimed + 1] = claim_one(j, c)
     end
   end
   -- Stopped at its bound of jobs past their deadline with slots left:
   -- due jobs may wait behind the ones left, so the workers are woken to
   -- claim again at once rather than at their next poll (as on SQL).
-  if ended >= DEADLINE_LIMIT and #claimed < c.limit then
-    wake(ended_queue)
+  if not (ended >= DEADLINE_LIMIT and plan.n < c.limit) then
+    plan.wake = nil
+  end
+  return plan
+end
+
+local function apply_claim(plan, c)
+  local claimed = {}
+  for _, d in ipairs(plan) do
+    if d.kind == 'drop' then
+      redis.call('ZREM', d.lane, d.member)
+    elseif d.kind == 'park' then
+      park(load(d.id), d.lane, d.member)
+    elseif d.kind == 'dead' then
+      local j = load(d.id)
+      finish(j, 'dead', tonumber(j.attempts_used), 'deadline')
+      event(j.id, 'dead', obj('reason', js('deadline')))
+    else
+      claimed[#claimed + 1] = claim_one(load(d.id), c)
+    end
+  end
+  if plan.wake then
+    wake(plan.wake)
   end
   return claimed
 end
@@ -323,37 +560,40 @@ local function claim_args(args, at)
   return c, i
 end
 
+-- Completions (args from `done_at`, n of them), then the claim c (nothing
+-- for a limit of 0): reaping up to 1000 expired leases first, and a key
+-- the completions or the reap free offering its parked job before the
+-- lanes are read. Returns {completion flags, claimed jobs}.
+local function complete_and_claim(args, done_at, n, c)
+  local v = view()
+  local done = plan_completions(v, args, done_at, n)
+  local reaped, claims = nil, nil
+  if c.limit > 0 then
+    reaped = plan_reap(v, 1000)
+    plan_settle(v)
+    claims = plan_claim(v, c)
+  end
+  -- Writes only from here on.
+  local flags = apply_completions(done)
+  local claimed = {}
+  if claims then
+    apply_reap(reaped)
+    settle()
+    claimed = apply_claim(claims, c)
+  end
+  return { flags, claimed }
+end
+
 reg('claim', function(args)
   local c = claim_args(args, 3)
-  return claim(c)
+  return complete_and_claim(args, 3, 0, c)[2]
 end)
-
--- Completions: args from `at` are (id, token, has result, result) × n.
-local function complete_all(args, at, n)
-  local out = {}
-  for k = 0, n - 1 do
-    local i = at + k * 4
-    local j = load_active(args[i], args[i + 1])
-    if j then
-      local result = nil
-      if args[i + 2] == '1' then
-        result = args[i + 3]
-      end
-      end_attempt(j, { kind = 'completed', result = result })
-      out[#out + 1] = 1
-    else
-      out[#out + 1] = 0
-    end
-  end
-  return out
-end
 
 -- args: prefix, clock, n, completions…, then the claim's arguments.
 reg('complete_and_claim', function(args)
   local n = tonumber(args[3])
-  local done = complete_all(args, 4, n)
   local c = claim_args(args, 4 + n * 4)
-  return { done, claim(c) }
+  return complete_and_claim(args, 4, n, c)
 end)
 
 reg('heartbeat', function(args)
@@ -361,6 +601,7 @@ reg('heartbeat', function(args)
   if not j then
     return { 'lease_lost' }
   end
+  checked(j)
   -- The server enforces the timeout and the deadline for workers it cannot
   -- interrupt: a heartbeat past either records the attempt so.
   if NOW >= tonumber(j.started_at) + tonumber(j.timeout_ms) * 1000 then
@@ -373,6 +614,7 @@ reg('heartbeat', function(args)
   end
   local expires = NOW + tonumber(j.lease_ms) * 1000
   redis.call('HSET', jkey(j.id), 'lease_expires_at', I(expires))
+  j.lease_expires_at = I(expires)
   redis.call('ZADD', P .. 'leases', I(expires), j.id)
   return { 'ok', I(expires), j.cancel_requested == '1' and 1 or 0 }
 end)
@@ -383,6 +625,7 @@ reg('fail', function(args)
   if not j then
     return { 'lease_lost' }
   end
+  checked(j)
   local e
   if A(args[8]) then
     e = { kind = 'snoozed', snooze = A(args[8]) }
@@ -398,6 +641,7 @@ reg('release', function(args)
   if not j then
     return { 'lease_lost' }
   end
+  checked(j)
   local r = end_attempt(j, { kind = 'released' })
   return { 'ok', r[1] }
 end)
@@ -415,7 +659,10 @@ reg('checkpoint_put', function(args)
 end)
 
 reg('lease_reap', function(args)
-  local n = reap(tonumber(args[3]))
+  local v = view()
+  local plan = plan_reap(v, tonumber(args[3]))
+  -- Writes only from here on.
+  local n = apply_reap(plan)
   -- Keys with parked jobs and no holder, a sample a pass: a key released by
   -- an older version of this library, which does not unpark, is settled
   -- here.

@@ -36,9 +36,10 @@ reg('schedule_put', function(args)
   local paused, at, cron_next = args[8] == '1', tonumber(args[9]), A(args[10])
   local old = redis.call('HMGET', skey(name), 'cron', 'every_ms', 'timezone', 'created_at', 'next_fire_at')
   local exists = old[4] ~= false
+  local row = 'schedule ' .. js(name)
   local anchor = at
   if exists then
-    anchor = tonumber(old[4])
+    anchor = stored_int(old[4], row, 'sch.created_at')
   end
   local fresh = cron_next
   if every then
@@ -48,7 +49,7 @@ reg('schedule_put', function(args)
   if paused then
     next = nil
   elseif exists and old[5] and (old[1] or '') == cron and N(old[2]) == every and old[3] == tz then
-    next = tonumber(old[5])
+    next = stored_int(old[5], row, 'sch.next_fire_at')
   end
   local k = skey(name)
   if not exists then
@@ -103,18 +104,20 @@ reg('schedule_mark_fired', function(args)
   if not s[4] or (s[1] or '') ~= cron or N(s[2]) ~= every or s[3] ~= tz then
     return 0
   end
-  if fired and s[5] and tonumber(s[5]) > fired then
+  local row = 'schedule ' .. js(name)
+  local last = stored_int(s[5], row, 'sch.last_fired_at', true)
+  if fired and last and last > fired then
     return 0
   end
+  if next then
+    next = math.max(stored_int(s[4], row, 'sch.next_fire_at'), next)
+  end
+  -- Writes only from here on.
   local k = skey(name)
   if fired then
     redis.call('HSET', k, 'last_fired_at', I(fired))
   end
-  if next then
-    set_next(name, math.max(tonumber(s[4]), next))
-  else
-    set_next(name, nil)
-  end
+  set_next(name, next)
   if has_error then
     redis.call('HSET', k, 'last_error', err, 'last_error_at', I(NOW))
   elseif fired then
