@@ -1388,6 +1388,33 @@ async fn assert_untouched(env: &Env, id: &str) {
     assert_eq!(env.kinds(id).await, vec!["accepted"], "{id}");
 }
 
+/// Two jobs of type `t`, in order, the second's `field` then set to
+/// `value` by hand: (the good one, the bad one).
+async fn good_then_bad(
+    env: &Env,
+    good: EnqueueRequest,
+    field: &str,
+    value: &str,
+) -> (String, String) {
+    let good = env.queue.enqueue(good).await.expect("good");
+    let bad = env
+        .queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("bad");
+    corrupt(env, &bad, field, value).await;
+    (good, bad)
+}
+
+/// Claim options of worker `w-1` for `limit` jobs.
+fn up_to(limit: u32) -> ClaimOptions {
+    ClaimOptions {
+        limit,
+        worker: "w-1".into(),
+        ..ClaimOptions::default()
+    }
+}
+
 /// A claim whose second candidate's row does not read fails as a whole
 /// and leases nothing (Redis cannot take back a function's writes, so the
 /// function checks every row it will write before its first write), as
@@ -1396,26 +1423,14 @@ async fn assert_untouched(env: &Env, id: &str) {
 #[tokio::test]
 async fn a_claim_that_meets_an_unreadable_row_leases_nothing() {
     let env = Env::new().await;
-    let good = env
-        .queue
-        .enqueue(EnqueueRequest::new("t").max_attempts(1))
-        .await
-        .expect("good");
-    let bad = env
-        .queue
-        .enqueue(EnqueueRequest::new("t"))
-        .await
-        .expect("bad");
-    corrupt(&env, &bad, "attempt", "x").await;
-    let message = backend_message(
-        env.queue
-            .claim(ClaimOptions {
-                limit: 2,
-                worker: "w-1".into(),
-                ..ClaimOptions::default()
-            })
-            .await,
-    );
+    let (good, bad) = good_then_bad(
+        &env,
+        EnqueueRequest::new("t").max_attempts(1),
+        "attempt",
+        "x",
+    )
+    .await;
+    let message = backend_message(env.queue.claim(up_to(2)).await);
     assert!(message.contains("(job.attempt)"), "{message}");
     assert!(message.contains(&bad), "{message}");
     assert!(message.contains("\"x\""), "{message}");
@@ -1438,26 +1453,9 @@ async fn a_claim_that_meets_an_unreadable_row_leases_nothing() {
 #[tokio::test]
 async fn a_claim_that_meets_an_undecodable_payload_leases_nothing() {
     let env = Env::new().await;
-    let good = env
-        .queue
-        .enqueue(EnqueueRequest::new("t"))
-        .await
-        .expect("good");
-    let bad = env
-        .queue
-        .enqueue(EnqueueRequest::new("t"))
-        .await
-        .expect("bad");
-    corrupt(&env, &bad, "payload", "{\"half\": ").await;
-    let message = backend_message(
-        env.queue
-            .claim(ClaimOptions {
-                limit: 2,
-                worker: "w-1".into(),
-                ..ClaimOptions::default()
-            })
-            .await,
-    );
+    let (good, _bad) =
+        good_then_bad(&env, EnqueueRequest::new("t"), "payload", "{\"half\": ").await;
+    let message = backend_message(env.queue.claim(up_to(2)).await);
     assert!(message.contains("(job.payload)"), "{message}");
     assert_untouched(&env, &good).await;
 }
@@ -1475,17 +1473,7 @@ async fn a_complete_and_claim_that_meets_an_unreadable_row_records_no_completion
         .expect("done");
     let running = env.claim(1).await.remove(0);
     assert_eq!(running.id, done);
-    let good = env
-        .queue
-        .enqueue(EnqueueRequest::new("t"))
-        .await
-        .expect("good");
-    let bad = env
-        .queue
-        .enqueue(EnqueueRequest::new("t"))
-        .await
-        .expect("bad");
-    corrupt(&env, &bad, "attempt", "x").await;
+    let (good, _bad) = good_then_bad(&env, EnqueueRequest::new("t"), "attempt", "x").await;
     let completion = || idemq::Completion {
         job_id: done.clone(),
         lease_token: running.lease_token.clone(),
@@ -1493,14 +1481,7 @@ async fn a_complete_and_claim_that_meets_an_unreadable_row_records_no_completion
     };
     let message = backend_message(
         env.queue
-            .complete_and_claim(
-                vec![completion()],
-                ClaimOptions {
-                    limit: 2,
-                    worker: "w-1".into(),
-                    ..ClaimOptions::default()
-                },
-            )
+            .complete_and_claim(vec![completion()], up_to(2))
             .await,
     );
     assert!(message.contains("(job.attempt)"), "{message}");
@@ -1512,14 +1493,7 @@ async fn a_complete_and_claim_that_meets_an_unreadable_row_records_no_completion
     // The retried completion alone lands.
     let (completed, claimed) = env
         .queue
-        .complete_and_claim(
-            vec![completion()],
-            ClaimOptions {
-                limit: 0,
-                worker: "w-1".into(),
-                ..ClaimOptions::default()
-            },
-        )
+        .complete_and_claim(vec![completion()], up_to(0))
         .await
         .expect("completion alone");
     assert!(completed.iter().all(Result::is_ok), "{completed:?}");
