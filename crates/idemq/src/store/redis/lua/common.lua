@@ -29,6 +29,10 @@ local FREED = {}
 -- table kept equal to the stored hash by every write of it: a row is read
 -- once per call, and a row decided on is the row written.
 local ROWS = {}
+-- The rows (tables) this call has checked, and the retry policies (by
+-- their text) it has found readable: each is checked once per call.
+local CHECKED = {}
+local RETRIES = {}
 
 local function I(x)
   return string.format('%d', x)
@@ -68,6 +72,8 @@ local function begin(args)
   WOKEN = {}
   FREED = {}
   ROWS = {}
+  CHECKED = {}
+  RETRIES = {}
 end
 
 -- A JSON string.
@@ -185,40 +191,63 @@ end
 -- Job j, once every field a function computes with or writes back reads
 -- as what it must be; else the call ends (unreadable) before any write.
 -- Called on every row a call will write, before the call's first write.
+-- Ends the call on field f of job j (its name built only then).
+local function bad_field(j, f, kind, what, value, detail)
+  unreadable('job ' .. tostring(j.id), 'job.' .. f, kind, what, value, detail)
+end
+
+-- Field f of job j must read as an integer (or be absent, if optional).
+local function int_field(j, f, optional)
+  local s = j[f]
+  if s == nil or s == false then
+    if not optional then
+      bad_field(j, f, 'null', 'value')
+    end
+  elseif int_of(s) == nil then
+    bad_field(j, f, 'invalid', 'a non-integer value', s)
+  end
+end
+
 local function checked(j)
-  local row = 'job ' .. tostring(j.id)
+  if CHECKED[j] then
+    return j
+  end
   for _, f in ipairs(JOB_TEXT) do
     if j[f] == nil then
-      unreadable(row, 'job.' .. f, 'null', 'value')
+      bad_field(j, f, 'null', 'value')
     end
   end
   if not JOB_STATES[j.state] then
     if j.state == nil then
-      unreadable(row, 'job.state', 'null', 'value')
+      bad_field(j, 'state', 'null', 'value')
     end
-    unreadable(row, 'job.state', 'unknown', 'state', j.state)
+    bad_field(j, 'state', 'unknown', 'state', j.state)
   end
   for _, f in ipairs(JOB_INTS) do
-    stored_int(j[f], row, 'job.' .. f)
+    int_field(j, f)
   end
   for _, f in ipairs(JOB_OPT_INTS) do
-    stored_int(j[f], row, 'job.' .. f, true)
+    int_field(j, f, true)
   end
   if j.state == 'active' then
     for _, f in ipairs(ACTIVE_INTS) do
-      stored_int(j[f], row, 'job.' .. f)
+      int_field(j, f)
     end
   end
-  local r = jjson(j, 'retry', 'retry policy')
-  local numbers = type(r) == 'table' and RETRY_NUMBERS[r.kind]
-  if not numbers then
-    unreadable(row, 'job.retry', 'unreadable', 'retry policy', j.retry, 'not a retry policy')
-  end
-  for _, f in ipairs(numbers) do
-    if type(r[f]) ~= 'number' then
-      unreadable(row, 'job.retry', 'unreadable', 'retry policy', j.retry, 'no number ' .. f)
+  if not RETRIES[j.retry] then
+    local r = jjson(j, 'retry', 'retry policy')
+    local numbers = type(r) == 'table' and RETRY_NUMBERS[r.kind]
+    if not numbers then
+      bad_field(j, 'retry', 'unreadable', 'retry policy', j.retry, 'not a retry policy')
     end
+    for _, f in ipairs(numbers) do
+      if type(r[f]) ~= 'number' then
+        bad_field(j, 'retry', 'unreadable', 'retry policy', j.retry, 'no number ' .. f)
+      end
+    end
+    RETRIES[j.retry] = true
   end
+  CHECKED[j] = true
   return j
 end
 
