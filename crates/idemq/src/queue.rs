@@ -212,6 +212,15 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// The first pause of [`Queue::wait`], and the longest.
+const FIRST_LOOK: Duration = Duration::from_millis(50);
+const LAST_LOOK: Duration = Duration::from_secs(1);
+
+/// The pause of [`Queue::wait`] after `pause`: twice it, up to [`LAST_LOOK`].
+fn next_look(pause: Duration) -> Duration {
+    (pause * 2).min(LAST_LOOK)
+}
+
 impl Queue {
     /// Connects to the backend the URL names: `sqlite://path/to/file.db`
     /// (created if missing), `sqlite::memory:`, `postgres://…` (whose
@@ -519,18 +528,23 @@ impl Queue {
     }
 
     /// Waits up to `timeout` for a job to turn terminal and returns it as it
-    /// is then (`NotFound` for an unknown id).
+    /// is then (`NotFound` for an unknown id). It reads the job again after
+    /// 50 ms, then after twice the last pause, up to a second: a job that
+    /// ends soon is seen soon, and one that runs long costs a read a second.
     pub async fn wait(&self, job_id: &str, timeout: Duration) -> Result<Job> {
         let until = tokio::time::Instant::now() + timeout;
+        let mut pause = FIRST_LOOK;
         loop {
             let job = self
                 .get(job_id)
                 .await?
                 .ok_or_else(|| Error::job_not_found(job_id))?;
-            if job.state.is_terminal() || tokio::time::Instant::now() >= until {
+            let now = tokio::time::Instant::now();
+            if job.state.is_terminal() || now >= until {
                 return Ok(job);
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(pause.min(until - now)).await;
+            pause = next_look(pause);
         }
     }
 
@@ -1267,4 +1281,21 @@ fn answers<T>(slots: Vec<Option<Error>>, stored: Vec<Result<T>>, what: &str) -> 
             }),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_backs_off_to_one_look_a_second() {
+        let mut pause = FIRST_LOOK;
+        let mut pauses = vec![pause];
+        for _ in 0..6 {
+            pause = next_look(pause);
+            pauses.push(pause);
+        }
+        let ms: Vec<u128> = pauses.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, [50, 100, 200, 400, 800, 1000, 1000]);
+    }
 }

@@ -1548,6 +1548,23 @@ async fn keys(env: &Env, pattern: &str) -> Vec<String> {
     found
 }
 
+/// A job of type `t` with key `k`, kept an hour.
+fn keyed_k() -> EnqueueRequest {
+    EnqueueRequest::new("t")
+        .idempotency(idemq::IdempotencyOptions::new("k").ttl(Duration::from_secs(3600)))
+}
+
+/// The id of a job of `keyed_k()` that ran and completed.
+async fn ran_keyed(env: &Env) -> String {
+    let id = env.queue.enqueue(keyed_k()).await.expect("first");
+    let c = env.claim(1).await.remove(0);
+    env.queue
+        .complete(&id, &c.lease_token, None)
+        .await
+        .expect("complete");
+    id
+}
+
 /// A job that ran keeps its idempotency bindings after a purge, until
 /// their ttl; the list of them (`jk:<id>`) goes with the job, so a key
 /// that expires and is taken by another job before the sweep leaves no
@@ -1555,16 +1572,8 @@ async fn keys(env: &Env, pattern: &str) -> Vec<String> {
 #[tokio::test]
 async fn a_purged_job_leaves_no_list_of_its_keys() {
     let env = Env::new().await;
-    let req = || {
-        EnqueueRequest::new("t")
-            .idempotency(idemq::IdempotencyOptions::new("k").ttl(Duration::from_secs(3600)))
-    };
-    let first = env.queue.enqueue(req()).await.expect("first");
-    let c = env.claim(1).await.remove(0);
-    env.queue
-        .complete(&first, &c.lease_token, None)
-        .await
-        .expect("complete");
+    let req = keyed_k;
+    let first = ran_keyed(&env).await;
     assert!(env.queue.purge(&first).await.expect("purge"));
     assert_eq!(
         keys(&env, &format!("jk:{first}")).await,
@@ -1592,16 +1601,8 @@ async fn a_purged_job_leaves_no_list_of_its_keys() {
 #[tokio::test]
 async fn a_reused_key_leaves_the_list_of_the_job_it_was_bound_to() {
     let env = Env::new().await;
-    let req = || {
-        EnqueueRequest::new("t")
-            .idempotency(idemq::IdempotencyOptions::new("k").ttl(Duration::from_secs(3600)))
-    };
-    let first = env.queue.enqueue(req()).await.expect("first");
-    let c = env.claim(1).await.remove(0);
-    env.queue
-        .complete(&first, &c.lease_token, None)
-        .await
-        .expect("complete");
+    let req = keyed_k;
+    let first = ran_keyed(&env).await;
     env.advance_ms(3_600_001).await;
     let second = env.queue.enqueue(req()).await.expect("second");
     assert_ne!(second, first);

@@ -14,7 +14,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::ApiState;
 use super::extract::{Json, NoBody, OptionalJson, Path, Query, idempotency_key, query_number};
-use super::long_poll::{self, UNAVAILABLE_WAIT};
+use super::long_poll::UNAVAILABLE_WAIT;
 use super::problem::{ApiResult, Problem};
 use super::schema::{BulkLimit, WaitMs};
 
@@ -213,23 +213,16 @@ pub(crate) async fn get_job(
         return Err(Problem::validation("wait_ms", "must be at most 60000"));
     }
     let until = Instant::now() + Duration::from_millis(wait);
-    let mut job = read_job(&s, &id).await?;
+    let job = read_job(&s, &id).await?;
     if wait == 0 || job.state.is_terminal() {
         return Ok(axum::Json(job));
     }
     // Only a read that has to wait takes a permit: the first look wrote
-    // nothing, so refusing now leaves nothing to undo.
+    // nothing, so refusing now leaves nothing to undo. The wait's looks
+    // back off to one a second (`Queue::wait`).
     let _permit = s.long_polls.try_hold()?;
-    let mut pause = long_poll::FIRST_LOOK;
-    loop {
-        let now = Instant::now();
-        if job.state.is_terminal() || now >= until {
-            return Ok(axum::Json(job));
-        }
-        tokio::time::sleep(pause.min(until - now)).await;
-        pause = long_poll::next_look(pause);
-        job = read_job(&s, &id).await?;
-    }
+    let left = until.saturating_duration_since(Instant::now());
+    Ok(axum::Json(s.queue().wait(&id, left).await?))
 }
 
 /// The job, or `404` (also for a job purged while a read waited on it).

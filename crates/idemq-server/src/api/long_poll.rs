@@ -1,17 +1,15 @@
-//! The bound on long-polls held at once, and the pace of a job read that
-//! waits.
+//! The bound on long-polls held at once.
 //!
 //! A long-poll (a claim or a job read with `wait_ms`) looks at the store
 //! again and again while it waits: a claim at each wake-up and at least
 //! every 500 ms (a write transaction on SQLite), a job read on the pace of
-//! [`next_look`]. Without a bound, a few hundred of them hold the
+//! `Queue::wait` (backing off to a read a second). Without a bound, a few hundred of them hold the
 //! database's connections for everyone. So a request that asks to wait
 //! takes a permit first, and one that finds them all held is answered
 //! `503 unavailable` with `Retry-After` at once; a request that does not
 //! wait takes none and is never refused by this bound.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -63,36 +61,9 @@ impl LongPolls {
     }
 }
 
-/// The first pause of a job read that waits for its job to end.
-pub(crate) const FIRST_LOOK: Duration = Duration::from_millis(50);
-/// The longest pause between two looks of a job read that waits: a job
-/// that ends is answered within about this long.
-pub(crate) const LAST_LOOK: Duration = Duration::from_secs(1);
-
-/// The pause after `pause` between two looks of a waiting job read: it
-/// doubles up to [`LAST_LOOK`], so a job that ends soon is answered soon
-/// and one that runs long costs one read a second. (The claims' wake-up
-/// signal does not fit: it fires for new work, not for a job that ends,
-/// and it wakes every waiter at each enqueue.)
-pub(crate) fn next_look(pause: Duration) -> Duration {
-    (pause * 2).min(LAST_LOOK)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn looks_back_off_to_one_second() {
-        let mut pause = FIRST_LOOK;
-        let mut pauses = vec![pause];
-        for _ in 0..6 {
-            pause = next_look(pause);
-            pauses.push(pause);
-        }
-        let ms: Vec<u128> = pauses.iter().map(Duration::as_millis).collect();
-        assert_eq!(ms, [50, 100, 200, 400, 800, 1000, 1000]);
-    }
 
     #[test]
     fn the_bound_refuses_once_full_and_frees_on_drop() {
