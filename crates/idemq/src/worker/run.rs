@@ -781,12 +781,7 @@ async fn supervise(
         Stop::LeaseLost => return ended_by_store(&queue, &ctx).await,
         // The grace period ended before the attempt started: it never ran,
         // so its job goes back at once (a release does not count it).
-        Stop::Shutdown => {
-            return match release(&queue, &job.id, &job.lease_token, lease).await {
-                Ok(_) => Ended::Released,
-                Err(_) => lost_or_completed_in_tx(&queue, &ctx).await,
-            };
-        }
+        Stop::Shutdown => return give_back(&queue, &ctx, lease).await,
     }
     // The timeout counts from the claim, as the store counts it (a job may
     // have waited for its slot).
@@ -861,10 +856,7 @@ async fn supervise(
         }
         stop = signals.until(|s| Some(s.stopped()).filter(|&s| s != Stop::Running)) => {
             return match stop {
-                Stop::Shutdown => match release(&queue, &job.id, &job.lease_token, lease).await {
-                    Ok(_) => Ended::Released,
-                    Err(_) => lost_or_completed_in_tx(&queue, &ctx).await,
-                },
+                Stop::Shutdown => give_back(&queue, &ctx, lease).await,
                 // Any heartbeat of a job with a deadline may find the
                 // attempt ended there by the store (its clock past the
                 // deadline before this worker's reckoning is): it says which.
@@ -893,6 +885,15 @@ async fn supervise(
         Err(e) => e,
     };
     record_failure(&queue, &ctx, &job, e, lease).await
+}
+
+/// Releases the attempt at shutdown (its job ready again at once, the
+/// attempt not counted); if the release fails, whatever the store holds.
+async fn give_back(queue: &Queue, ctx: &HandlerContext, lease: Duration) -> Ended {
+    match release(queue, &ctx.job.id, &ctx.job.lease_token, lease).await {
+        Ok(_) => Ended::Released,
+        Err(_) => lost_or_completed_in_tx(queue, ctx).await,
+    }
 }
 
 /// The lease as the store counts it: the claim sent it in whole
