@@ -1093,6 +1093,165 @@ def test_a_completion_recorded_before_its_answer_was_lost_counts_completed(
     assert (w.report.completed, w.report.lost, w.report.failed) == (1, 0, 0), w.report
 
 
+class LoseAnAnswer(Recording):
+    """Sends the first request whose path ends with ``suffix`` to the server, then
+    loses its answer, as a connection that breaks after the commit does. Records
+    the status of every answer that came back to the worker."""
+
+    def __init__(self, suffix: str) -> None:
+        super().__init__()
+        self.suffix = suffix
+        self.lost: List[str] = []
+        self.answers: List[Tuple[str, int]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        resp = super().handle_request(request)
+        path = request.url.path
+        with self.lock:
+            lose = path.endswith(self.suffix) and not self.lost
+            if lose:
+                self.lost.append(path)
+            else:
+                self.answers.append((path, resp.status_code))
+        if lose:
+            resp.read()
+            resp.close()
+            raise httpx.ReadError("the connection broke before the answer", request=request)
+        return resp
+
+
+_LONG = "\u00e9" * 5000  # 10,000 bytes of UTF-8: the server keeps the first 8 KiB
+
+
+@pytest.mark.parametrize(
+    "case,state,run,counted",
+    [
+        ("retry-after", "scheduled", ("failed", "later"), "failed"),
+        ("permanent", "dead", ("failed", "bad input"), "failed"),
+        ("long-error", "dead", ("failed", "\u00e9" * 4096), "failed"),
+        ("snooze", "scheduled", ("snoozed", None), "failed"),
+        ("cancelled", "cancelled", ("cancelled", "RuntimeError: stopped on cancel"), "failed"),
+        ("release", "ready", ("released", None), "released"),
+    ],
+    ids=["retry-after", "permanent", "long-error", "snooze", "cancelled", "release"],
+)
+def test_a_fail_or_release_recorded_before_its_answer_was_lost_is_not_counted_lost(
+    server: Server,
+    client: idemq.Client,
+    uniq: Callable[[str], str],
+    case: str,
+    state: str,
+    run: Tuple[str, Any],
+    counted: str,
+) -> None:
+    q = uniq("lostfail")
+    jid = client.enqueue("w", case, queue=q, max_attempts=3)
+    started = threading.Event()
+
+    def handler(ctx: idemq.JobContext) -> Any:
+        started.set()
+        if case == "retry-after":
+            raise idemq.JobFailure.retry_after("later", 60_000)
+        if case == "permanent":
+            raise idemq.JobFailure.permanent("bad input")
+        if case == "long-error":
+            raise idemq.JobFailure.permanent(_LONG)
+        if case == "snooze":
+            raise idemq.JobFailure.snooze(60_000)
+        # Held until a cancel (a failure) or the shutdown (a release) stops it.
+        ctx.wait_cancelled(20)
+        if case == "cancelled":
+            raise RuntimeError("stopped on cancel")
+        return "too late"
+
+    lossy = LoseAnAnswer("/release" if case == "release" else "/fail")
+    with idemq.Client(server.url, transport=lossy) as c:
+        w = _worker(c, q, {"w": handler}, concurrency=1, cancel_grace=5.0)
+        t = run_worker(w)
+        try:
+            assert started.wait(20)
+            if case == "cancelled":
+                client.cancel(jid)
+            elif case == "release":
+                w.stop(grace=0)
+            wait_for(lambda: w.report.failed + w.report.released + w.report.lost >= 1)
+        finally:
+            w.stop()
+            t.join(20)
+    assert not t.is_alive()
+    path = f"/v1/jobs/{jid}/{'release' if case == 'release' else 'fail'}"
+    # The first try was recorded and its answer lost; the repeat found the lease spent.
+    assert lossy.lost == [path], lossy.sent
+    assert [a for a in lossy.answers if a[0] == path] == [(path, 409)], lossy.answers
+    assert client.get_job(jid).state == state
+    assert [(r.attempt, r.outcome, r.error) for r in client.runs(jid)] == [(1, *run)]
+    report = w.report
+    expected = {"failed": 0, "released": 0, "lost": 0, "completed": 0}
+    expected[counted] = 1
+    assert {k: getattr(report, k) for k in expected} == expected, report
+    assert report.cancelled == (1 if case == "cancelled" else 0), report
+
+
+class LoseAFailBeforeTheServer(Recording):
+    """Holds the first ``/fail`` of ``job_id`` until ``ready()`` says the attempt
+    has ended otherwise, then ends it with a connection error, never sent."""
+
+    def __init__(self, job_id: str, ready: Callable[[], bool]) -> None:
+        super().__init__()
+        self.job_id = job_id
+        self.ready = ready
+        self.held = 0
+        self.answers: List[Tuple[str, int]] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if path == f"/v1/jobs/{self.job_id}/fail":
+            with self.lock:
+                hold = self.held == 0
+                self.held += 1
+            if hold:
+                wait_for(self.ready)
+                raise httpx.ConnectError("the connection broke", request=request)
+        resp = super().handle_request(request)
+        with self.lock:
+            self.answers.append((path, resp.status_code))
+        return resp
+
+
+def test_a_fail_answered_lease_lost_after_its_lease_expired_is_still_lost(
+    server: Server, client: idemq.Client, uniq: Callable[[str], str]
+) -> None:
+    # The try went unanswered, but the server never saw it: the lease expired
+    # meanwhile, and the repeat's lease-lost answer is a lost lease indeed.
+    q = uniq("expiredfail")
+    jid = client.enqueue("w", None, queue=q, max_attempts=3)
+
+    def handler(ctx: idemq.JobContext) -> str:
+        if ctx.attempt == 1:
+            raise idemq.JobFailure.permanent("bad input")
+        return "second"
+
+    def expired() -> bool:
+        job = client.get_job(jid)
+        return job.attempt > 1 or job.state != "active"
+
+    held = LoseAFailBeforeTheServer(jid, expired)
+    with idemq.Client(server.url, transport=held) as c:
+        w = _worker(c, q, {"w": handler}, concurrency=2, lease_ms=500)
+        t = run_worker(w)
+        try:
+            job = _terminal(client, jid)
+            wait_for(lambda: w.report.completed + w.report.lost >= 2)
+        finally:
+            w.stop()
+            t.join(20)
+    path = f"/v1/jobs/{jid}/fail"
+    assert held.held == 2 and [a for a in held.answers if a[0] == path] == [(path, 409)], held.answers
+    assert (job.state, job.result) == ("completed", "second"), job
+    assert [(r.attempt, r.outcome) for r in client.runs(jid)] == [(1, "lease_expired"), (2, "completed")]
+    assert (w.report.completed, w.report.lost, w.report.failed) == (1, 1, 0), w.report
+
+
 def test_a_result_that_is_not_json_fails_its_own_job_and_claims_still_carry(
     server: Server, client: idemq.Client, uniq: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -95,8 +95,8 @@ type Wire = Record<string, unknown>;
 /**
  * Internal (not exported by the package): a call's options may carry a
  * function under this key, called with the error of a try before the call is
- * tried again. The worker uses it to know that a completion it sent may have
- * been recorded by a try whose answer never came.
+ * tried again. The worker uses it to know that a completion, failure or
+ * release it sent may have been recorded by a try whose answer never came.
  */
 export const RETRYING: unique symbol = Symbol("idemq.retrying");
 export interface Retrying {
@@ -650,7 +650,7 @@ export class Client {
     return w.results.map(completionResultFromWire);
   }
 
-  async fail(id: string, leaseToken: string, options: FailOptions = {}): Promise<FailResult> {
+  async fail(id: string, leaseToken: string, options: FailOptions & Retrying = {}): Promise<FailResult> {
     const w = await this.request<Wire>("POST", `/v1/jobs/${seg(id)}/fail`, {
       body: compact({
         lease_token: leaseToken,
@@ -662,12 +662,13 @@ export class Client {
       idempotent: true,
       signal: options.signal,
       requestTimeoutMs: options.requestTimeoutMs,
+      [RETRYING]: options[RETRYING],
     });
     return { state: w["state"] as string, nextRunAt: (w["next_run_at"] as string | null) ?? null };
   }
 
   /** Gives a lease back: the job is `ready` at once and the attempt is not counted. */
-  async release(id: string, leaseToken: string, options: CallOptions = {}): Promise<{ state: string }> {
+  async release(id: string, leaseToken: string, options: CallOptions & Retrying = {}): Promise<{ state: string }> {
     return this.request("POST", `/v1/jobs/${seg(id)}/release`, {
       body: { lease_token: leaseToken },
       idempotent: true,

@@ -11,7 +11,7 @@ import {
   ValidationError,
   isRetryable,
 } from "./errors.js";
-import type { ClaimedJob, Completion, Job } from "./types.js";
+import type { ClaimedJob, Completion, Job, JobRun } from "./types.js";
 
 /**
  * Throw one of these from a handler to say how the attempt failed. Any other
@@ -234,6 +234,17 @@ function truncateUtf8(s: string, max: number): string {
   return out;
 }
 
+/** The most bytes of a failure's error text the server keeps. */
+const MAX_ERROR_BYTES = 8192;
+
+/**
+ * A failure's error text as the server keeps it in the attempt's run:
+ * U+0000 written as U+FFFD, cut to 8 KiB of UTF-8 on a character boundary.
+ */
+function keptError(error: string): string {
+  return truncateUtf8(error.replaceAll("\0", "\ufffd"), MAX_ERROR_BYTES);
+}
+
 function describe(err: unknown): string {
   const text = err instanceof Error ? `${err.name === "Error" ? "" : `${err.name}: `}${err.message}` : String(err);
   return text.length > 8192 ? text.slice(0, 8192) : text;
@@ -427,12 +438,14 @@ export class Worker {
   }
 
   async #releaseUnstarted(job: ClaimedJob): Promise<void> {
+    let retried = false;
     try {
-      await this.client.release(job.id, job.leaseToken);
+      await this.client.release(job.id, job.leaseToken, { [RETRYING]: () => (retried = true) });
       this.#report.released++;
     } catch (err) {
-      if (err instanceof LeaseLostError) this.#report.lost++;
-      else this.#onError(err, job);
+      if (!(err instanceof LeaseLostError)) this.#onError(err, job);
+      else if (retried && (await this.#endedByOwnCall(job, "released", null))) this.#report.released++;
+      else this.#report.lost++;
     }
   }
 
@@ -757,25 +770,76 @@ export class Worker {
     job: ClaimedJob,
     o: { error: string; retryable: boolean; retryAfterMs?: number; snoozeMs?: number },
   ): Promise<void> {
+    let retried = false;
     try {
-      const r = await this.client.fail(job.id, job.leaseToken, o);
+      const r = await this.client.fail(job.id, job.leaseToken, { ...o, [RETRYING]: () => (retried = true) });
       if (r.state === "cancelled") this.#report.cancelled++;
       else this.#report.failed++;
     } catch (err) {
-      if (err instanceof LeaseLostError) this.#report.lost++;
-      else this.#onError(err, job);
+      if (!(err instanceof LeaseLostError)) {
+        this.#onError(err, job);
+        return;
+      }
+      // A snooze keeps no error text; a failure keeps the text sent.
+      const snoozed = o.snoozeMs !== undefined && o.snoozeMs !== null;
+      const ended = retried
+        ? await this.#endedByOwnCall(job, snoozed ? "snoozed" : "failed", snoozed ? null : keptError(o.error))
+        : undefined;
+      if (ended === undefined) this.#report.lost++;
+      else if (ended === "cancelled") this.#report.cancelled++;
+      else this.#report.failed++;
     }
   }
 
   async #releaseStarted(job: ClaimedJob): Promise<void> {
+    let retried = false;
     try {
-      const r = await this.client.release(job.id, job.leaseToken);
+      const r = await this.client.release(job.id, job.leaseToken, { [RETRYING]: () => (retried = true) });
       if (r.state === "cancelled") this.#report.cancelled++;
       else this.#report.released++;
     } catch (err) {
-      if (err instanceof LeaseLostError) this.#report.lost++;
-      else this.#onError(err, job);
+      if (!(err instanceof LeaseLostError)) {
+        this.#onError(err, job);
+        return;
+      }
+      const ended = retried ? await this.#endedByOwnCall(job, "released", null) : undefined;
+      if (ended === undefined) this.#report.lost++;
+      else if (ended === "cancelled") this.#report.cancelled++;
+      else this.#report.released++;
     }
+  }
+
+  /**
+   * A `fail` or `release` answered lease-lost after a call of it failed in
+   * transit and was tried again: the try whose answer never came may have
+   * recorded it. It did when the run of the attempt this worker held ended
+   * as the call ends one: `outcome` (`failed`, `snoozed` or `released`), or
+   * `cancelled` when a cancel was requested, with the error text sent as
+   * the server keeps it (`error`; none for a snooze or a release). Answers
+   * that run's outcome, or `undefined` when the attempt is lost: the server
+   * ended it otherwise (its lease expired, a heartbeat recorded its timeout
+   * or deadline, each with an outcome or text of its own), it has not ended,
+   * or the runs cannot be read.
+   */
+  async #endedByOwnCall(
+    job: ClaimedJob,
+    outcome: "failed" | "snoozed" | "released",
+    error: string | null,
+  ): Promise<string | undefined> {
+    let runs: JobRun[];
+    try {
+      runs = await this.client.jobRuns(job.id);
+    } catch (err) {
+      this.#onError(err, job);
+      return undefined;
+    }
+    const run = runs.find(
+      (r) =>
+        r.attempt === job.attempt &&
+        (r.outcome === outcome || r.outcome === "cancelled") &&
+        (r.error ?? "") === (error ?? ""),
+    );
+    return run?.outcome ?? undefined;
   }
 
   // ------------------------------------------------------------ completions

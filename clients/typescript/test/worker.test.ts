@@ -924,6 +924,158 @@ test("a completion recorded by a try whose answer was lost counts as completed, 
   }
 });
 
+/**
+ * A fetch under which the first `POST /v1/jobs/{id}/<call>` reaches the
+ * server and is recorded there, but its answer is lost: the connection
+ * breaks. Records the status of every later answer to that call.
+ */
+function loseOneAnswer(id: string, call: "fail" | "release") {
+  const path = `/v1/jobs/${encodeURIComponent(id)}/${call}`;
+  const lost: string[] = [];
+  const answers: number[] = [];
+  const f: typeof fetch = async (input, init) => {
+    const res = await fetch(input, init);
+    if (new URL(String(input)).pathname !== path) return res;
+    if (lost.length === 0) {
+      await res.text();
+      lost.push(path);
+      throw new TypeError("fetch failed", { cause: { code: "ECONNRESET" } });
+    }
+    answers.push(res.status);
+    return res;
+  };
+  return { fetch: f, path, lost, answers };
+}
+
+const lostAnswerCases: {
+  name: string;
+  state: string;
+  run: [string, string | null];
+  counted: "failed" | "released" | "cancelled";
+}[] = [
+  { name: "retry-after", state: "scheduled", run: ["failed", "later"], counted: "failed" },
+  { name: "permanent", state: "dead", run: ["failed", "bad input"], counted: "failed" },
+  // 10,000 bytes of UTF-8: the server keeps the first 8 KiB.
+  { name: "long-error", state: "dead", run: ["failed", "\u00e9".repeat(4096)], counted: "failed" },
+  { name: "snooze", state: "scheduled", run: ["snoozed", null], counted: "failed" },
+  { name: "cancelled", state: "cancelled", run: ["cancelled", "cancelled while running"], counted: "cancelled" },
+  { name: "release", state: "ready", run: ["released", null], counted: "released" },
+];
+
+for (const c of lostAnswerCases) {
+  test(`a fail or release recorded by a try whose answer was lost counts as done, not lost (${c.name})`, async () => {
+    const queue = `lostfail-${uid()}`;
+    const id = await client.enqueue("w", c.name, { queue, maxAttempts: 3 });
+    const lossy = loseOneAnswer(id, c.name === "release" ? "release" : "fail");
+    let started!: () => void;
+    const running = new Promise<void>((r) => (started = r));
+    const w = startWorker(
+      {
+        queues: [queue],
+        concurrency: 1,
+        leaseMs: 3_000,
+        shutdownGraceMs: 0,
+        handlers: {
+          w: (ctx) => {
+            started();
+            switch (c.name) {
+              case "retry-after":
+                throw JobError.retryAfter("later", 60_000);
+              case "permanent":
+                throw JobError.permanent("bad input");
+              case "long-error":
+                throw JobError.permanent("\u00e9".repeat(5000));
+              case "snooze":
+                throw JobError.snooze(60_000);
+            }
+            // Held until the shutdown releases it, or until a cancel ends it
+            // (the handler throws its signal's reason: a failure).
+            if (c.name === "release") return new Promise(() => {});
+            return new Promise((_, reject) => ctx.signal.addEventListener("abort", () => reject(ctx.signal.reason)));
+          },
+        },
+      },
+      new Client({ baseUrl: server.url, fetch: lossy.fetch }),
+    );
+    await running;
+    if (c.name === "cancelled") await client.cancel(id);
+    if (c.name !== "release") {
+      await waitFor("the repeated call's answer", async () => lossy.answers.length > 0);
+    }
+    const report = await w.stop();
+    // The first try was recorded and its answer lost; the repeat found the lease spent.
+    assert.deepEqual(lossy.lost, [lossy.path], c.name);
+    assert.deepEqual(lossy.answers, [409], c.name);
+    assert.equal((await client.getJob(id)).state, c.state, c.name);
+    const runs = await client.jobRuns(id);
+    assert.deepEqual(
+      runs.map((r) => [r.attempt, r.outcome, r.error]),
+      [[1, ...c.run]],
+      c.name,
+    );
+    const expected = { completed: 0, failed: 0, cancelled: 0, released: 0, lost: 0 };
+    expected[c.counted] = 1;
+    assert.deepEqual(report, expected, c.name);
+  });
+}
+
+test("a fail answered lease-lost after its lease expired is still counted lost", async () => {
+  // The try went unanswered, but the server never saw it: the lease expired
+  // meanwhile, and the repeat's lease-lost answer is a lost lease indeed.
+  const queue = `expiredfail-${uid()}`;
+  const id = await client.enqueue("w", null, { queue, maxAttempts: 3 });
+  const failPath = `/v1/jobs/${encodeURIComponent(id)}/fail`;
+  let holding = false;
+  const answers: number[] = [];
+  const expired = async () => {
+    const job = await client.getJob(id);
+    return job.attempt > 1 || job.state !== "active";
+  };
+  const held: typeof fetch = async (input, init) => {
+    const path = new URL(String(input)).pathname;
+    if (path === failPath && !holding) {
+      holding = true;
+      await waitFor("the lease's expiry", expired);
+      throw new TypeError("fetch failed", { cause: { code: "ECONNRESET" } });
+    }
+    if (holding && path === `/v1/jobs/${encodeURIComponent(id)}/heartbeat`) {
+      // The connection is down for this attempt's heartbeats too.
+      throw new TypeError("fetch failed", { cause: { code: "ECONNREFUSED" } });
+    }
+    const res = await fetch(input, init);
+    if (path === failPath) answers.push(res.status);
+    return res;
+  };
+  const w = startWorker(
+    {
+      queues: [queue],
+      concurrency: 2,
+      leaseMs: 600,
+      handlers: {
+        w: (ctx) => {
+          if (ctx.attempt === 1) throw JobError.permanent("bad input");
+          return "second";
+        },
+      },
+    },
+    new Client({ baseUrl: server.url, fetch: held }),
+  );
+  const job = await terminal(id);
+  await waitFor("the first attempt's count", async () => answers.length > 0);
+  const report = await w.stop();
+  assert.deepEqual([job.state, job.result], ["completed", "second"]);
+  assert.deepEqual(answers, [409]);
+  const runs = await client.jobRuns(id);
+  assert.deepEqual(
+    runs.map((r) => [r.attempt, r.outcome]),
+    [
+      [1, "lease_expired"],
+      [2, "completed"],
+    ],
+  );
+  assert.deepEqual([report.completed, report.lost, report.failed], [1, 1, 0]);
+});
+
 test("after a cancel the handler gets cancelGraceMs to return: a result completes the job", async () => {
   assert.throws(() => new Worker(client, { handlers: { x: () => 1 }, cancelGraceMs: -1 }), RangeError);
   assert.throws(() => new Worker(client, { handlers: { x: () => 1 }, cancelGraceMs: Number.NaN }), RangeError);

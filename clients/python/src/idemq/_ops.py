@@ -356,7 +356,7 @@ def health() -> Op[Health]:
 # Every call below is fenced by the lease token: repeating it never does the work
 # twice. A repeat of a call whose first try the server recorded (its answer lost)
 # finds the token spent: a complete, fail or release is then answered
-# ``lease-lost``, which the worker checks for completions (see ``Op.uncertain``).
+# ``lease-lost``, which the worker checks for each of them (see ``Op.uncertain``).
 
 
 def claim(

@@ -57,6 +57,10 @@ _DEADLINE_RECHECK = 0.01
 _DEADLINE_BACKOFF = (0.05, 2.0)
 #: The longest long-poll of one claim (the API's bound on ``wait_ms``).
 _MAX_POLL_WAIT_MS = 60_000
+#: The most bytes of a failure's error text the server keeps.
+_MAX_ERROR_BYTES = 8192
+#: The call that ends an attempt with each run outcome, for the log.
+_CALL_OF = {"failed": "failure", "snoozed": "snooze", "released": "release"}
 
 Handler = Callable[["JobContext"], Any]
 
@@ -667,31 +671,59 @@ class Worker:
         retry_after_ms: Optional[int] = None,
         snooze_ms: Optional[int] = None,
     ) -> None:
+        text = error[-8192:]
+        op = _ops.fail(job.id, job.lease_token, text, retryable, retry_after_ms, snooze_ms)
         try:
-            self.client.fail(
-                job.id,
-                job.lease_token,
-                error[-8192:],
-                retryable=retryable,
-                retry_after_ms=retry_after_ms,
-                snooze_ms=snooze_ms,
-            )
+            self.client.call(op)
         except LeaseLostError:
-            self._count("lost")
+            # A snooze keeps no error text; a failure keeps the text sent.
+            if snooze_ms is not None:
+                ended = op.uncertain and self._ended_by_own_call(job, "snoozed", None)
+            else:
+                ended = op.uncertain and self._ended_by_own_call(job, "failed", _kept_error(text))
+            self._count("failed" if ended else "lost")
         except IdemqError as exc:
             log.warning("job %s: fail could not be recorded: %s", job.id, exc)
         else:
             self._count("failed")
 
     def _release(self, job: ClaimedJob) -> None:
+        op = _ops.release(job.id, job.lease_token)
         try:
-            self.client.release(job.id, job.lease_token)
+            self.client.call(op)
         except LeaseLostError:
-            self._count("lost")
+            ended = op.uncertain and self._ended_by_own_call(job, "released", None)
+            self._count("released" if ended else "lost")
         except IdemqError as exc:
             log.warning("job %s: release failed: %s", job.id, exc)
         else:
             self._count("released")
+
+    def _ended_by_own_call(self, job: ClaimedJob, outcome: str, error: Optional[str]) -> bool:
+        """Whether a ``fail`` or ``release`` answered ``lease-lost`` after a try of
+        it went unanswered (a connection error or a timeout) was recorded by that
+        try. The run of the attempt this worker held then ended as the call ends
+        one: ``outcome`` (``failed``, ``snoozed`` or ``released``), or
+        ``cancelled`` when a cancel was requested, with the error text sent as the
+        server keeps it (``error``; none for a snooze or a release). An attempt
+        the server ended otherwise (its lease expired, a heartbeat recorded its
+        timeout or deadline) keeps its own outcome or text, and one still running
+        has no end: those are lost, and so is every attempt when the runs cannot
+        be read."""
+        try:
+            runs = self.client.runs(job.id)
+        except IdemqError as exc:
+            log.warning("job %s: whether its %s was recorded is unknown: %s", job.id, _CALL_OF[outcome], exc)
+            return False
+        for run in runs:
+            if (
+                run.attempt == job.attempt
+                and run.outcome in (outcome, "cancelled")
+                and (run.error or "") == (error or "")
+            ):
+                log.info("job %s: an earlier try of its %s was recorded", job.id, _CALL_OF[outcome])
+                return True
+        return False
 
     # ------------------------------------------------------------------ completions
     # A completion goes on the next claim when one starts soon (one round trip
@@ -834,6 +866,13 @@ class Worker:
             log.info("job %s: an earlier try of its completion was recorded", a.job.id)
             return True
         return False
+
+
+def _kept_error(error: str) -> str:
+    """A failure's error text as the server keeps it in the attempt's run:
+    U+0000 written as U+FFFD, cut to 8 KiB of UTF-8 on a character boundary."""
+    raw = error.replace("\0", "\ufffd").encode("utf-8", "surrogatepass")
+    return raw[:_MAX_ERROR_BYTES].decode("utf-8", "ignore")
 
 
 def _unknown_complete(exc: BadRequestError) -> bool:
