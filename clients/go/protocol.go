@@ -367,13 +367,23 @@ func (c *Client) completeMany(ctx context.Context, items []Completion) ([]Comple
 
 // Fail records a failed attempt. A negative RetryAfter or Snooze is refused
 // with a *ValidationError (retry_after_ms, snooze_ms), nothing sent.
+//
+// Retried like Complete: when a try went unanswered but the server recorded
+// it, the retry is answered with a *LeaseLostError; the Worker tells the two
+// apart by reading the job's runs (see the README).
 func (c *Client) Fail(ctx context.Context, id, leaseToken string, opts FailOptions) (*FailResult, error) {
+	r, _, err := c.fail(ctx, id, leaseToken, opts)
+	return r, err
+}
+
+// fail is Fail that also says whether a try went unanswered.
+func (c *Client) fail(ctx context.Context, id, leaseToken string, opts FailOptions) (*FailResult, bool, error) {
 	path := "/v1/jobs/" + pathEscape(id) + "/fail"
 	switch {
 	case opts.RetryAfter != nil && *opts.RetryAfter < 0:
-		return nil, invalid(http.MethodPost, path, "retry_after_ms", "must not be negative")
+		return nil, false, invalid(http.MethodPost, path, "retry_after_ms", "must not be negative")
 	case opts.Snooze != nil && *opts.Snooze < 0:
-		return nil, invalid(http.MethodPost, path, "snooze_ms", "must not be negative")
+		return nil, false, invalid(http.MethodPost, path, "snooze_ms", "must not be negative")
 	}
 	body := map[string]any{"lease_token": leaseToken, "error": opts.Error, "retryable": !opts.Permanent}
 	if opts.RetryAfter != nil {
@@ -383,21 +393,30 @@ func (c *Client) Fail(ctx context.Context, id, leaseToken string, opts FailOptio
 		body["snooze_ms"] = ms(*opts.Snooze)
 	}
 	var r FailResult
-	if err := c.do(ctx, call{method: http.MethodPost, path: path, body: body, retry: true}, &r); err != nil {
-		return nil, err
+	var uncertain bool
+	if err := c.do(ctx, call{method: http.MethodPost, path: path, body: body, retry: true, uncertain: &uncertain}, &r); err != nil {
+		return nil, uncertain, err
 	}
-	return &r, nil
+	return &r, uncertain, nil
 }
 
 // Release gives the job back unfinished: it is ready at once and the
-// attempt is not counted ("cancelled" when a cancel was pending).
+// attempt is not counted ("cancelled" when a cancel was pending). Retried
+// like Fail.
 func (c *Client) Release(ctx context.Context, id, leaseToken string) (string, error) {
+	state, _, err := c.release(ctx, id, leaseToken)
+	return state, err
+}
+
+// release is Release that also says whether a try went unanswered.
+func (c *Client) release(ctx context.Context, id, leaseToken string) (string, bool, error) {
 	var r struct {
 		State string `json:"state"`
 	}
+	var uncertain bool
 	err := c.do(ctx, call{method: http.MethodPost, path: "/v1/jobs/" + pathEscape(id) + "/release",
-		body: map[string]string{"lease_token": leaseToken}, retry: true}, &r)
-	return r.State, err
+		body: map[string]string{"lease_token": leaseToken}, retry: true, uncertain: &uncertain}, &r)
+	return r.State, uncertain, err
 }
 
 // PutCheckpoint stores value under name unless a value is already stored

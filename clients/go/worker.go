@@ -420,8 +420,13 @@ func (w *Worker) claimLoop(ctx context.Context) error {
 func (w *Worker) releaseLease(job *ClaimedJob) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := w.c.Release(ctx, job.ID, job.LeaseToken); err != nil {
+	if _, uncertain, err := w.c.release(ctx, job.ID, job.LeaseToken); err != nil {
 		if errors.Is(err, ErrLeaseLost) {
+			// After an unanswered try, that try may have released it.
+			if uncertain && w.endedByOwnCall(job, runReleased, nil) {
+				atomic.AddInt64(&w.released, 1)
+				return
+			}
 			atomic.AddInt64(&w.lost, 1)
 			return
 		}
@@ -653,6 +658,70 @@ func (w *Worker) completedByThisAttempt(job *ClaimedJob) bool {
 	return now.State == StateCompleted && now.Attempt == job.Attempt
 }
 
+// The outcomes of a run (Run.Outcome) that the worker's own calls end an
+// attempt with.
+const (
+	runFailed    = "failed"
+	runSnoozed   = "snoozed"
+	runReleased  = "released"
+	runCancelled = "cancelled"
+)
+
+// maxErrorBytes is the most bytes of a failure's error text the server keeps.
+const maxErrorBytes = 8192
+
+// keptError is a failure's error text as the server keeps it in the
+// attempt's run: each byte that is not valid UTF-8 written as U+FFFD (as
+// JSON sends it), U+0000 written as U+FFFD, cut to 8 KiB of UTF-8 on a
+// character boundary.
+func keptError(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1, r == 0:
+			b.WriteRune(utf8.RuneError)
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return cutUTF8(b.String(), maxErrorBytes)
+}
+
+// endedByOwnCall reports whether a fail or release of job answered
+// lease-lost after a try of it went unanswered (a connection error or a
+// timeout) was recorded by that try. The run of the attempt this worker
+// held then ended as the call ends one: outcome (runFailed, runSnoozed or
+// runReleased), or runCancelled when a cancel was requested, with the error
+// text sent as the server keeps it (errText; nil or "" for none, as for a
+// snooze or a release). An attempt the server ended otherwise (its lease
+// expired, a heartbeat recorded its timeout or deadline) keeps its own
+// outcome or text, and one still running has no end: those are lost, and
+// so is every attempt when the runs cannot be read.
+func (w *Worker) endedByOwnCall(job *ClaimedJob, outcome string, errText *string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	runs, err := w.c.JobRuns(ctx, job.ID)
+	if err != nil {
+		w.report(err)
+		return false
+	}
+	text := func(p *string) string {
+		if p == nil {
+			return ""
+		}
+		return *p
+	}
+	for _, r := range runs {
+		if r.Attempt == job.Attempt && r.Outcome != nil && (*r.Outcome == outcome || *r.Outcome == runCancelled) &&
+			text(r.Error) == text(errText) {
+			return true
+		}
+	}
+	return false
+}
+
 // endedByServer reports whether the server ended job's attempt when a
 // heartbeat of a job with a deadline found the lease gone (at the deadline,
 // or at its timeout, as a heartbeat then records it), rather than the
@@ -675,8 +744,18 @@ func (w *Worker) fail(job *ClaimedJob, opts FailOptions) {
 		w.report(err)
 		opts.RetryAfter, opts.Snooze = nil, nil
 	}
-	if _, err := w.c.Fail(ctx, job.ID, job.LeaseToken, opts); err != nil {
+	if _, uncertain, err := w.c.fail(ctx, job.ID, job.LeaseToken, opts); err != nil {
 		if errors.Is(err, ErrLeaseLost) {
+			// After an unanswered try, that try may have recorded it. A
+			// snooze keeps no error text; a failure keeps the text sent.
+			outcome, text := runFailed, keptError(opts.Error)
+			if opts.Snooze != nil {
+				outcome, text = runSnoozed, ""
+			}
+			if uncertain && w.endedByOwnCall(job, outcome, &text) {
+				atomic.AddInt64(&w.failed, 1)
+				return
+			}
 			atomic.AddInt64(&w.lost, 1)
 			return
 		}

@@ -1386,3 +1386,295 @@ func TestWorkerCountsACompletionWhoseAnswerWasLost(t *testing.T) {
 		})
 	}
 }
+
+// oneAnswerLost passes every call on to the server, but loses the answer of
+// the first call to path: the server recorded it, and the client sees a
+// broken connection and repeats the call. It records the status of every
+// later answer to path.
+type oneAnswerLost struct {
+	path string
+
+	mu      sync.Mutex
+	lost    []string
+	answers []int
+}
+
+func (o *oneAnswerLost) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil || req.URL.Path != o.path {
+		return resp, err
+	}
+	o.mu.Lock()
+	lose := len(o.lost) == 0
+	if lose {
+		o.lost = append(o.lost, req.URL.Path)
+	} else {
+		o.answers = append(o.answers, resp.StatusCode)
+	}
+	o.mu.Unlock()
+	if !lose {
+		return resp, nil
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return nil, errors.New("connection reset by peer (the answer was lost on purpose)")
+}
+
+func (o *oneAnswerLost) seen() (lost []string, answers []int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.lost...), append([]int(nil), o.answers...)
+}
+
+// runsOf is the job's runs as attempt, outcome and error ("<nil>" for none).
+func runsOf(t *testing.T, c *Client, id string) []string {
+	t.Helper()
+	runs, err := c.JobRuns(ctxT(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := func(p *string) string {
+		if p == nil {
+			return "<nil>"
+		}
+		return *p
+	}
+	out := make([]string, len(runs))
+	for i, r := range runs {
+		out[i] = fmt.Sprintf("%d %s %s", r.Attempt, text(r.Outcome), text(r.Error))
+	}
+	return out
+}
+
+// A fail or release whose answer was lost after the server recorded it is
+// repeated and answered lease-lost; the worker reads the job's runs and
+// counts the attempt failed or released, not lost, when the run of the
+// attempt it held ended as that call ends one.
+func TestWorkerCountsAFailOrReleaseWhoseAnswerWasLost(t *testing.T) {
+	// 10,000 bytes of UTF-8: the server keeps the first 8 KiB.
+	long := strings.Repeat("\u00e9", 5000)
+	for _, tc := range []struct {
+		name  string
+		state string
+		run   string // attempt, outcome and error of the job's one run
+		want  WorkerStats
+	}{
+		{"retry-after", StateScheduled, "1 failed later", WorkerStats{Failed: 1}},
+		{"permanent", StateDead, "1 failed bad input", WorkerStats{Failed: 1}},
+		{"long-error", StateDead, "1 failed " + strings.Repeat("\u00e9", 4096), WorkerStats{Failed: 1}},
+		{"snooze", StateScheduled, "1 snoozed <nil>", WorkerStats{Failed: 1}},
+		{"cancelled", StateCancelled, "1 cancelled stopped on cancel", WorkerStats{Failed: 1, Cancelled: 1}},
+		{"release", StateReady, "1 released <nil>", WorkerStats{Released: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plain := newTestClient()
+			ctx := ctxT(t)
+			q, typ := uniq("lostfail"), uniq("lostfail")
+			id, err := plain.Enqueue(ctx, typ, tc.name, &EnqueueOptions{Queue: q, MaxAttempts: 3})
+			if err != nil {
+				t.Fatal(err)
+			}
+			call := "fail"
+			if tc.name == "release" {
+				call = "release"
+			}
+			tr := &oneAnswerLost{path: "/v1/jobs/" + id + "/" + call}
+			started := make(chan struct{})
+			w := NewWorker(newTestClient(WithHTTPClient(&http.Client{Transport: tr}), fastRetry(4)), WorkerOptions{
+				Queues: []string{q}, Concurrency: 1, Lease: 600 * time.Millisecond, PollWait: 200 * time.Millisecond,
+				ShutdownGrace: 100 * time.Millisecond, CancelGrace: 5 * time.Second,
+				Handlers: map[string]HandlerFunc{typ: func(ctx context.Context, job *ClaimedJob) (any, error) {
+					close(started)
+					switch tc.name {
+					case "retry-after":
+						return nil, RetryAfter(errors.New("later"), time.Minute)
+					case "permanent":
+						return nil, Permanent(errors.New("bad input"))
+					case "long-error":
+						return nil, Permanent(errors.New(long))
+					case "snooze":
+						return nil, Snooze(time.Minute)
+					}
+					// Held until a cancel (a failure) or the shutdown (a
+					// release) stops it.
+					select {
+					case <-ctx.Done():
+					case <-time.After(20 * time.Second):
+					}
+					if tc.name == "cancelled" {
+						return nil, errors.New("stopped on cancel")
+					}
+					return "too late", nil
+				}},
+			})
+			stop := runWorker(t, w)
+			select {
+			case <-started:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the job never started")
+			}
+			if tc.name == "cancelled" {
+				if cr, err := plain.CancelJob(ctx, id); err != nil || !cr.Cancelled {
+					t.Fatalf("cancel: %+v %v", cr, err)
+				}
+			}
+			if tc.name != "release" {
+				expectStats(t, w, func(st WorkerStats) bool { return st.Failed+st.Released+st.Lost >= 1 })
+			}
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			// The first try was recorded and its answer lost; the repeat
+			// found the lease spent.
+			lost, answers := tr.seen()
+			if len(lost) != 1 || lost[0] != tr.path || len(answers) != 1 || answers[0] != http.StatusConflict {
+				t.Fatalf("lost %v, then answered %v; want %s lost, then 409", lost, answers, tr.path)
+			}
+			if job, err := plain.GetJob(ctx, id); err != nil || job.State != tc.state {
+				t.Fatalf("job %+v %v; want %s", job, err, tc.state)
+			}
+			if runs := runsOf(t, plain, id); len(runs) != 1 || runs[0] != tc.run {
+				t.Fatalf("runs %q; want [%q]", runs, tc.run)
+			}
+			if st := w.Stats(); st != tc.want {
+				t.Fatalf("stats %+v; want %+v", st, tc.want)
+			}
+		})
+	}
+}
+
+// failHeld holds the first fail of job until ready says its attempt has
+// ended otherwise, then ends it with a connection error, never sent; the
+// attempt's heartbeats meanwhile fail the same way. It records the status
+// of every fail of job answered.
+type failHeld struct {
+	job   string
+	ready func() bool
+
+	mu      sync.Mutex
+	held    int
+	holding bool
+	answers []int
+}
+
+func (f *failHeld) RoundTrip(req *http.Request) (*http.Response, error) {
+	failPath := "/v1/jobs/" + f.job + "/fail"
+	f.mu.Lock()
+	hold := req.URL.Path == failPath && f.held == 0
+	if req.URL.Path == failPath {
+		f.held++
+	}
+	if hold {
+		f.holding = true
+	}
+	down := f.holding && req.URL.Path == "/v1/jobs/"+f.job+"/heartbeat"
+	f.mu.Unlock()
+	if req.Body != nil && (hold || down) {
+		req.Body.Close()
+	}
+	if down {
+		return nil, errors.New("connection refused (the connection is down on purpose)")
+	}
+	if hold {
+		deadline := time.Now().Add(20 * time.Second)
+		for !f.ready() && time.Now().Before(deadline) && req.Context().Err() == nil {
+			time.Sleep(50 * time.Millisecond)
+		}
+		f.mu.Lock()
+		f.holding = false
+		f.mu.Unlock()
+		return nil, errors.New("connection reset by peer (the connection broke on purpose)")
+	}
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err == nil && req.URL.Path == failPath {
+		f.mu.Lock()
+		f.answers = append(f.answers, resp.StatusCode)
+		f.mu.Unlock()
+	}
+	return resp, err
+}
+
+func (f *failHeld) seen() (held int, answers []int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.held, append([]int(nil), f.answers...)
+}
+
+// A fail whose try went unanswered, but which the server never saw, is
+// answered lease-lost on its repeat because the lease expired meanwhile:
+// the attempt's run ended with the server's own outcome, so the attempt is
+// lost indeed.
+func TestWorkerCountsAFailAnsweredLeaseLostAfterItsLeaseExpiredAsLost(t *testing.T) {
+	plain := newTestClient()
+	ctx := ctxT(t)
+	q, typ := uniq("expiredfail"), uniq("expiredfail")
+	id, err := plain.Enqueue(ctx, typ, nil, &EnqueueOptions{Queue: q, MaxAttempts: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &failHeld{job: id, ready: func() bool {
+		job, err := plain.GetJob(context.Background(), id)
+		return err == nil && (job.Attempt > 1 || job.State != StateActive)
+	}}
+	w := NewWorker(newTestClient(WithHTTPClient(&http.Client{Transport: tr}), fastRetry(4)), WorkerOptions{
+		Queues: []string{q}, Concurrency: 2, Lease: 600 * time.Millisecond, PollWait: 200 * time.Millisecond,
+		Handlers: map[string]HandlerFunc{typ: func(ctx context.Context, job *ClaimedJob) (any, error) {
+			if job.Attempt == 1 {
+				return nil, Permanent(errors.New("bad input"))
+			}
+			return "second", nil
+		}},
+	})
+	stop := runWorker(t, w)
+	job := waitState(t, plain, id, StateCompleted, 30*time.Second)
+	expectStats(t, w, func(st WorkerStats) bool { return st.Completed+st.Lost >= 2 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if held, answers := tr.seen(); held != 2 || len(answers) != 1 || answers[0] != http.StatusConflict {
+		t.Fatalf("%d fails sent, answered %v; want the held one, then one answered 409", held, answers)
+	}
+	if job.Attempt != 2 || string(job.Result) != `"second"` {
+		t.Fatalf("job %+v", job)
+	}
+	if runs := runsOf(t, plain, id); len(runs) != 2 || !strings.HasPrefix(runs[0], "1 lease_expired") || !strings.HasPrefix(runs[1], "2 completed") {
+		t.Fatalf("runs %q", runs)
+	}
+	if st := w.Stats(); st != (WorkerStats{Completed: 1, Lost: 1}) {
+		t.Fatalf("stats %+v; want the expired attempt lost", st)
+	}
+}
+
+// keptError, which the worker compares a run's error with, is the error
+// text the server keeps: U+0000 and each byte that is not UTF-8 written as
+// U+FFFD, cut to 8 KiB of UTF-8 on a character boundary.
+func TestKeptErrorIsTheTextTheServerKeeps(t *testing.T) {
+	c := newTestClient()
+	ctx := ctxT(t)
+	q := uniq("kepterror")
+	for _, text := range []string{
+		"plain",
+		"nul\x00and\xffbad\xc3\x28bytes",
+		strings.Repeat("x", 8191) + "\u00e9",        // cut before a character that does not fit
+		strings.Repeat("\u20ac", 3000) + "\x00\xfe", // 9,000 bytes of UTF-8 first
+	} {
+		id, err := c.Enqueue(ctx, "kept", nil, &EnqueueOptions{Queue: q, MaxAttempts: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := c.Claim(ctx, ClaimRequest{Queues: []string{q}, Limit: 1})
+		if err != nil || len(r.Jobs) != 1 || r.Jobs[0].ID != id {
+			t.Fatalf("claim: %+v %v", r, err)
+		}
+		if _, err := c.Fail(ctx, id, r.Jobs[0].LeaseToken, FailOptions{Error: text}); err != nil {
+			t.Fatal(err)
+		}
+		runs, err := c.JobRuns(ctx, id)
+		if err != nil || len(runs) != 1 || runs[0].Error == nil {
+			t.Fatalf("runs %+v %v", runs, err)
+		}
+		if kept := keptError(text); *runs[0].Error != kept {
+			t.Fatalf("the server kept %d bytes %.40q…, keptError says %d bytes %.40q…", len(*runs[0].Error), *runs[0].Error, len(kept), kept)
+		}
+	}
+}
