@@ -395,6 +395,87 @@ async fn acceptance_notifies_and_a_replay_does_not() {
     );
 }
 
+/// A request whose only key is its idempotency key is answered by one of
+/// two statements, chosen by what the store's last such request was
+/// (docs/storage.md): after a new key, the statement that reads the
+/// binding and would bind the key; after a replay, a plain read first.
+/// Each step below goes one known way; every replay writes nothing (no
+/// job, no event, no notification, no lock on the binding) and every
+/// conflict names the field either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_request_is_decided_alike_by_either_statement() {
+    let h = Harness::postgres().await;
+    let pool = h.caller_pool().await;
+    let mut listener = wakeup_listener(&h).await;
+    let locked = async |key: &str| -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM idemq.idempotency
+             WHERE key_preview = $1 AND xmax::text <> '0'",
+        )
+        .bind(key)
+        .fetch_one(&pool)
+        .await
+        .expect("binding")
+    };
+    let conflict = |e: Error| match e {
+        Error::EnqueueIdempotencyConflict(c) => c.fields,
+        other => panic!("a conflict, not {other:?}"),
+    };
+
+    // A new key (a fresh store has seen no replay): the one statement.
+    let first = h.queue.enqueue(keyed("k-a", json!(1))).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("notified")
+        .unwrap();
+    let before = h.totals().await;
+    // Its repeat: the same statement finds the binding and answers it.
+    let again = h.queue.enqueue_with_result(keyed("k-a", json!(1))).await;
+    assert_eq!(again.unwrap(), replayed(&first));
+    // Now repeats come in: the plain read answers this one.
+    let third = h.queue.enqueue_with_result(keyed("k-a", json!(1))).await;
+    assert_eq!(third.unwrap(), replayed(&first));
+    // A conflict after a replay: the read finds another fingerprint.
+    let other = h.queue.enqueue(keyed("k-a", json!(2))).await.unwrap_err();
+    assert_eq!(conflict(other), ["payload"]);
+    assert_eq!(
+        h.totals().await,
+        before,
+        "replays and conflicts write nothing"
+    );
+    assert_eq!(locked("k-a").await, 0, "nothing locked the binding");
+
+    // A new key after a replay: the read finds it free, the statement binds it.
+    let second = h.queue.enqueue(keyed("k-b", json!(1))).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("notified")
+        .unwrap();
+    assert_ne!(second, first);
+    let before = h.totals().await;
+    // A conflict after a new key: the statement finds another fingerprint.
+    let other = h.queue.enqueue(keyed("k-b", json!(2))).await.unwrap_err();
+    assert_eq!(conflict(other), ["payload"]);
+    // And a replay after it, by the statement again.
+    let again = h.queue.enqueue_with_result(keyed("k-b", json!(1))).await;
+    assert_eq!(again.unwrap(), replayed(&second));
+    assert_eq!(
+        h.totals().await,
+        before,
+        "replays and conflicts write nothing"
+    );
+    assert_eq!(locked("k-b").await, 0, "nothing locked the binding");
+    let quiet = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await;
+    assert!(quiet.is_err(), "a replay or a conflict notifies no one");
+}
+
+fn replayed(job_id: &str) -> idemq::EnqueueResult {
+    idemq::EnqueueResult {
+        job_id: job_id.to_owned(),
+        outcome: Outcome::Replayed,
+    }
+}
+
 /// The notifications `listener` receives within `wait`, by payload.
 async fn notified(
     listener: &mut sqlx::postgres::PgListener,

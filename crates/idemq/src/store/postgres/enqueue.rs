@@ -1,6 +1,8 @@
 //! Enqueue, explain and redrive on PostgreSQL: the prepared requests travel
 //! as one JSON array to `idemq.enqueue`, which answers one row per item.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use serde::Serialize;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -180,6 +182,7 @@ fn outcome(function: &str, job_id: &str, name: &str, why: Option<&str>) -> Resul
 pub(super) async fn enqueue(
     conn: &mut PgConnection,
     items: &[PreparedEnqueue],
+    repeating: &Repeating,
 ) -> Result<Vec<Result<EnqueueResult>>> {
     if items.is_empty() {
         return Ok(Vec::new());
@@ -195,7 +198,7 @@ pub(super) async fn enqueue(
                 dedupe: None,
                 ..
             },
-        ] => return Ok(vec![only_keyed(conn, item, key).await?]),
+        ] => return Ok(vec![only_keyed(conn, item, key, repeating).await?]),
         [
             item @ PreparedEnqueue {
                 idempotency: Some(key),
@@ -287,21 +290,101 @@ async fn keyed_one(
     .map_err(db_err)
 }
 
+/// Whether the last request a store's `only_keyed` answered found its key
+/// bound (a replay). Only a choice of statements rides on it, never an
+/// answer: both ways decide every request alike.
+#[derive(Debug, Default)]
+pub(crate) struct Repeating(AtomicBool);
+
+impl Repeating {
+    fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn set(&self, repeating: bool) {
+        self.0.store(repeating, Ordering::Relaxed);
+    }
+}
+
 /// A request whose only key is its idempotency key (no explicit id, no
-/// dedupe key), the commonest keyed call, by plain statements. A read of
-/// the key's live binding answers a repeat: its compact fingerprint is the
-/// request's (compared as bytes; neither the request's document nor its
-/// JSON fingerprint is sent). A key without one is bound and its job
-/// inserted by `KEYED_NEW`. `idemq.enqueue` decides the rest: a binding
-/// with another fingerprint (it names the differing fields), one without
-/// the compact form (written before schema version 13, or by a redrive),
-/// a key bound between the two statements, or a request the clock refuses.
+/// dedupe key), the commonest keyed call, by plain statements, in one
+/// round trip when the key is new or repeated:
+///
+/// - `KEYED_NEW` reads the key's live binding and, if it has none, binds
+///   the key and inserts the job in the same statement. A binding whose
+///   compact fingerprint is the request's (compared as bytes; neither the
+///   request's document nor its JSON fingerprint is decoded) answers a
+///   replay, and the statement then writes nothing.
+/// - While repeats come in (the last request answered was a replay), a
+///   plain read of the binding goes first: a replay is then one index
+///   probe, where `KEYED_NEW` also sets up its two inserts (about twice
+///   the server's time of the read alone). A key the read finds free goes
+///   on to `KEYED_NEW`.
+///
+/// `idemq.enqueue` decides the rest: a binding with another fingerprint
+/// (it names the differing fields), one without the compact form (written
+/// before schema version 13, or by a redrive), a key bound by a
+/// transaction that committed after the statement began, or a request the
+/// clock refuses.
 async fn only_keyed(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
     key: &PreparedKey,
+    repeating: &Repeating,
 ) -> Result<Result<EnqueueResult>> {
     let fingerprint = item.fingerprint.compact();
+    // After a replay, a plain read first; a binding it finds decides.
+    let statement = !repeating.get()
+        || match bound(conn, key, &fingerprint).await? {
+            Bound::Same(job_id) => return Ok(Ok(replayed(job_id))),
+            Bound::Other => false,
+            Bound::Free => {
+                repeating.set(false);
+                true
+            }
+        };
+    if statement {
+        match keyed_new(conn, item, key, &fingerprint).await? {
+            Keyed::Accepted(job_id) => {
+                return Ok(Ok(EnqueueResult {
+                    job_id,
+                    outcome: Outcome::Accepted,
+                }));
+            }
+            Keyed::Replayed(job_id) => {
+                repeating.set(true);
+                return Ok(Ok(replayed(job_id)));
+            }
+            Keyed::Undecided => {}
+        }
+    }
+    let items = std::slice::from_ref(item);
+    let rows = decided(conn, items).await?;
+    answers(&rows, items)?.pop().ok_or_else(|| Error::Backend {
+        message: "idemq.enqueue returned no row".into(),
+    })
+}
+
+fn replayed(job_id: String) -> EnqueueResult {
+    EnqueueResult {
+        job_id,
+        outcome: Outcome::Replayed,
+    }
+}
+
+/// What a read of a key's live binding found.
+enum Bound {
+    /// A binding with the request's compact fingerprint: its job.
+    Same(String),
+    /// A binding with another fingerprint, or none in compact form.
+    Other,
+    /// No live binding.
+    Free,
+}
+
+/// Reads the live binding of `key`, comparing its compact fingerprint
+/// with `fingerprint`.
+async fn bound(conn: &mut PgConnection, key: &PreparedKey, fingerprint: &[u8]) -> Result<Bound> {
     let found = sqlx::query(
         "SELECT i.job_id, i.fp = $3 AS same
          FROM idemq.idempotency i
@@ -309,30 +392,17 @@ async fn only_keyed(
     )
     .bind(&key.scope)
     .bind(&key.hash[..])
-    .bind(&fingerprint[..])
+    .bind(fingerprint)
     .persistent(db::prepared())
     .fetch_optional(&mut *conn)
     .await
     .map_err(db_err)?;
-    match found {
-        Some(row) => {
-            if row.try_get::<Option<bool>, _>("same").map_err(db_err)? == Some(true) {
-                return Ok(Ok(EnqueueResult {
-                    job_id: row.try_get("job_id").map_err(db_err)?,
-                    outcome: Outcome::Replayed,
-                }));
-            }
-        }
-        None => {
-            if let Some(answer) = keyed_new(conn, item, key, &fingerprint).await? {
-                return Ok(Ok(answer));
-            }
-        }
-    }
-    let items = std::slice::from_ref(item);
-    let rows = decided(conn, items).await?;
-    answers(&rows, items)?.pop().ok_or_else(|| Error::Backend {
-        message: "idemq.enqueue returned no row".into(),
+    Ok(match found {
+        None => Bound::Free,
+        Some(row) => match row.try_get::<Option<bool>, _>("same").map_err(db_err)? {
+            Some(true) => Bound::Same(row.try_get("job_id").map_err(db_err)?),
+            _ => Bound::Other,
+        },
     })
 }
 
@@ -362,25 +432,32 @@ macro_rules! refused {
     };
 }
 
-/// A new job for a key that had no live binding when `only_keyed` read it,
-/// for a request whose only key is its idempotency key: one statement that
-/// takes the key's lock (as `idemq.enqueue` does), reads the clock of
-/// record once it holds the lock, binds the key and inserts the job, with
-/// no PL/pgSQL (whose statements and helpers cost a keyed enqueue three
-/// times a keyless one). The key's binding is inserted first, and the job
-/// only if it went in: the primary key of `idemq.idempotency` decides a
-/// race with a binding committed since `only_keyed` read (or still being
-/// written, which the insert waits for), and an expired binding is replaced
-/// as `idemq.bind_key` replaces it. A key bound meanwhile writes nothing
-/// and answers `NULL`: `idemq.enqueue` then decides the request (a replay
-/// or a conflict), reading the binding afresh. So does a request the clock
+/// A request whose only key is its idempotency key, in one statement:
+/// it reads the key's live binding (answered as it is, and nothing is
+/// written, when there is one), and otherwise takes the key's lock (as
+/// `idemq.enqueue` does), reads the clock of record once it holds the
+/// lock, binds the key and inserts the job, with no PL/pgSQL (whose
+/// statements and helpers cost a keyed enqueue three times a keyless one).
+/// The key's binding is inserted first, and the job only if it went in:
+/// the primary key of `idemq.idempotency` decides a race with a binding
+/// committed after the statement's snapshot (or still being written,
+/// which the insert waits for), and an expired binding is replaced as
+/// `idemq.bind_key` replaces it. A key bound meanwhile writes nothing and
+/// answers `NULL`: `idemq.enqueue` then decides the request (a replay or a
+/// conflict), reading the binding afresh. So does a request the clock
 /// would refuse (its deadline passed, or due after it): the key is decided
 /// before the clock (SPEC 5), and a binding committed while this statement
 /// waited for the key's lock makes it a replay, not a refusal.
 const KEYED_NEW: &str = concat!(
     "
-WITH lk AS MATERIALIZED (
+WITH probe AS MATERIALIZED (
+    SELECT i.job_id, i.fp = $15::bytea AS same
+    FROM idemq.idempotency i
+    WHERE i.scope = $16::text AND i.key_hash = $18::bytea AND i.expires_at > idemq.now()
+),
+lk AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(hashtextextended('idemq.key:' || $16::text || ':' || $17::text, 0))
+    WHERE NOT EXISTS (SELECT 1 FROM probe)
 ),
 t AS MATERIALIZED (
     SELECT c.now, c.due, ",
@@ -415,19 +492,32 @@ job AS (
     FROM t WHERE EXISTS (SELECT 1 FROM bound)
     RETURNING idemq.wake(queue) AS woke
 )
-SELECT 'accepted'::text AS outcome FROM job
+SELECT 'accepted'::text AS outcome, NULL::text AS job_id, NULL::bool AS same FROM job
 UNION ALL
-SELECT NULL FROM t WHERE NOT EXISTS (SELECT 1 FROM bound)"
+SELECT NULL, NULL, NULL FROM t WHERE NOT EXISTS (SELECT 1 FROM bound)
+UNION ALL
+SELECT 'found', p.job_id, p.same FROM probe p"
 );
 
-/// Sends `KEYED_NEW`: the new job's answer, or `None` when it wrote
-/// nothing (the key bound meanwhile, or a request the clock refuses).
+/// What `KEYED_NEW` answered.
+enum Keyed {
+    /// The key was bound to a new job, with this id.
+    Accepted(String),
+    /// The key's live binding has the request's fingerprint: its job.
+    Replayed(String),
+    /// Nothing written: for `idemq.enqueue` to decide (a binding with
+    /// another fingerprint or none in compact form, a key bound meanwhile,
+    /// a request the clock refuses).
+    Undecided,
+}
+
+/// Sends `KEYED_NEW`.
 async fn keyed_new(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
     key: &PreparedKey,
     fingerprint: &[u8],
-) -> Result<Option<EnqueueResult>> {
+) -> Result<Keyed> {
     let id = uuid::Uuid::now_v7().to_string();
     let row = sqlx::query(KEYED_NEW)
         .bind(&id)
@@ -457,11 +547,12 @@ async fn keyed_new(
         .map_err(db_err)?;
     let outcome: Option<String> = row.try_get("outcome").map_err(db_err)?;
     match outcome.as_deref() {
-        None => Ok(None),
-        Some("accepted") => Ok(Some(EnqueueResult {
-            job_id: id,
-            outcome: Outcome::Accepted,
-        })),
+        None => Ok(Keyed::Undecided),
+        Some("accepted") => Ok(Keyed::Accepted(id)),
+        Some("found") => match row.try_get::<Option<bool>, _>("same").map_err(db_err)? {
+            Some(true) => Ok(Keyed::Replayed(row.try_get("job_id").map_err(db_err)?)),
+            _ => Ok(Keyed::Undecided),
+        },
         Some(other) => Err(Error::Backend {
             message: format!("a keyed enqueue answered {other:?}"),
         }),
@@ -919,7 +1010,7 @@ pub(super) async fn explain(conn: &mut PgConnection, p: &PreparedEnqueue) -> Res
         None => None,
         Some(d) => dedupe_holder(conn, &p.job_type, &d.key).await?,
     };
-    let mut results = enqueue(conn, std::slice::from_ref(p)).await?;
+    let mut results = enqueue(conn, std::slice::from_ref(p), &Repeating::default()).await?;
     let mut out = Explain {
         outcome: String::new(),
         reason: None,

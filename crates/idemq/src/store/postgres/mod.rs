@@ -95,6 +95,8 @@ pub struct PgStore {
     kept: std::sync::Arc<db::Kept>,
     /// Concurrent single enqueues that share a statement (docs/storage.md).
     grouper: std::sync::Arc<group::Grouper>,
+    /// Whether keyed enqueues are coming in as repeats (docs/storage.md).
+    repeating: std::sync::Arc<enqueue::Repeating>,
 }
 
 /// Connection settings of [`PgStore::connect`].
@@ -175,6 +177,7 @@ impl PgStore {
             grouper: std::sync::Arc::new(group::Grouper::new(net.statements)),
             net: std::sync::Arc::new(net),
             kept: std::sync::Arc::default(),
+            repeating: std::sync::Arc::default(),
             #[cfg(feature = "test-clock")]
             test_clock: options.test_clock,
         };
@@ -193,6 +196,7 @@ impl PgStore {
             grouper: std::sync::Arc::new(group::Grouper::new(db::Net::default().statements)),
             net: std::sync::Arc::default(),
             kept: std::sync::Arc::default(),
+            repeating: std::sync::Arc::default(),
         }
     }
 
@@ -225,7 +229,7 @@ impl PgStore {
         conn: &mut PgConnection,
         items: &[PreparedEnqueue],
     ) -> Result<Vec<Result<EnqueueResult>>> {
-        enqueue::enqueue(conn, items).await
+        enqueue::enqueue(conn, items, &enqueue::Repeating::default()).await
     }
 
     /// Completes an attempt inside the caller's own transaction or
@@ -816,7 +820,7 @@ impl PgStore {
         // its server connection.
         if !p.atomic && !p.dry_run && !self.net.bouncer {
             let mut conn = db::Lent::of(self.db()).await.map_err(db_err)?;
-            let out = enqueue::enqueue(&mut conn, &p.items).await;
+            let out = enqueue::enqueue(&mut conn, &p.items, &self.repeating).await;
             // A refused item is an answer in `Ok`; an error here is the
             // call's own, so the connection goes back to the pool, checked.
             conn.keep_if(out.is_ok());
@@ -827,7 +831,7 @@ impl PgStore {
         // first error (or always, for a dry run).
         let mut conn = db::Lent::of(self.db()).await.map_err(db_err)?;
         let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
-        let mut results = enqueue::enqueue(&mut tx, &p.items).await?;
+        let mut results = enqueue::enqueue(&mut tx, &p.items, &self.repeating).await?;
         let failed = if p.atomic {
             results.iter().position(Result::is_err)
         } else {
