@@ -13,6 +13,7 @@ use crate::queue::Queue;
 
 /// A step of a maintenance pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Step {
     /// Checking that the server still has the settings the store's
     /// durability rests on (Redis; a strict store refuses writes while

@@ -12,14 +12,13 @@
 //! the file lock for up to the busy timeout.
 //!
 //! Writes are committed in groups: the write thread takes every write
-//! queued behind the one it starts with (up to [`GROUP`]), runs each in a
+//! queued behind the one it starts with (up to 256), runs each in a
 //! savepoint of one `BEGIN IMMEDIATE` transaction (a write that fails rolls
 //! back its own savepoint only, exactly as if it had run alone), commits
 //! once and only then answers them all. Under concurrent load one fsync
 //! acknowledges many writes; a lone write is a group of one. WAL
-//! checkpoints run on a thread of their own (`PASSIVE`, every
-//! [`CHECKPOINT_EVERY`]) instead of inside whichever commit crossed the
-//! automatic threshold.
+//! checkpoints run on a thread of their own (`PASSIVE`, every 200 ms)
+//! instead of inside whichever commit crossed the automatic threshold.
 //!
 //! The clock of record is the injectable [`Clock`]: every decision of one
 //! operation reads it once, after the write lock is taken.
