@@ -405,3 +405,23 @@ fn migrate_check_of_a_newer_postgres_schema_exits_5_naming_the_idemq_that_wrote_
         "{status}"
     );
 }
+
+/// `idemq bench` checks a Redis server with idemq's store's own check
+/// before it measures anything: a server with `no-appendfsync-on-rewrite
+/// yes` (which skips the fsync while a rewrite runs) is refused, naming
+/// the setting and `?durability=relaxed`.
+#[test]
+fn bench_refuses_a_redis_server_the_store_refuses() {
+    let url = idemq_testkit::redis_own_server_with(&["--no-appendfsync-on-rewrite", "yes"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_idemq"))
+        .args(["bench", "--only", "W1", "--database", &url])
+        .env_remove("IDEMQ_DATABASE_URL")
+        .env_remove("IDEMQ_KEY_SECRET")
+        .output()
+        .expect("run idemq");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("no-appendfsync-on-rewrite yes"), "{err}");
+    assert!(err.contains("set `no-appendfsync-on-rewrite no`"), "{err}");
+    assert!(err.contains("?durability=relaxed"), "{err}");
+}

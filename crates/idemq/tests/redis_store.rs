@@ -1828,3 +1828,163 @@ async fn an_older_binary_neither_records_its_functions_over_newer_ones_nor_runs_
         .await
         .expect("connect");
 }
+
+/// Every key of the server and every function library loaded on it.
+async fn everything(url: &str) -> (redis::Value, redis::Value) {
+    (
+        raw(url, &["KEYS", "*"]).await,
+        raw(url, &["FUNCTION", "LIST"]).await,
+    )
+}
+
+/// Redis Cluster is not supported: a server in cluster mode (here a
+/// one-node cluster serving every slot) is refused by connect and by
+/// `idemq migrate`, strict or relaxed, with a `Validation` error on
+/// `database` that says so and what to run instead, and nothing is
+/// written on it.
+#[tokio::test]
+async fn a_server_in_cluster_mode_is_refused_and_nothing_is_written() {
+    let server = Server::start(&[
+        "--cluster-enabled",
+        "yes",
+        // In the server's own directory (`--dir`).
+        "--cluster-config-file",
+        "nodes.conf",
+    ]);
+    let url = server.url("");
+    raw(&url, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]).await;
+    // Serving: the node counts its cluster up (a moment after the slots).
+    for _ in 0..200 {
+        let info: String =
+            redis::from_redis_value(raw(&url, &["CLUSTER", "INFO"]).await).expect("info");
+        if info.contains("cluster_state:ok") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    raw(&url, &["SET", "probe", "1"]).await;
+    raw(&url, &["DEL", "probe"]).await;
+    let before = everything(&url).await;
+    assert_eq!(
+        before,
+        (redis::Value::Array(vec![]), redis::Value::Array(vec![]))
+    );
+    for url in [
+        server.url(""),
+        server.url("?durability=relaxed&prefix=app1:"),
+    ] {
+        let migrate = idemq::store::redis::migrate(&url)
+            .await
+            .expect_err("migrate on a cluster");
+        let connect = RedisStore::connect(&url, RedisOptions::default())
+            .await
+            .expect_err("connect to a cluster");
+        let status = idemq::store::redis::migration_status(&url)
+            .await
+            .expect_err("status of a cluster");
+        for err in [migrate, connect, status] {
+            assert!(
+                matches!(&err, Error::Validation { field, .. } if field == "database"),
+                "{err:?}"
+            );
+            let text = err.to_string();
+            assert!(text.contains("Redis Cluster is not supported"), "{text}");
+            assert!(text.contains("standalone Redis primary"), "{text}");
+        }
+        assert_eq!(everything(&url).await, before);
+    }
+}
+
+/// A key prefix ends in its only colon, so no installation's prefix starts
+/// another's: `a:job:` (whose `a:job:layout` would be the job `layout` of
+/// the installation under `a:`) is refused by migrate and connect, writing
+/// nothing, and the refusal says how to move an installation stored under
+/// it. Installations under `a:` and `ab:` keep apart.
+#[tokio::test]
+async fn a_prefix_that_could_start_another_is_refused_and_says_what_to_do() {
+    let server = Server::start(&[]);
+    for prefix in ["a:job:", "a", "app:prod:"] {
+        let url = server.url(&format!("?prefix={prefix}"));
+        for err in [
+            idemq::store::redis::migrate(&url)
+                .await
+                .expect_err("migrate"),
+            RedisStore::connect(&url, RedisOptions::default())
+                .await
+                .expect_err("connect"),
+        ] {
+            assert!(
+                matches!(&err, Error::Validation { field, .. } if field == "database"),
+                "{err:?}"
+            );
+            let text = err.to_string();
+            assert!(text.contains("no other colon"), "{text}");
+            assert!(text.contains("renamed"), "{text}");
+            assert!(text.contains("Key prefixes"), "{text}");
+        }
+        assert_eq!(raw(&url, &["DBSIZE"]).await, redis::Value::Int(0));
+    }
+    let a = server.url("?prefix=a:");
+    let ab = server.url("?prefix=ab:");
+    idemq::store::redis::migrate(&a).await.expect("migrate a:");
+    let keys = |pattern: &'static str| {
+        let url = a.clone();
+        async move {
+            let mut k: Vec<String> =
+                redis::from_redis_value(raw(&url, &["KEYS", pattern]).await).expect("keys");
+            k.sort();
+            k
+        }
+    };
+    let of_a = keys("*").await;
+    idemq::store::redis::migrate(&ab)
+        .await
+        .expect("migrate ab:");
+    let queue = Queue::connect(&ab).await.expect("connect ab:");
+    queue
+        .enqueue(EnqueueRequest::new("t"))
+        .await
+        .expect("enqueue");
+    assert_eq!(keys("a:*").await, of_a);
+    let queue = Queue::connect(&a).await.expect("connect a:");
+    assert!(
+        queue
+            .list(JobList {
+                limit: 10,
+                ..JobList::default()
+            })
+            .await
+            .expect("list")
+            .jobs
+            .is_empty()
+    );
+}
+
+/// `idemq migrate` leaves the libraries it did not load: another
+/// installation on the server may be migrated for one, and the older
+/// processes of a rolling upgrade call theirs until they stop.
+#[tokio::test]
+async fn migrate_deletes_no_other_function_library() {
+    let server = Server::start(&[]);
+    let url = server.url("");
+    raw(
+        &url,
+        &[
+            "FUNCTION",
+            "LOAD",
+            "#!lua name=idemq_0000000000000000\n\
+             redis.register_function('idemq_0000000000000000_now', function() return 1 end)",
+        ],
+    )
+    .await;
+    idemq::store::redis::migrate(&url).await.expect("migrate");
+    let listed = format!(
+        "{:?}",
+        raw(&url, &["FUNCTION", "LIST", "LIBRARYNAME", "idemq_*"]).await
+    );
+    assert!(listed.contains("idemq_0000000000000000"), "{listed}");
+    assert_eq!(
+        raw(&url, &["FCALL", "idemq_0000000000000000_now", "0"]).await,
+        redis::Value::Int(1)
+    );
+}

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use idemq::store::redis::RedisUrl;
+use idemq::store::redis::{DURABLE_SETTINGS, RedisUrl, check_durability};
 use indicatif::ProgressBar;
 use redis::aio::MultiplexedConnection;
 
@@ -113,10 +113,11 @@ pub(crate) struct Server {
 
 impl Server {
     /// Connects to the server of `url` and reads its version and persistence
-    /// settings. Refuses a server without `appendonly yes`, `appendfsync
-    /// always` and `maxmemory-policy noeviction` unless the URL says
-    /// `?durability=relaxed` (then warns): figures measured without fsync
-    /// would not compare with a durable queue's.
+    /// settings. Refuses a server the idemq store would refuse (its own
+    /// check: `appendonly yes`, `appendfsync always`,
+    /// `no-appendfsync-on-rewrite no`, `maxmemory-policy noeviction`)
+    /// unless the URL says `?durability=relaxed` (then warns): figures
+    /// measured without fsync would not compare with a durable queue's.
     pub(crate) async fn connect(url: &str) -> Result<Self> {
         let parsed = RedisUrl::parse(url)?;
         let mut conn = connect(&parsed.driver).await?;
@@ -125,46 +126,51 @@ impl Server {
             .query_async(&mut conn)
             .await?;
         let version = info_field(&info, "redis_version").unwrap_or("(unknown)");
+        // The settings the store checks, and `save`, for the run's header.
+        let names: Vec<&str> = DURABLE_SETTINGS
+            .iter()
+            .map(|(name, _)| *name)
+            .chain(["save"])
+            .collect();
         let config: Result<HashMap<String, String>, _> = redis::cmd("CONFIG")
             .arg("GET")
-            .arg("appendonly")
-            .arg("appendfsync")
-            .arg("maxmemory-policy")
-            .arg("save")
+            .arg(&names)
             .query_async(&mut conn)
             .await;
-        let (config, durable) = match config {
-            Ok(c) => {
-                let get = |name: &str| c.get(name).map_or("(unset)", String::as_str);
-                let durable = get("appendonly") == "yes"
-                    && get("appendfsync") == "always"
-                    && get("maxmemory-policy") == "noeviction";
-                let text = format!(
-                    "appendonly {}, appendfsync {}, maxmemory-policy {}, save {:?}",
-                    get("appendonly"),
-                    get("appendfsync"),
-                    get("maxmemory-policy"),
-                    get("save"),
-                );
-                (text, durable)
-            }
-            Err(e) => (format!("settings unreadable ({e})"), false),
+        let config = match config {
+            Ok(c) => names
+                .iter()
+                .map(|name| {
+                    let value = c.get(*name).map_or("(unset)", String::as_str);
+                    if *name == "save" {
+                        format!("{name} {value:?}")
+                    } else {
+                        format!("{name} {value}")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            Err(e) => format!("settings unreadable ({e})"),
         };
-        if !durable && !parsed.relaxed {
-            bail!(
-                "this Redis server ({config}) can lose acknowledged writes, so its figures would \
-                 not compare with a durable queue's: run it with appendonly yes, appendfsync \
-                 always and maxmemory-policy noeviction, or add ?durability=relaxed to the URL \
-                 to measure it anyway"
-            );
-        }
-        if !durable {
+        // The store's own check, so the bench demands what the store does.
+        let refused = match check_durability(&parsed).await {
+            Ok(()) => None,
+            Err(e @ idemq::Error::Validation { .. }) => Some(e),
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(why) = &refused {
+            if !parsed.relaxed {
+                bail!(
+                    "this Redis server ({config}) is one idemq's store refuses, so its figures \
+                     would not compare with a durable queue's: {why}"
+                );
+            }
             eprintln!(
-                "warning: this Redis server ({config}) does not fsync every write: the figures \
-                 measure a queue that can lose acknowledged jobs"
+                "warning: this Redis server ({config}) can lose acknowledged writes ({why}): the \
+                 figures measure a queue that can lose acknowledged jobs"
             );
         }
-        let durability = if durable {
+        let durability = if refused.is_none() {
             "durable"
         } else {
             "NOT durable (?durability=relaxed)"

@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 /// no` (else Redis skips the fsync while a `BGSAVE` or AOF rewrite child
 /// runs, even with `appendfsync always`) and `maxmemory-policy noeviction`
 /// (else keys are deleted under memory pressure).
-pub(super) const DURABLE: [(&str, &str); 4] = [
+pub const DURABLE: [(&str, &str); 4] = [
     ("appendonly", "yes"),
     ("appendfsync", "always"),
     ("no-appendfsync-on-rewrite", "no"),

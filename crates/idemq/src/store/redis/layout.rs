@@ -1,5 +1,7 @@
 //! The data layout of an installation on Redis: every key starts with the
-//! installation's prefix `P` (`?prefix=`, default `idemq:`). Times are
+//! installation's prefix `P` (`?prefix=`, default `idemq:`; it ends in its
+//! only colon, so no other installation's prefix starts with it and no key
+//! is two installations'). Times are
 //! integer microseconds since the Unix epoch (UTC) written as decimal text;
 //! a missing hash field is NULL. Nothing expires by Redis key expiry: the
 //! maintenance functions sweep what the stored times say is over.

@@ -23,6 +23,11 @@
 //! key prefix; a binary refuses an installation migrated for another
 //! version, and does not migrate one recorded for a higher revision.
 //!
+//! **One primary.** A server in cluster mode is refused at connect (and by
+//! `idemq migrate`, which then writes nothing) with a `Validation` error on
+//! `database`: a function reads and writes keys it learns from the data,
+//! which Redis Cluster refuses unless every key is declared and on one slot.
+//!
 //! **Durability.** "Nothing acknowledged is lost" holds only with
 //! `appendonly yes`, `appendfsync always`, `no-appendfsync-on-rewrite no`
 //! and `maxmemory-policy noeviction`; [`RedisStore::connect`] checks them
@@ -76,6 +81,7 @@ use super::*;
 use crate::error::Error;
 use crate::job::JobState;
 use codec::{array, at, int, opt_string, string};
+pub use durability::DURABLE as DURABLE_SETTINGS;
 pub use library::{FUNCTIONS_REVISION, LAYOUT};
 use library::{LIBRARY, not_current};
 use migrate::{Installed, installed, loaded, newer, newer_functions};
@@ -211,7 +217,54 @@ async fn open(url: &RedisUrl) -> Result<(::redis::Client, ConnectionManager)> {
         .map_err(|e| Error::Unavailable {
             message: format!("cannot connect to Redis: {e}"),
         })?;
+    standalone(&mut conn.clone()).await?;
     Ok((client, conn))
+}
+
+/// Refuses a server in cluster mode (`INFO cluster` says
+/// `cluster_enabled:1`), before anything is written: every function reads
+/// and writes keys it learns from the data (a job's queue, its bindings,
+/// its lane), which Redis Cluster refuses unless every key of a call is
+/// declared and on one slot. A server that does not answer `INFO` (renamed
+/// or refused by its ACL) is not checked.
+async fn standalone(conn: &mut ConnectionManager) -> Result<()> {
+    let info: String = match ::redis::cmd("INFO").arg("cluster").query_async(conn).await {
+        Ok(info) => info,
+        Err(e) => {
+            let error = redis_err(e);
+            return if error.is_retryable() {
+                Err(error)
+            } else {
+                Ok(())
+            };
+        }
+    };
+    let cluster = info.lines().any(|l| {
+        l.strip_prefix("cluster_enabled:")
+            .is_some_and(|v| v.trim() == "1")
+    });
+    if cluster {
+        return Err(Error::validation(
+            "database",
+            "the Redis server runs in cluster mode (cluster_enabled:1), and Redis Cluster is not \
+             supported: an idemq function reads and writes keys it learns from the data, which a \
+             cluster refuses across slots. Point idemq at a standalone Redis primary \
+             (cluster-enabled no), with replicas and Sentinel for failover, or use PostgreSQL",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the server `url` names as a strict store does at connect,
+/// whatever the URL's `durability` says: `Ok` when it has every setting of
+/// [`DURABLE_SETTINGS`]; else the `Validation` error on `database` a strict
+/// store refuses it with (naming the setting that is off, or saying they
+/// cannot be read, or that the server runs in cluster mode), or
+/// `Unavailable` when it cannot be reached. `idemq bench` checks the
+/// server it measures with it.
+pub async fn check_durability(url: &RedisUrl) -> Result<()> {
+    let (_, mut conn) = open(url).await?;
+    durability::check(&mut conn).await
 }
 
 impl RedisStore {
