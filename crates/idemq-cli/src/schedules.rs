@@ -54,39 +54,51 @@ pub enum SchedulesCommand {
 pub async fn run(queue: &Queue, cmd: SchedulesCommand, json: bool) -> Result<(), CliError> {
     match cmd {
         SchedulesCommand::List => {
-            let all = queue.schedules().await?;
-            output::line(json, &json!({"schedules": all}), || {
-                let mut out = vec![format!(
-                    "{:<24}  {:<28}  {:<24}  {:<7}  NEXT_FIRE",
-                    "NAME", "TIMING", "TYPE", "PAUSED"
-                )];
-                for s in &all {
-                    let timing = match (&s.cron, s.every_ms) {
-                        (Some(c), _) => format!("cron {c} {}", s.timezone),
-                        (None, Some(e)) => format!(
-                            "every {}",
-                            humantime::format_duration(Duration::from_millis(
-                                u64::try_from(e).unwrap_or(0)
-                            ))
-                        ),
-                        (None, None) => String::new(),
-                    };
-                    out.push(format!(
-                        "{:<24}  {:<28}  {:<24}  {:<7}  {}",
-                        s.name,
-                        timing,
-                        s.job.job_type,
-                        if s.paused { "yes" } else { "no" },
-                        s.next_fire_at
-                            .map(|t| t.to_rfc3339())
-                            .unwrap_or_else(|| "-".into())
-                    ));
-                }
-                if all.is_empty() {
-                    out.push("(no schedules)".into());
-                }
-                out.join("\n")
-            });
+            let list = queue.schedule_list().await?;
+            let (all, unreadable) = (&list.schedules, &list.unreadable);
+            output::line(
+                json,
+                &json!({"schedules": all, "unreadable": unreadable}),
+                || {
+                    let mut out = vec![format!(
+                        "{:<24}  {:<28}  {:<24}  {:<7}  NEXT_FIRE",
+                        "NAME", "TIMING", "TYPE", "PAUSED"
+                    )];
+                    for s in all {
+                        let timing = match (&s.cron, s.every_ms) {
+                            (Some(c), _) => format!("cron {c} {}", s.timezone),
+                            (None, Some(e)) => format!(
+                                "every {}",
+                                humantime::format_duration(Duration::from_millis(
+                                    u64::try_from(e).unwrap_or(0)
+                                ))
+                            ),
+                            (None, None) => String::new(),
+                        };
+                        out.push(format!(
+                            "{:<24}  {:<28}  {:<24}  {:<7}  {}",
+                            s.name,
+                            timing,
+                            s.job.job_type,
+                            if s.paused { "yes" } else { "no" },
+                            s.next_fire_at
+                                .map(|t| t.to_rfc3339())
+                                .unwrap_or_else(|| "-".into())
+                        ));
+                    }
+                    for u in unreadable {
+                        out.push(format!(
+                            "{:<24}  unreadable: {}",
+                            u.name.as_deref().unwrap_or("-"),
+                            u.error
+                        ));
+                    }
+                    if all.is_empty() && unreadable.is_empty() {
+                        out.push("(no schedules)".into());
+                    }
+                    out.join("\n")
+                },
+            );
         }
         SchedulesCommand::Set {
             name,
@@ -114,8 +126,9 @@ pub async fn run(queue: &Queue, cmd: SchedulesCommand, json: bool) -> Result<(),
             };
             let created = queue.schedule_set(&name, definition).await?;
             let next = queue
-                .schedules()
+                .schedule_list()
                 .await?
+                .schedules
                 .into_iter()
                 .find(|s| s.name == name)
                 .and_then(|s| s.next_fire_at);

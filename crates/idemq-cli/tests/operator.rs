@@ -196,6 +196,48 @@ fn dead_redrive_all_of_one_queue() {
 }
 
 #[test]
+fn schedules_list_shows_an_unreadable_row_apart() {
+    let db = Db::new();
+    for name in ["good", "broken"] {
+        db.json(&["schedules", "set", name, "--every", "1h", "--type", "t"]);
+    }
+    // A template this version cannot decode (a member a newer idemq knows).
+    let conn = rusqlite::Connection::open(db.path("cli.db")).expect("open");
+    conn.execute(
+        "UPDATE idemq_schedules SET job = ?2 WHERE name = ?1",
+        ["broken", r#"{"type": "t", "from_a_newer_idemq": 1}"#],
+    )
+    .expect("corrupt");
+    drop(conn);
+
+    let list = db.json(&["schedules", "list"]);
+    let names: Vec<&str> = list["schedules"]
+        .as_array()
+        .expect("schedules")
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert_eq!(names, ["good"], "{list}");
+    assert_eq!(list["unreadable"][0]["name"], "broken", "{list}");
+    let why = list["unreadable"][0]["error"].as_str().expect("error");
+    assert!(why.contains("from_a_newer_idemq"), "{why}");
+
+    let out = db.run(&["schedules", "list"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let broken = text
+        .lines()
+        .find(|l| l.starts_with("broken"))
+        .unwrap_or_else(|| panic!("no line of the broken schedule: {text}"));
+    assert!(broken.contains("unreadable: "), "{text}");
+    assert!(text.contains("good"), "{text}");
+
+    // Setting another schedule still answers with its next fire.
+    let r = db.json(&["schedules", "set", "good", "--every", "2h", "--type", "t"]);
+    assert!(r["next_fire_at"].is_string(), "{r}");
+}
+
+#[test]
 fn schedules_set_list_replace_delete() {
     let db = Db::new();
     let r = db.json(&[

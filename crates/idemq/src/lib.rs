@@ -76,7 +76,7 @@ pub use report::{
     KeyCheckChange, MigrationStatus,
 };
 pub use request::{DedupeMode, DedupeOptions, EnqueueRequest, IdempotencyOptions, RetryPolicy};
-pub use schedule::{Schedule, ScheduleDefinition, ScheduleSpec};
+pub use schedule::{Schedule, ScheduleDefinition, ScheduleList, ScheduleSpec, UnreadableSchedule};
 pub use stats::{EnqueueCounts, LATENCY_BOUNDS_SECONDS, Latency, Stats};
 pub use worker::{HandlerContext, JobError, Worker};
 

@@ -550,6 +550,20 @@ impl Queue {
 
     /// A page of jobs, newest first.
     pub async fn list(&self, filter: JobList) -> Result<JobPage> {
+        self.list_pages(filter, None).await
+    }
+
+    /// A page of jobs, newest first, whose JSON (as [`JobPage`] serializes,
+    /// compact) is at most `max_bytes` long, unless its first job alone is
+    /// longer: it always holds one job when one matches. The page ends
+    /// before the first job that would take it past the bound, and its
+    /// `next_cursor` starts the next page with that job, so paging still
+    /// visits every job once. Jobs past the bound are not decoded.
+    pub async fn list_within(&self, filter: JobList, max_bytes: usize) -> Result<JobPage> {
+        self.list_pages(filter, Some(max_bytes)).await
+    }
+
+    async fn list_pages(&self, filter: JobList, max_bytes: Option<usize>) -> Result<JobPage> {
         if !(1..=bounds::MAX_PAGE_LIMIT).contains(&filter.limit) {
             return Err(Error::validation(
                 "limit",
@@ -578,9 +592,9 @@ impl Queue {
                 return Err(Error::validation(field, "must not contain U+0000"));
             }
         }
-        self.store
-            .job_list(JobListing::new(filter, before_seq))
-            .await
+        let mut listing = JobListing::new(filter, before_seq);
+        listing.max_bytes = max_bytes;
+        self.store.job_list(listing).await
     }
 
     /// A job's events, oldest first.
@@ -1136,8 +1150,23 @@ impl Queue {
             .await
     }
 
-    /// Every schedule, by name, with its next fire.
+    /// Every schedule, by name, with its next fire. Fails when a stored
+    /// schedule cannot be read (a template written by a newer idemq, say),
+    /// with the error that names it; [`schedule_list`](Self::schedule_list)
+    /// lists the others and says which cannot be read.
     pub async fn schedules(&self) -> Result<Vec<crate::schedule::Schedule>> {
+        let list = self.store.schedule_list().await?;
+        match list.unreadable.into_iter().next() {
+            Some(bad) => Err(Error::Backend { message: bad.error }),
+            None => Ok(list.schedules),
+        }
+    }
+
+    /// Every schedule, by name, with its next fire; a schedule whose stored
+    /// row cannot be read (a template written by a newer idemq, say) is
+    /// listed in `unreadable`, by name and why, and the others are listed
+    /// as usual.
+    pub async fn schedule_list(&self) -> Result<crate::schedule::ScheduleList> {
         self.store.schedule_list().await
     }
 

@@ -456,6 +456,42 @@ impl Schedule {
     }
 }
 
+/// Every schedule, by name: those this version can read, and the others.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ScheduleList {
+    /// The schedules, by name.
+    pub schedules: Vec<Schedule>,
+    /// The schedules whose stored row this version cannot read (a template
+    /// written by a newer idemq, say), by name. They are left as they are:
+    /// they do not fire here, and setting one anew replaces its row.
+    pub unreadable: Vec<UnreadableSchedule>,
+}
+
+/// A schedule whose stored row cannot be read.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UnreadableSchedule {
+    /// Its name, or `null` when the name itself cannot be read.
+    pub name: Option<String>,
+    /// Why: the schedule, the column and the value that cannot be read.
+    pub error: String,
+}
+
+impl UnreadableSchedule {
+    /// The schedule `name` (when it could be read) and why the rest could not.
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
+        allow(dead_code)
+    )]
+    pub(crate) fn new(name: Option<String>, error: Error) -> Self {
+        let error = match error {
+            Error::Backend { message } => message,
+            other => other.to_string(),
+        };
+        Self { name, error }
+    }
+}
+
 /// A definition after validation: its timing and its template as stored.
 #[derive(Debug)]
 pub(crate) struct CheckedDefinition {

@@ -22,6 +22,9 @@ use super::schema::{BulkLimit, WaitMs};
 pub(crate) const MAX_WAIT_MS: u64 = 60_000;
 /// Page size of a list without `limit`.
 const DEFAULT_LIST_LIMIT: u32 = 100;
+/// The most bytes of a page of jobs (its JSON): a page ends before the job
+/// that would take it past them, unless that is its first job (16 MiB).
+pub(crate) const MAX_PAGE_BYTES: usize = 16 * 1024 * 1024;
 /// Jobs a bulk action touches without `limit`, and at most.
 const BULK_DEFAULT: u32 = 1000;
 pub(crate) const BULK_MAX: u32 = 10_000;
@@ -247,6 +250,10 @@ pub(crate) fn get_job_named(id: &'static str) -> MethodRouter<ApiState> {
 }
 
 /// A page of jobs, newest first.
+///
+/// At most `limit` jobs, and at most 16 MiB of JSON unless its one job is
+/// longer: a page ends before the job that would take it past the bound,
+/// and its `next_cursor` starts the next page with that job.
 #[utoipa::path(
     get,
     path = "/v1/jobs",
@@ -254,7 +261,7 @@ pub(crate) fn get_job_named(id: &'static str) -> MethodRouter<ApiState> {
     tag = "jobs",
     params(ListQuery),
     responses(
-        (status = 200, description = "A page of jobs", body = idemq::JobPage),
+        (status = 200, description = "A page of jobs: at most `limit`, and at most 16 MiB of JSON unless its one job is longer", body = idemq::JobPage),
         (status = 422, description = "Unknown state, limit out of 1–1000, or a foreign cursor", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -270,7 +277,9 @@ pub(crate) async fn list(
         limit: q.limit.unwrap_or(DEFAULT_LIST_LIMIT),
         cursor: given(q.cursor),
     };
-    Ok(axum::Json(s.queue().list(filter).await?))
+    Ok(axum::Json(
+        s.queue().list_within(filter, MAX_PAGE_BYTES).await?,
+    ))
 }
 
 /// 404 unless the job exists (for the sub-resources of a job).
@@ -555,7 +564,10 @@ pub(crate) async fn bulk(
     // the pages of a state filter.
     let mut ids = Vec::new();
     'pages: loop {
-        let page = s.queue().list(filter.clone()).await?;
+        let page = s
+            .queue()
+            .list_within(filter.clone(), MAX_PAGE_BYTES)
+            .await?;
         for job in page.jobs {
             if f.before.is_none_or(|before| job.created_at < before) {
                 ids.push(job.id);

@@ -26,6 +26,8 @@ use axum::routing::{get, post, put};
 
 use crate::AppState;
 
+pub(crate) use jobs::MAX_PAGE_BYTES;
+
 /// What the API handlers share: the server's state, the metrics recorder,
 /// the wake-up source of long-polling claims and the bound on long-polls.
 #[derive(Clone)]

@@ -3,7 +3,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use idemq::{Schedule, ScheduleDefinition};
+use idemq::{Schedule, ScheduleDefinition, UnreadableSchedule};
 use serde::Serialize;
 use serde_json::json;
 use utoipa::ToSchema;
@@ -15,7 +15,13 @@ use super::problem::{ApiResult, Problem};
 /// Every schedule.
 #[derive(Serialize, ToSchema)]
 pub(crate) struct Schedules {
+    /// The schedules, by name.
     schedules: Vec<Schedule>,
+    /// The schedules whose stored row this server cannot read (a template
+    /// written by a newer idemq, say), by name, each with why; empty when
+    /// every row reads. They are left as they are: they do not fire on this
+    /// server, and setting one anew replaces its row.
+    unreadable: Vec<UnreadableSchedule>,
 }
 
 /// The answer of a delete.
@@ -26,16 +32,26 @@ pub(crate) struct Deleted {
 }
 
 /// Every schedule, by name, with its next fire.
+///
+/// A schedule whose stored row this server cannot read (a template written
+/// by a newer idemq, say) is listed in `unreadable`, with its name and why;
+/// the others are listed in `schedules` as usual.
 #[utoipa::path(
     get,
     path = "/v1/schedules",
     operation_id = "listSchedules",
     tag = "schedules",
-    responses((status = 200, description = "Every schedule", body = Schedules))
+    responses((status = 200, description = "Every schedule; those whose stored row cannot be read in `unreadable`", body = Schedules))
 )]
 pub(crate) async fn list(State(s): State<ApiState>) -> ApiResult<axum::Json<Schedules>> {
-    let schedules = s.queue().schedules().await?;
-    Ok(axum::Json(Schedules { schedules }))
+    let list = s.queue().schedule_list().await?;
+    for bad in &list.unreadable {
+        tracing::warn!(schedule = ?bad.name, error = %bad.error, "a stored schedule cannot be read");
+    }
+    Ok(axum::Json(Schedules {
+        schedules: list.schedules,
+        unreadable: list.unreadable,
+    }))
 }
 
 /// Creates or replaces a schedule.
@@ -64,10 +80,12 @@ pub(crate) async fn put(
     } else {
         StatusCode::OK
     };
+    // Another schedule that cannot be read does not fail the answer.
     let schedule = s
         .queue()
-        .schedules()
+        .schedule_list()
         .await?
+        .schedules
         .into_iter()
         .find(|sch| sch.name == name);
     let body = match schedule {

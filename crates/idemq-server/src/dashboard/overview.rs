@@ -20,8 +20,10 @@ use crate::AppState;
 /// How long the oldest ready job of a type may wait, with no job of that
 /// type active, before the overview says no worker seems to take it.
 const STALE_AFTER_SECS: i64 = 60;
-/// How many ready jobs the "ready by type" table looks at (pages of 1,000).
-const READY_SCAN_PAGES: usize = 5;
+/// How many of the newest ready jobs the "ready by type" table looks at
+/// (fewer when their JSON passes the page byte bound first): what the
+/// overview reads does not grow with the table.
+const READY_SAMPLE: u32 = 200;
 
 /// The flash code after an action.
 #[derive(Deserialize)]
@@ -83,59 +85,52 @@ struct ReadyType {
     active: bool,
 }
 
-/// Ready jobs grouped by type, with the oldest `run_at`, and whether any job
-/// of the type is active (a worker is on it). `bool`: the scan was cut short.
+/// The newest ready jobs (at most [`READY_SAMPLE`]) grouped by type, with
+/// the oldest `run_at`, and whether any job of the type is active (a worker
+/// is on it: one job of that type and state looked up per type). `usize`:
+/// how many ready jobs were looked at, when there were more.
 async fn ready_by_type(
     state: &AppState,
-) -> Result<(BTreeMap<String, ReadyType>, bool), idemq::Error> {
+) -> Result<(BTreeMap<String, ReadyType>, Option<usize>), idemq::Error> {
     let mut by_type: BTreeMap<String, ReadyType> = BTreeMap::new();
-    let mut cursor = None;
-    let mut truncated = false;
-    for i in 0..READY_SCAN_PAGES {
-        let page = state
-            .queue
-            .list(JobList {
+    let page = state
+        .queue
+        .list_within(
+            JobList {
                 state: Some(JobState::Ready),
-                limit: 1000,
-                cursor,
+                limit: READY_SAMPLE,
                 ..Default::default()
-            })
-            .await?;
-        for job in page.jobs {
-            let e = by_type.entry(job.job_type).or_insert_with(|| ReadyType {
-                count: 0,
-                oldest: job.run_at,
-                queues: Vec::new(),
-                active: false,
-            });
-            e.count += 1;
-            e.oldest = e.oldest.min(job.run_at);
-            if !e.queues.contains(&job.queue) {
-                e.queues.push(job.queue);
-            }
+            },
+            crate::api::MAX_PAGE_BYTES,
+        )
+        .await?;
+    let sampled = page.next_cursor.is_some().then_some(page.jobs.len());
+    for job in page.jobs {
+        let e = by_type.entry(job.job_type).or_insert_with(|| ReadyType {
+            count: 0,
+            oldest: job.run_at,
+            queues: Vec::new(),
+            active: false,
+        });
+        e.count += 1;
+        e.oldest = e.oldest.min(job.run_at);
+        if !e.queues.contains(&job.queue) {
+            e.queues.push(job.queue);
         }
-        cursor = page.next_cursor;
-        if cursor.is_none() {
-            break;
-        }
-        truncated = i + 1 == READY_SCAN_PAGES;
     }
-    if !by_type.is_empty() {
+    for (job_type, e) in &mut by_type {
         let active = state
             .queue
             .list(JobList {
                 state: Some(JobState::Active),
-                limit: 1000,
+                job_type: Some(job_type.clone()),
+                limit: 1,
                 ..Default::default()
             })
             .await?;
-        for job in active.jobs {
-            if let Some(e) = by_type.get_mut(&job.job_type) {
-                e.active = true;
-            }
-        }
+        e.active = !active.jobs.is_empty();
     }
-    Ok((by_type, truncated))
+    Ok((by_type, sampled))
 }
 
 /// `GET /`.
@@ -237,7 +232,7 @@ pub(crate) async fn page(State(state): State<AppState>, Query(f): Query<Flash>) 
     }
     body.push_str("</section>");
 
-    let (ready, truncated) = ready_by_type(&state).await?;
+    let (ready, sampled) = ready_by_type(&state).await?;
     body.push_str(
         r#"<section class="panel"><h2>Ready jobs by type <small>a type whose oldest ready job has waited long, with none of its jobs active, has no worker taking it</small></h2>"#,
     );
@@ -268,10 +263,9 @@ pub(crate) async fn page(State(state): State<AppState>, Query(f): Query<Flash>) 
             ));
         }
         body.push_str("</tbody></table>");
-        if truncated {
+        if let Some(n) = sampled {
             body.push_str(&format!(
-                r#"<p class="muted">Counted over the newest {} ready jobs.</p>"#,
-                READY_SCAN_PAGES * 1000
+                r#"<p class="muted">Counted over the newest {n} ready jobs.</p>"#
             ));
         }
     }

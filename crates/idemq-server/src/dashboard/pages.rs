@@ -66,10 +66,13 @@ pub(crate) async fn dead(State(state): State<AppState>, Query(q): Query<PageQuer
 
 /// `GET /schedules`.
 pub(crate) async fn schedules(State(state): State<AppState>) -> PageResult {
-    let list = state.queue.schedules().await?;
+    let idemq::ScheduleList {
+        schedules: list,
+        unreadable,
+    } = state.queue.schedule_list().await?;
     let now = state.queue.store().now().await?;
     let mut body = String::new();
-    if list.is_empty() {
+    if list.is_empty() && unreadable.is_empty() {
         body.push_str(r#"<p class="muted empty">No schedules. Declare them with <code>Queue::schedule_set</code> or <code>PUT /v1/schedules/{name}</code>.</p>"#);
     } else {
         body.push_str(r#"<table class="grid"><thead><tr><th>name</th><th>when</th><th>time zone</th><th>job type</th><th>queue</th><th>last fired</th><th>next fire</th><th>status</th></tr></thead><tbody>"#);
@@ -94,6 +97,15 @@ pub(crate) async fn schedules(State(state): State<AppState>) -> PageResult {
                 esc(queue),
                 opt_time(s.last_fired_at.as_ref()),
                 schedule_state(s),
+            ));
+        }
+        // A row this server cannot read: its name and why, in place of the
+        // columns it could not fill.
+        for u in &unreadable {
+            body.push_str(&format!(
+                r#"<tr class="unreadable"><td class="mono">{}</td><td colspan="6" class="muted">{}</td><td><span class="badge dead">unreadable</span></td></tr>"#,
+                u.name.as_deref().map_or_else(|| "—".to_owned(), esc),
+                esc(&u.error),
             ));
         }
         body.push_str("</tbody></table>");

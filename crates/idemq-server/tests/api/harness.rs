@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use idemq::Queue;
+use std::sync::Arc;
+
+use idemq::store::Store;
+use idemq::{Queue, QueueOptions};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
@@ -69,6 +72,9 @@ impl Answer {
     }
 }
 
+/// Makes the store a server runs over of the backend's.
+type Wrap = Box<dyn FnOnce(Arc<dyn Store>) -> Arc<dyn Store>>;
+
 /// A running server.
 pub struct Server {
     pub base: String,
@@ -117,10 +123,29 @@ impl Server {
         Self::start_on(Backend::Redis, Some(url), Default::default()).await
     }
 
+    /// A server without a token whose queue (the server's and `queue`)
+    /// runs over the store `wrap` makes of the backend's.
+    pub async fn start_wrapped(
+        backend: Backend,
+        wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store> + 'static,
+    ) -> Self {
+        let redis_url = (backend == Backend::Redis).then(|| idemq_testkit::redis_url().0);
+        Self::start_on_wrapped(backend, redis_url, Default::default(), Some(Box::new(wrap))).await
+    }
+
     async fn start_on(
         backend: Backend,
         redis_url: Option<String>,
         options: idemq_server::ServerOptions,
+    ) -> Self {
+        Self::start_on_wrapped(backend, redis_url, options, None).await
+    }
+
+    async fn start_on_wrapped(
+        backend: Backend,
+        redis_url: Option<String>,
+        options: idemq_server::ServerOptions,
+        wrap: Option<Wrap>,
     ) -> Self {
         let token = options.token.clone();
         let (queue, pg_db, dir, db_file) = match backend {
@@ -143,6 +168,10 @@ impl Server {
                 let queue = Queue::connect(url).await.expect("connect redis");
                 (queue, None, None, None)
             }
+        };
+        let queue = match wrap {
+            Some(wrap) => Queue::from_store(wrap(queue.store().clone()), QueueOptions::default()),
+            None => queue,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -353,6 +382,58 @@ impl Server {
             .expect("list")
             .jobs
             .len()
+    }
+
+    /// Another queue over the server's store, with these options (a larger
+    /// payload limit than the server's, say).
+    pub async fn queue_with(&self, options: QueueOptions) -> Queue {
+        let url = if let Some(path) = &self.db_file {
+            format!("sqlite://{}", path.display())
+        } else if let Some(db) = &self.pg_db {
+            idemq_testkit::pg_url(db)
+        } else {
+            self.redis_url.clone().expect("a Redis URL")
+        };
+        Queue::connect_with(&url, options).await.expect("connect")
+    }
+
+    /// Runs one statement with `args` bound (`?1`… on SQLite, `$1`… on
+    /// PostgreSQL) on the server's database, behind the store's back.
+    pub async fn raw_sql(&self, sqlite: &str, postgres: &'static str, args: &[&str]) {
+        if let Some(path) = &self.db_file {
+            let conn = rusqlite::Connection::open(path).expect("open raw");
+            conn.busy_timeout(Duration::from_secs(5))
+                .expect("busy timeout");
+            conn.execute(sqlite, rusqlite::params_from_iter(args))
+                .expect(sqlite);
+        } else if let Some(db) = &self.pg_db {
+            use idemq::sqlx::Connection;
+            let mut conn = idemq::sqlx::PgConnection::connect(&idemq_testkit::pg_url(db))
+                .await
+                .expect("connect raw");
+            let mut q = idemq::sqlx::query(postgres);
+            for a in args {
+                q = q.bind(*a);
+            }
+            q.execute(&mut conn).await.expect(postgres);
+        } else {
+            panic!("no SQL database on Redis");
+        }
+    }
+
+    /// Runs one raw command on the server's Redis installation, with its
+    /// key prefix put before the second argument (the key).
+    pub async fn raw_redis(&self, args: &[&str]) {
+        let url = self.redis_url.as_deref().expect("a Redis URL");
+        let prefix = url
+            .split_once("prefix=")
+            .map_or("", |(_, p)| p.split('&').next().unwrap_or(""));
+        let key = format!("{prefix}{}", args[1]);
+        let mut all = vec![args[0], key.as_str()];
+        all.extend_from_slice(&args[2..]);
+        idemq_testkit::redis_command(url, &all)
+            .await
+            .expect("raw command");
     }
 
     /// Stops the server and waits for it.

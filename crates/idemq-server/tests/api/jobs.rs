@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::harness::{Backend, Server};
 
@@ -16,6 +16,8 @@ instantiate!(
     bulk_actions,
     ids_named_like_fixed_routes,
     ids_of_dots_are_answered_as_sent_or_encoded,
+    list_pages_are_bounded_in_bytes,
+    a_job_over_the_page_bound_is_a_page_of_its_own,
 );
 
 async fn get_and_list(b: Backend) {
@@ -645,5 +647,179 @@ async fn ids_of_dots_are_answered_as_sent_or_encoded(b: Backend) {
             assert!(text.contains("\"accepted\""), "{path}/events: {text}");
         }
     }
+    s.stop().await;
+}
+
+/// The most bytes of a page of jobs (16 MiB).
+const MAX_PAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Every page of `GET /v1/jobs?<query>` from the first, each as its body
+/// text and JSON.
+async fn all_pages(s: &Server, query: &str) -> Vec<(String, Value)> {
+    let mut pages = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let a = s.get(&format!("/v1/jobs?{query}&cursor={cursor}")).await;
+        let page = a.ok(200).clone();
+        let next = page["next_cursor"].as_str().map(str::to_owned);
+        pages.push((a.text, page));
+        match next {
+            Some(c) => cursor = c,
+            None => return pages,
+        }
+        assert!(pages.len() < 100, "paging does not end");
+    }
+}
+
+/// The ids of a page's jobs.
+fn ids(page: &Value) -> Vec<String> {
+    page["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .map(|j| j["id"].as_str().expect("id").to_owned())
+        .collect()
+}
+
+async fn list_pages_are_bounded_in_bytes(b: Backend) {
+    let s = Server::start(b).await;
+    // 30 jobs of about 700 KB each (21 MB), three of them with a result
+    // as large: more than one page's bytes, far fewer than its limit.
+    let big = "x".repeat(700_000);
+    let mut enqueued = Vec::new();
+    for i in 0..30 {
+        let ty = if i % 10 == 0 { "done" } else { "wait" };
+        enqueued.push(
+            s.enqueue(json!({"type": ty, "payload": {"n": i, "blob": big}}))
+                .await,
+        );
+    }
+    for _ in 0..3 {
+        let a = s
+            .post(
+                "/v1/claim",
+                json!({"worker": "w-1", "types": ["done"], "limit": 1}),
+            )
+            .await;
+        let job = &a.ok(200)["jobs"][0];
+        let (id, token) = (
+            job["id"].as_str().unwrap(),
+            job["lease_token"].as_str().unwrap(),
+        );
+        s.post(
+            &format!("/v1/jobs/{id}/complete"),
+            json!({"lease_token": token, "result": {"blob": big}}),
+        )
+        .await
+        .ok(200);
+    }
+    let newest_first: Vec<String> = enqueued.iter().rev().cloned().collect();
+
+    let pages = all_pages(&s, "limit=1000").await;
+    assert!(pages.len() >= 2, "one page of {} bytes", pages[0].0.len());
+    let mut seen = Vec::new();
+    for (i, (text, page)) in pages.iter().enumerate() {
+        let jobs = page["jobs"].as_array().expect("jobs");
+        assert!(!jobs.is_empty(), "page {i} is empty");
+        assert!(
+            text.len() <= MAX_PAGE_BYTES,
+            "page {i} holds {} jobs in {} bytes",
+            jobs.len(),
+            text.len()
+        );
+        // A page ends where the next job would have taken it past the
+        // bound (the envelope counted with the longest cursor).
+        if let Some((_, next)) = pages.get(i + 1) {
+            let first = serde_json::to_string(&next["jobs"][0]).unwrap().len();
+            assert!(
+                text.len() + 1 + first + 32 > MAX_PAGE_BYTES,
+                "page {i} ({} bytes) had room for the next job ({first} bytes)",
+                text.len()
+            );
+        }
+        // Every job whole.
+        for job in jobs {
+            assert_eq!(job["payload"]["blob"].as_str().map(str::len), Some(700_000));
+        }
+        seen.extend(ids(page));
+    }
+    // Every job exactly once, newest first.
+    assert_eq!(seen, newest_first);
+
+    // The count bound still applies below the byte bound.
+    let a = s.get("/v1/jobs?limit=5").await;
+    let page = a.ok(200).clone();
+    assert_eq!(ids(&page), newest_first[..5]);
+    let next = page["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_owned();
+    let a = s.get(&format!("/v1/jobs?limit=5&cursor={next}")).await;
+    assert_eq!(ids(a.ok(200)), newest_first[5..10]);
+
+    // Filters page alike: the `wait` jobs (27), by bytes.
+    let waiting: Vec<String> = pages
+        .iter()
+        .flat_map(|(_, p)| p["jobs"].as_array().unwrap().clone())
+        .filter(|j| j["type"] == "wait")
+        .map(|j| j["id"].as_str().unwrap().to_owned())
+        .collect();
+    let by_type = all_pages(&s, "type=wait&limit=1000").await;
+    assert!(by_type.len() >= 2);
+    let seen: Vec<String> = by_type.iter().flat_map(|(_, p)| ids(p)).collect();
+    assert_eq!(seen, waiting);
+    s.stop().await;
+}
+
+async fn a_job_over_the_page_bound_is_a_page_of_its_own(b: Backend) {
+    let s = Server::start(b).await;
+    // A producer with a larger payload limit than the server's writes a
+    // job whose payload and result together pass the page's bound.
+    let producer = s
+        .queue_with(idemq::QueueOptions {
+            payload_limit: 16 * 1024 * 1024,
+            ..Default::default()
+        })
+        .await;
+    let older = s
+        .enqueue(json!({"type": "small", "payload": {"n": 1}}))
+        .await;
+    let nine = "y".repeat(9 * 1024 * 1024);
+    let huge = producer
+        .enqueue(idemq::EnqueueRequest::new("huge").payload(json!(nine)))
+        .await
+        .unwrap();
+    let claimed = producer
+        .claim(idemq::ClaimOptions {
+            types: Some(vec!["huge".into()]),
+            worker: "w-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed[0].id, huge);
+    producer
+        .complete(&huge, &claimed[0].lease_token, Some(json!(nine)))
+        .await
+        .unwrap();
+    let newer = s
+        .enqueue(json!({"type": "small", "payload": {"n": 2}}))
+        .await;
+
+    let pages = all_pages(&s, "limit=10").await;
+    let shape: Vec<Vec<String>> = pages.iter().map(|(_, p)| ids(p)).collect();
+    assert_eq!(
+        shape,
+        vec![vec![newer.clone()], vec![huge.clone()], vec![older.clone()]],
+        "pages of {:?} bytes",
+        pages.iter().map(|(t, _)| t.len()).collect::<Vec<_>>()
+    );
+    // The job over the bound is answered whole, alone.
+    let (text, page) = &pages[1];
+    assert!(text.len() > MAX_PAGE_BYTES, "{} bytes", text.len());
+    let job = &page["jobs"][0];
+    assert_eq!(job["payload"].as_str().map(str::len), Some(nine.len()));
+    assert_eq!(job["result"].as_str().map(str::len), Some(nine.len()));
+    assert!(page["next_cursor"].is_string());
     s.stop().await;
 }

@@ -8,7 +8,8 @@ instantiate!(
     dedupe_bindings,
     idempotency_bindings,
     queues_pause_resume,
-    schedules
+    schedules,
+    an_unreadable_schedule_is_listed_apart
 );
 
 async fn dedupe_bindings(b: Backend) {
@@ -198,5 +199,101 @@ async fn schedules(b: Backend) {
     assert_eq!(a.ok(200).clone(), json!({"deleted": true}));
     let a = s.delete("/v1/schedules/tick").await;
     assert_eq!(a.ok(200).clone(), json!({"deleted": false}));
+    s.stop().await;
+}
+
+/// The names of a schedule list's `key` member.
+fn names(list: &serde_json::Value, key: &str) -> Vec<String> {
+    list[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {key} in {list}"))
+        .iter()
+        .map(|s| s["name"].as_str().expect("a name").to_owned())
+        .collect()
+}
+
+async fn an_unreadable_schedule_is_listed_apart(b: Backend) {
+    let s = Server::start(b).await;
+    for name in ["a-first", "b-broken", "c-last"] {
+        s.put(
+            &format!("/v1/schedules/{name}"),
+            json!({"every_ms": 60000, "job": {"type": "report", "queue": "ops"}}),
+        )
+        .await
+        .ok(201);
+    }
+    // A template this version cannot decode, as a newer idemq might write
+    // it (a member this one does not know), behind the store's back.
+    let future = r#"{"type": "report", "from_a_newer_idemq": true}"#;
+    match b {
+        Backend::Sqlite => {
+            s.raw_sql(
+                "UPDATE idemq_schedules SET job = ?2 WHERE name = ?1",
+                "",
+                &["b-broken", future],
+            )
+            .await
+        }
+        Backend::Postgres => {
+            s.raw_sql(
+                "",
+                "UPDATE idemq.schedules SET job = $2::jsonb WHERE name = $1",
+                &["b-broken", future],
+            )
+            .await
+        }
+        Backend::Redis => s.raw_redis(&["HSET", "sch:b-broken", "job", future]).await,
+    }
+
+    // The others are listed; the broken one apart, named, with why.
+    let list = s.get("/v1/schedules").await.ok(200).clone();
+    assert_eq!(names(&list, "schedules"), ["a-first", "c-last"], "{list}");
+    assert_eq!(names(&list, "unreadable"), ["b-broken"], "{list}");
+    let why = list["unreadable"][0]["error"].as_str().expect("error");
+    for part in ["b-broken", "job", "from_a_newer_idemq"] {
+        assert!(why.contains(part), "{why:?} does not say {part:?}");
+    }
+    assert_eq!(
+        list["unreadable"][0].as_object().map(|o| o.len()),
+        Some(2),
+        "{list}"
+    );
+
+    // Setting another schedule is answered with it, not failed by the row.
+    let a = s
+        .put(
+            "/v1/schedules/c-last",
+            json!({"every_ms": 120000, "job": {"type": "report"}}),
+        )
+        .await;
+    assert_eq!(a.ok(200)["every_ms"], 120000, "{}", a.text);
+
+    // The dashboard lists it too, marked.
+    let page = s.get("/schedules").await;
+    assert_eq!(page.status.as_u16(), 200, "{}", page.text);
+    for part in [
+        "a-first",
+        "c-last",
+        "b-broken",
+        "unreadable",
+        "from_a_newer_idemq",
+    ] {
+        assert!(page.text.contains(part), "no {part:?} in {}", page.text);
+    }
+
+    // Set anew, it reads again.
+    s.put(
+        "/v1/schedules/b-broken",
+        json!({"every_ms": 60000, "job": {"type": "report"}}),
+    )
+    .await
+    .ok(200);
+    let list = s.get("/v1/schedules").await.ok(200).clone();
+    assert_eq!(
+        names(&list, "schedules"),
+        ["a-first", "b-broken", "c-last"],
+        "{list}"
+    );
+    assert_eq!(list["unreadable"], json!([]));
     s.stop().await;
 }

@@ -25,4 +25,5 @@ mod keys;
 mod limits;
 mod metrics;
 mod ops;
+mod overview;
 mod worker;

@@ -20,7 +20,7 @@ use crate::job::{
     CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, QueueInfo, Run,
 };
 use crate::request::{PreparedEnqueue, PreparedKey};
-use crate::schedule::Schedule;
+use crate::schedule::{Schedule, ScheduleList};
 
 mod location;
 #[cfg(feature = "postgres")]
@@ -130,6 +130,11 @@ pub struct JobListing {
     /// Only jobs accepted before this sequence number (the last of the
     /// previous page).
     pub before_seq: Option<i64>,
+    /// The most bytes of the page's JSON (as `JobPage` serializes,
+    /// compact): the page ends before the first job that would take it
+    /// past them, except that it always holds one job; its cursor is then
+    /// the last job's sequence number. `None`: only `limit` bounds it.
+    pub max_bytes: Option<usize>,
 }
 
 impl JobListing {
@@ -152,6 +157,7 @@ impl JobListing {
             tag: filter.tag,
             limit: filter.limit.clamp(1, 1000),
             before_seq,
+            max_bytes: None,
         }
     }
 }
@@ -553,8 +559,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn schedule_put(&self, p: SchedulePut) -> Result<bool>;
     /// Delete a schedule; false when there was none.
     async fn schedule_delete(&self, p: ScheduleRef) -> Result<bool>;
-    /// Every schedule, by name.
-    async fn schedule_list(&self) -> Result<Vec<Schedule>>;
+    /// Every schedule, by name; a row that cannot be read is listed among
+    /// the unreadable ones, with why, and fails nothing else.
+    async fn schedule_list(&self) -> Result<ScheduleList>;
     /// Schedules that are not paused and whose next fire is due, earliest first.
     async fn schedule_due(&self, p: ScheduleDue) -> Result<DueSchedules>;
     /// Record a fired tick and the next fire; false when the schedule is

@@ -1658,7 +1658,7 @@ impl idemq::store::Store for Faulty {
     async fn schedule_delete(&self, p: idemq::store::ScheduleRef) -> idemq::Result<bool> {
         self.inner.schedule_delete(p).await
     }
-    async fn schedule_list(&self) -> idemq::Result<Vec<idemq::Schedule>> {
+    async fn schedule_list(&self) -> idemq::Result<idemq::ScheduleList> {
         self.inner.schedule_list().await
     }
     async fn schedule_due(

@@ -799,7 +799,7 @@ impl Store for PgStore {
         installation::key_check_replace(self.db(), &p.value).await
     }
 
-    async fn schedule_list(&self) -> Result<Vec<crate::schedule::Schedule>> {
+    async fn schedule_list(&self) -> Result<crate::schedule::ScheduleList> {
         schedule::list(self.db()).await
     }
 

@@ -13,6 +13,7 @@ use super::enqueue::dedupe_holder;
 use crate::error::Result;
 use crate::fingerprint::key_digest;
 use crate::job::{Event, Job, JobDedupe, JobIdempotency, JobState, QueueInfo, Run, Undecodable};
+use crate::list::PageFill;
 use crate::request::DedupeMode;
 use crate::request::RetryPolicy;
 use crate::store::{BindingInfo, BindingRef, DedupeRef, ExplainDedupe, JobListing, JobPage};
@@ -224,21 +225,20 @@ pub(super) async fn job_list(pool: Db<'_>, p: &JobListing) -> Result<JobPage> {
         .fetch_all(pool)
         .await
         .map_err(db_err)?;
-    let more = rows.len() as u32 > limit;
-    let mut jobs = Vec::with_capacity(rows.len());
-    let mut last = None;
-    for r in rows.iter().take(limit as usize) {
-        last = Some(r.try_get::<i64, _>("seq").map_err(db_err)?);
-        jobs.push(job_from(r)?);
+    // Rows past a page's byte bound are not decoded.
+    let mut page = PageFill::new(limit, p.max_bytes);
+    let mut more = false;
+    for r in &rows {
+        if page.is_full() {
+            more = true;
+            break;
+        }
+        let seq = r.try_get::<i64, _>("seq").map_err(db_err)?;
+        if !page.offer(seq, job_from(r)?)? {
+            break;
+        }
     }
-    Ok(JobPage {
-        jobs,
-        next_cursor: if more {
-            last.map(|s| s.to_string())
-        } else {
-            None
-        },
-    })
+    Ok(page.finish(more))
 }
 
 pub(super) async fn job_events(pool: Db<'_>, id: &str) -> Result<Vec<Event>> {

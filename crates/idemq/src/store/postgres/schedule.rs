@@ -10,7 +10,7 @@ use super::db::Db;
 use super::db_err;
 use crate::error::{Error, Result};
 use crate::job::Undecodable;
-use crate::schedule::Schedule;
+use crate::schedule::{Schedule, ScheduleList, UnreadableSchedule};
 use crate::store::{DueSchedules, ScheduleMarkFired, SchedulePut};
 
 /// The columns of a schedule row, for `concat!`.
@@ -76,18 +76,26 @@ pub(super) async fn delete(pool: Db<'_>, name: &str) -> Result<bool> {
     Ok(done.rows_affected() > 0)
 }
 
-pub(super) async fn list(pool: Db<'_>) -> Result<Vec<Schedule>> {
-    sqlx::query(concat!(
+pub(super) async fn list(pool: Db<'_>) -> Result<ScheduleList> {
+    let rows = sqlx::query(concat!(
         "SELECT ",
         columns!(),
         " FROM idemq.schedules s ORDER BY s.name COLLATE \"C\""
     ))
     .fetch_all(pool)
     .await
-    .map_err(db_err)?
-    .iter()
-    .map(schedule_of)
-    .collect()
+    .map_err(db_err)?;
+    let mut list = ScheduleList::default();
+    for r in &rows {
+        match schedule_of(r) {
+            Ok(s) => list.schedules.push(s),
+            Err(e) => {
+                let name = r.try_get("name").ok();
+                list.unreadable.push(UnreadableSchedule::new(name, e));
+            }
+        }
+    }
+    Ok(list)
 }
 
 pub(super) async fn due(pool: Db<'_>, limit: u32) -> Result<DueSchedules> {

@@ -258,7 +258,17 @@ pub(super) fn state(s: &str, function: &str, job_id: &str) -> Result<JobState> {
 /// A job view of the functions: the hash's fields and `~idem`, `~dd_mode`,
 /// `~dd_wu` (the live bindings it holds).
 pub(super) fn job(v: &Value, now: i64) -> Result<Job> {
+    job_of(&mut Fields::new(v, "job", "job")?, now)
+}
+
+/// A job of a list, with its sequence number (a page's cursor).
+pub(super) fn listed_job(v: &Value, now: i64) -> Result<(i64, Job)> {
     let mut f = Fields::new(v, "job", "job")?;
+    let job = job_of(&mut f, now)?;
+    Ok((f.int("seq")?, job))
+}
+
+fn job_of(f: &mut Fields, now: i64) -> Result<Job> {
     let id = f.str("id")?.to_owned();
     f.named(format!("job {id}"));
     let run_at = f.int("run_at")?;

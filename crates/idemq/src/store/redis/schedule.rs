@@ -3,7 +3,7 @@
 
 use super::codec::{Fields, array, int};
 use super::{RedisStore, Result};
-use crate::schedule::Schedule;
+use crate::schedule::{Schedule, ScheduleList, UnreadableSchedule};
 use crate::store::{DueSchedules, ScheduleDue, ScheduleMarkFired, SchedulePut};
 
 fn opt(v: Option<i64>) -> String {
@@ -44,14 +44,26 @@ pub(super) async fn put(store: &RedisStore, p: SchedulePut) -> Result<bool> {
     Ok(int(&store.run(cmd).await?)? == 1)
 }
 
-pub(super) async fn list(store: &RedisStore) -> Result<Vec<Schedule>> {
+/// The name a schedule's hash holds, if it holds one.
+fn name_of(v: &::redis::Value) -> Option<String> {
+    Fields::new(v, "sch", "schedule")
+        .ok()?
+        .opt("name")
+        .map(str::to_owned)
+}
+
+pub(super) async fn list(store: &RedisStore) -> Result<ScheduleList> {
     let v = store.run(store.fcall("schedule_list")?).await?;
-    let mut out = array(&v)?
-        .iter()
-        .map(schedule)
-        .collect::<Result<Vec<_>>>()?;
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
+    let mut list = ScheduleList::default();
+    for s in array(&v)? {
+        match schedule(s) {
+            Ok(s) => list.schedules.push(s),
+            Err(e) => list.unreadable.push(UnreadableSchedule::new(name_of(s), e)),
+        }
+    }
+    list.schedules.sort_by(|a, b| a.name.cmp(&b.name));
+    list.unreadable.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(list)
 }
 
 pub(super) async fn due(store: &RedisStore, p: ScheduleDue) -> Result<DueSchedules> {

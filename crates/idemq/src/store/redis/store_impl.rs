@@ -1,6 +1,7 @@
 //! [`Store`] on Redis: each method one `FCALL`, its reply read strictly.
 
 use super::*;
+use crate::list::PageFill;
 
 #[async_trait]
 impl Store for RedisStore {
@@ -152,13 +153,16 @@ impl Store for RedisStore {
         let r = array(&v)?;
         let now = int(at(r, 0)?)?;
         let cursor = string(at(r, 1)?)?;
-        Ok(JobPage {
-            jobs: r[2..]
-                .iter()
-                .map(|j| codec::job(j, now))
-                .collect::<Result<_>>()?,
-            next_cursor: (!cursor.is_empty()).then_some(cursor),
-        })
+        // The function answers at most `limit` jobs; past a byte bound
+        // they are not decoded, and the page's cursor is then its last job's.
+        let mut page = PageFill::new(p.limit, p.max_bytes);
+        for j in &r[2..] {
+            let (seq, job) = codec::listed_job(j, now)?;
+            if !page.offer(seq, job)? {
+                break;
+            }
+        }
+        Ok(page.finish_with((!cursor.is_empty()).then_some(cursor)))
     }
 
     async fn job_events(&self, p: JobRef) -> Result<Vec<Event>> {
@@ -464,7 +468,7 @@ impl Store for RedisStore {
         Ok(int(&self.call1("schedule_delete", &p.name).await?)? == 1)
     }
 
-    async fn schedule_list(&self) -> Result<Vec<crate::schedule::Schedule>> {
+    async fn schedule_list(&self) -> Result<crate::schedule::ScheduleList> {
         super::schedule::list(self).await
     }
 

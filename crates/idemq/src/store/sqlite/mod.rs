@@ -1167,7 +1167,7 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn schedule_list(&self) -> Result<Vec<crate::schedule::Schedule>> {
+    async fn schedule_list(&self) -> Result<crate::schedule::ScheduleList> {
         self.read(schedule::list).await
     }
 

@@ -12,6 +12,7 @@ use super::{Cx, ts};
 use crate::error::Result;
 use crate::fingerprint::key_digest;
 use crate::job::{Event, Job, JobDedupe, JobIdempotency, JobState, QueueInfo, Run, Undecodable};
+use crate::list::PageFill;
 use crate::request::DedupeMode;
 use crate::store::{
     BindingInfo, BindingRef, CheckpointGet, DedupeRef, ExplainDedupe, JobListing, JobPage,
@@ -164,35 +165,32 @@ pub(super) fn job_list(cx: &Cx, p: &JobListing) -> Result<JobPage> {
            AND (?7 IS NULL OR seq < ?7)
          ORDER BY seq DESC LIMIT ?8"
     );
-    let rows: Vec<Row> = all(
-        cx.db.prepare_cached(&sql)?,
-        params![
-            stored,
-            due,
-            cx.now,
-            p.queue,
-            p.job_type,
-            p.tag,
-            cursor,
-            limit + 1
-        ],
-        |r| job_row(r, cx.now),
-    )?;
-    let more = rows.len() as u32 > limit;
-    let mut jobs = Vec::with_capacity(rows.len());
-    let mut last = None;
-    for row in rows.into_iter().take(limit as usize) {
-        last = Some(row.seq);
-        jobs.push(finish_row(cx, row)?);
+    let mut stmt = cx.db.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params![
+        stored,
+        due,
+        cx.now,
+        p.queue,
+        p.job_type,
+        p.tag,
+        cursor,
+        limit + 1
+    ])?;
+    // Read one row at a time: a page that reaches its byte bound stops
+    // reading (and decoding) there.
+    let mut page = PageFill::new(limit, p.max_bytes);
+    let mut more = false;
+    while let Some(r) = rows.next()? {
+        if page.is_full() {
+            more = true;
+            break;
+        }
+        let row = job_row(r, cx.now)?;
+        if !page.offer(row.seq, finish_row(cx, row)?)? {
+            break;
+        }
     }
-    Ok(JobPage {
-        jobs,
-        next_cursor: if more {
-            last.map(|s| s.to_string())
-        } else {
-            None
-        },
-    })
+    Ok(page.finish(more))
 }
 
 /// A job's history, oldest first: the stored events and the routine ones

@@ -5,7 +5,7 @@ use rusqlite::{OptionalExtension, Row, params};
 use super::decode::{Cols, all};
 use super::{Cx, ts};
 use crate::error::Result;
-use crate::schedule::{Schedule, every_next};
+use crate::schedule::{Schedule, ScheduleList, UnreadableSchedule, every_next};
 use crate::store::{DueSchedules, ScheduleMarkFired, SchedulePut};
 
 const COLUMNS: &str = "name, cron, every_ms, timezone, job, paused, created_at, updated_at, \
@@ -97,11 +97,34 @@ pub(super) fn delete(cx: &Cx, name: &str) -> Result<bool> {
     Ok(n > 0)
 }
 
-pub(super) fn list(cx: &Cx) -> Result<Vec<Schedule>> {
+/// A row's name as far as it reads: text as it is, a number or bytes as
+/// text; `None` for a NULL.
+fn name_of(r: &Row) -> Option<String> {
+    use rusqlite::types::ValueRef;
+    match r.get_ref("name").ok()? {
+        ValueRef::Null => None,
+        ValueRef::Integer(n) => Some(n.to_string()),
+        ValueRef::Real(x) => Some(x.to_string()),
+        ValueRef::Text(b) | ValueRef::Blob(b) => Some(String::from_utf8_lossy(b).into_owned()),
+    }
+}
+
+pub(super) fn list(cx: &Cx) -> Result<ScheduleList> {
     let stmt = cx.db.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM idemq_schedules ORDER BY name"
     ))?;
-    all(stmt, [], schedule_of)
+    let mut list = ScheduleList::default();
+    for s in all(
+        stmt,
+        [],
+        |r| Ok(schedule_of(r).map_err(|e| (name_of(r), e))),
+    )? {
+        match s {
+            Ok(s) => list.schedules.push(s),
+            Err((name, e)) => list.unreadable.push(UnreadableSchedule::new(name, e)),
+        }
+    }
+    Ok(list)
 }
 
 pub(super) fn due(cx: &Cx, limit: u32) -> Result<DueSchedules> {
