@@ -143,14 +143,17 @@ pub(crate) async fn list(State(state): State<AppState>, Query(q): Query<ListQuer
     let cursor = non_empty(&q.cursor);
     let jobs = state
         .queue
-        .list(JobList {
-            state: job_state,
-            queue: queue.clone(),
-            job_type: job_type.clone(),
-            tag: tag.clone(),
-            limit: PAGE_SIZE,
-            cursor: cursor.clone(),
-        })
+        .list_within(
+            JobList {
+                state: job_state,
+                queue: queue.clone(),
+                job_type: job_type.clone(),
+                tag: tag.clone(),
+                limit: PAGE_SIZE,
+                cursor: cursor.clone(),
+            },
+            crate::api::MAX_PAGE_BYTES,
+        )
         .await?;
     let queues = state.queue.queues().await?;
     let now = state.queue.store().now().await?;

@@ -27,12 +27,15 @@ pub(crate) async fn dead(State(state): State<AppState>, Query(q): Query<PageQuer
     let cursor = q.cursor.filter(|c| !c.is_empty());
     let jobs = state
         .queue
-        .list(JobList {
-            state: Some(JobState::Dead),
-            limit: 50,
-            cursor: cursor.clone(),
-            ..Default::default()
-        })
+        .list_within(
+            JobList {
+                state: Some(JobState::Dead),
+                limit: 50,
+                cursor: cursor.clone(),
+                ..Default::default()
+            },
+            crate::api::MAX_PAGE_BYTES,
+        )
         .await?;
     let now = state.queue.store().now().await?;
     let mut body = String::from(
@@ -208,11 +211,14 @@ async fn bindings_page(state: &AppState, q: PageQuery, lookup: Option<String>) -
     let cursor = q.cursor.filter(|c| !c.is_empty());
     let jobs = state
         .queue
-        .list(JobList {
-            limit: BINDINGS_SCAN,
-            cursor: cursor.clone(),
-            ..Default::default()
-        })
+        .list_within(
+            JobList {
+                limit: BINDINGS_SCAN,
+                cursor: cursor.clone(),
+                ..Default::default()
+            },
+            crate::api::MAX_PAGE_BYTES,
+        )
         .await?;
     let now = state.queue.store().now().await?;
     let mut body = String::new();

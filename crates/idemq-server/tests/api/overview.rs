@@ -1,5 +1,6 @@
-//! The dashboard's overview over real HTTP: what it shows, and that the
-//! jobs it reads to show it are a bounded sample, not the table.
+//! The dashboard over real HTTP: what the overview shows, and that the
+//! jobs it reads to show it are a bounded sample, not the table; and that
+//! the lists of jobs read pages bounded in bytes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,7 +10,10 @@ use serde_json::{Value, json};
 
 use crate::harness::{Backend, Server};
 
-instantiate!(overview_reads_a_bounded_sample_of_jobs);
+instantiate!(
+    overview_reads_a_bounded_sample_of_jobs,
+    dashboard_lists_are_bounded_in_bytes
+);
 
 /// How many of the newest ready jobs the overview's "ready by type" table
 /// looks at.
@@ -341,4 +345,83 @@ impl Store for Counting {
     ) -> idemq::Result<idemq::KeyCheckChange> {
         self.inner.installation_key_check_replace(p).await
     }
+}
+
+/// The dashboard's lists of jobs (`/jobs`, `/dead`, `/bindings`) read a
+/// page within the API's byte bound (16 MiB), whatever their row limit
+/// (50, 50 and 500): thirty dead jobs of about 700 KB each (21 MB), with
+/// keys, take more than one page of each list, and following "next" shows
+/// every job once.
+async fn dashboard_lists_are_bounded_in_bytes(b: Backend) {
+    let s = Server::start(b).await;
+    let big = "x".repeat(700_000);
+    let mut ids = Vec::new();
+    for i in 0..30 {
+        ids.push(
+            s.enqueue(json!({
+                "type": "big",
+                "payload": {"n": i, "blob": big},
+                "max_attempts": 1,
+                "idempotency": {"key": format!("big-{i}")},
+            }))
+            .await,
+        );
+    }
+    let a = s
+        .post("/v1/claim", json!({"worker": "w-1", "limit": 30}))
+        .await;
+    let claimed = a.ok(200)["jobs"].as_array().expect("jobs").clone();
+    assert_eq!(claimed.len(), 30, "{}", a.text);
+    for job in &claimed {
+        let (id, token) = (
+            job["id"].as_str().expect("id"),
+            job["lease_token"].as_str().expect("lease_token"),
+        );
+        let a = s
+            .post(
+                &format!("/v1/jobs/{id}/fail"),
+                json!({"lease_token": token, "error": "boom", "retryable": false}),
+            )
+            .await;
+        assert_eq!(a.ok(200)["state"], "dead", "{}", a.text);
+    }
+
+    for list in ["/jobs", "/dead", "/bindings?all=1"] {
+        let mut path = list.to_owned();
+        let mut seen: Vec<String> = Vec::new();
+        let mut pages = 0;
+        loop {
+            let page = s.get(&path).await;
+            assert_eq!(page.status.as_u16(), 200, "{path}: {}", page.text);
+            let here: Vec<String> = ids
+                .iter()
+                .filter(|id| page.text.contains(id.as_str()))
+                .cloned()
+                .collect();
+            assert!(!here.is_empty(), "{path}: an empty page");
+            assert!(here.len() < ids.len(), "{path}: all 21 MB on one page");
+            seen.extend(here);
+            pages += 1;
+            assert!(pages <= 10, "{list}: paging does not end");
+            match next_page(&page.text) {
+                Some(next) => path = next,
+                None => break,
+            }
+        }
+        let mut once = seen.clone();
+        once.sort();
+        once.dedup();
+        assert_eq!(
+            (seen.len(), once.len()),
+            (ids.len(), ids.len()),
+            "{list}: every job once over {pages} pages"
+        );
+    }
+}
+
+/// The path of a page's "next" link, if it has one.
+fn next_page(html: &str) -> Option<String> {
+    let at = html.find(r#"rel="next" href=""#)? + r#"rel="next" href=""#.len();
+    let end = html[at..].find('"')?;
+    Some(html[at..at + end].replace("&amp;", "&"))
 }
