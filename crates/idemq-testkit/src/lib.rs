@@ -38,6 +38,7 @@ mod harness;
 pub mod ledger;
 mod postgres;
 mod redis;
+mod through;
 
 pub use backends::Supports;
 pub use harness::{Harness, epoch};
@@ -45,3 +46,4 @@ pub use postgres::{PgDatabase, drop_pg_database, pg_admin_url, pg_database, pg_u
 pub use redis::{
     redis_command, redis_contents, redis_dir, redis_own_server, redis_own_server_with, redis_url,
 };
+pub use through::{Call, Tap, Through};

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idemq::store::Store;
+use idemq_testkit::{Call, Tap, Through};
 use serde_json::{Value, json};
 
 use crate::harness::{Backend, Server};
@@ -42,10 +42,7 @@ async fn overview_reads_a_bounded_sample_of_jobs(b: Backend) {
     let reads = Arc::new(Reads::default());
     let counting = reads.clone();
     let s = Server::start_wrapped(b, move |inner| {
-        Arc::new(Counting {
-            inner,
-            reads: counting,
-        })
+        Arc::new(Through::new(inner, Counting(counting)))
     })
     .await;
 
@@ -161,189 +158,22 @@ fn row<'a>(html: &'a str, marker: &str) -> &'a str {
     &rest[..rest.find("</tr>").unwrap_or(rest.len())]
 }
 
-/// The backend's store, counting the jobs read through it.
+/// Counts the jobs read through the backend's store.
 #[derive(Debug)]
-struct Counting {
-    inner: Arc<dyn Store>,
-    reads: Arc<Reads>,
-}
+struct Counting(Arc<Reads>);
 
 #[async_trait::async_trait]
-impl Store for Counting {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
+impl Tap for Counting {
+    async fn before(&self, call: Call) -> idemq::Result<()> {
+        if call == Call::Get {
+            self.0.gets.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(())
     }
-    fn claims_in_flight(&self) -> usize {
-        self.inner.claims_in_flight()
-    }
-    fn supports(&self, capability: idemq::store::Capability) -> bool {
-        self.inner.supports(capability)
-    }
-    fn durability(&self) -> idemq::Durability {
-        self.inner.durability()
-    }
-    async fn durability_check(&self) -> idemq::Result<()> {
-        self.inner.durability_check().await
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self.inner.as_any()
-    }
-    async fn wakeups(&self) -> idemq::Result<idemq::store::Wakeups> {
-        self.inner.wakeups().await
-    }
-    async fn now(&self) -> idemq::Result<chrono::DateTime<chrono::Utc>> {
-        self.inner.now().await
-    }
-    async fn job_enqueue(
-        &self,
-        p: idemq::store::JobEnqueue,
-    ) -> idemq::Result<Vec<idemq::Result<idemq::EnqueueResult>>> {
-        self.inner.job_enqueue(p).await
-    }
-    async fn job_explain(&self, p: idemq::store::JobExplain) -> idemq::Result<idemq::Explain> {
-        self.inner.job_explain(p).await
-    }
-    async fn job_get(&self, p: idemq::store::JobRef) -> idemq::Result<Option<idemq::Job>> {
-        self.reads.gets.fetch_add(1, Ordering::SeqCst);
-        self.inner.job_get(p).await
-    }
-    async fn job_list(&self, p: idemq::store::JobListing) -> idemq::Result<idemq::JobPage> {
-        let page = self.inner.job_list(p).await?;
-        self.reads.lists.fetch_add(1, Ordering::SeqCst);
-        self.reads
-            .listed
-            .fetch_add(page.jobs.len(), Ordering::SeqCst);
-        Ok(page)
-    }
-    async fn job_events(&self, p: idemq::store::JobRef) -> idemq::Result<Vec<idemq::Event>> {
-        self.inner.job_events(p).await
-    }
-    async fn job_runs(&self, p: idemq::store::JobRef) -> idemq::Result<Vec<idemq::Run>> {
-        self.inner.job_runs(p).await
-    }
-    async fn checkpoint_list(
-        &self,
-        p: idemq::store::JobRef,
-    ) -> idemq::Result<std::collections::BTreeMap<String, Value>> {
-        self.inner.checkpoint_list(p).await
-    }
-    async fn job_cancel(&self, p: idemq::store::JobRef) -> idemq::Result<idemq::CancelOutcome> {
-        self.inner.job_cancel(p).await
-    }
-    async fn job_cancel_by_key(&self, p: idemq::store::JobCancelByKey) -> idemq::Result<bool> {
-        self.inner.job_cancel_by_key(p).await
-    }
-    async fn job_purge(&self, p: idemq::store::JobRef) -> idemq::Result<bool> {
-        self.inner.job_purge(p).await
-    }
-    async fn job_promote(&self, p: idemq::store::JobRef) -> idemq::Result<bool> {
-        self.inner.job_promote(p).await
-    }
-    async fn job_redrive(
-        &self,
-        p: idemq::store::JobRedrive,
-    ) -> idemq::Result<idemq::EnqueueResult> {
-        self.inner.job_redrive(p).await
-    }
-    async fn queue_pause(&self, p: idemq::store::QueuePause) -> idemq::Result<bool> {
-        self.inner.queue_pause(p).await
-    }
-    async fn queue_list(&self) -> idemq::Result<Vec<idemq::QueueInfo>> {
-        self.inner.queue_list().await
-    }
-    async fn job_claim(&self, p: idemq::store::JobClaim) -> idemq::Result<Vec<idemq::ClaimedJob>> {
-        self.inner.job_claim(p).await
-    }
-    async fn lease_heartbeat(&self, p: idemq::store::LeaseRef) -> idemq::Result<idemq::Heartbeat> {
-        self.inner.lease_heartbeat(p).await
-    }
-    async fn lease_heartbeat_many(
-        &self,
-        p: idemq::store::LeaseHeartbeatMany,
-    ) -> idemq::Result<Vec<idemq::Result<idemq::Heartbeat>>> {
-        self.inner.lease_heartbeat_many(p).await
-    }
-    async fn job_complete(&self, p: idemq::store::JobComplete) -> idemq::Result<()> {
-        self.inner.job_complete(p).await
-    }
-    async fn job_complete_many(
-        &self,
-        p: idemq::store::JobCompleteMany,
-    ) -> idemq::Result<Vec<idemq::Result<()>>> {
-        self.inner.job_complete_many(p).await
-    }
-    async fn job_complete_and_claim(
-        &self,
-        done: idemq::store::JobCompleteMany,
-        claim: idemq::store::JobClaim,
-    ) -> idemq::Result<(
-        Vec<idemq::Result<()>>,
-        idemq::Result<Vec<idemq::ClaimedJob>>,
-    )> {
-        self.inner.job_complete_and_claim(done, claim).await
-    }
-    async fn job_fail(&self, p: idemq::store::JobFail) -> idemq::Result<idemq::FailOutcome> {
-        self.inner.job_fail(p).await
-    }
-    async fn job_release(&self, p: idemq::store::LeaseRef) -> idemq::Result<idemq::JobState> {
-        self.inner.job_release(p).await
-    }
-    async fn checkpoint_put(&self, p: idemq::store::CheckpointPut) -> idemq::Result<bool> {
-        self.inner.checkpoint_put(p).await
-    }
-    async fn checkpoint_get(&self, p: idemq::store::CheckpointGet) -> idemq::Result<Option<Value>> {
-        self.inner.checkpoint_get(p).await
-    }
-    async fn binding_lookup(
-        &self,
-        p: idemq::store::BindingRef,
-    ) -> idemq::Result<Option<idemq::BindingInfo>> {
-        self.inner.binding_lookup(p).await
-    }
-    async fn binding_release(&self, p: idemq::store::BindingRef) -> idemq::Result<bool> {
-        self.inner.binding_release(p).await
-    }
-    async fn dedupe_lookup(
-        &self,
-        p: idemq::store::DedupeRef,
-    ) -> idemq::Result<Option<idemq::ExplainDedupe>> {
-        self.inner.dedupe_lookup(p).await
-    }
-    async fn binding_sweep(&self, p: idemq::store::Sweep) -> idemq::Result<u64> {
-        self.inner.binding_sweep(p).await
-    }
-    async fn lease_reap(&self, p: idemq::store::Sweep) -> idemq::Result<u64> {
-        self.inner.lease_reap(p).await
-    }
-    async fn job_retention_sweep(&self, p: idemq::store::Sweep) -> idemq::Result<u64> {
-        self.inner.job_retention_sweep(p).await
-    }
-    async fn schedule_put(&self, p: idemq::store::SchedulePut) -> idemq::Result<bool> {
-        self.inner.schedule_put(p).await
-    }
-    async fn schedule_delete(&self, p: idemq::store::ScheduleRef) -> idemq::Result<bool> {
-        self.inner.schedule_delete(p).await
-    }
-    async fn schedule_list(&self) -> idemq::Result<idemq::ScheduleList> {
-        self.inner.schedule_list().await
-    }
-    async fn schedule_due(
-        &self,
-        p: idemq::store::ScheduleDue,
-    ) -> idemq::Result<idemq::store::DueSchedules> {
-        self.inner.schedule_due(p).await
-    }
-    async fn schedule_mark_fired(&self, p: idemq::store::ScheduleMarkFired) -> idemq::Result<bool> {
-        self.inner.schedule_mark_fired(p).await
-    }
-    async fn installation_key_check(&self, p: idemq::store::KeyCheck) -> idemq::Result<String> {
-        self.inner.installation_key_check(p).await
-    }
-    async fn installation_key_check_replace(
-        &self,
-        p: idemq::store::KeyCheck,
-    ) -> idemq::Result<idemq::KeyCheckChange> {
-        self.inner.installation_key_check_replace(p).await
+
+    fn listed(&self, page: &idemq::JobPage) {
+        self.0.lists.fetch_add(1, Ordering::SeqCst);
+        self.0.listed.fetch_add(page.jobs.len(), Ordering::SeqCst);
     }
 }
 

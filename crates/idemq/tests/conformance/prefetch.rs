@@ -169,7 +169,7 @@ async fn jobs_waiting_for_a_slot_are_released_at_shutdown_unrun(h: Harness) {
 
 async fn a_job_cancelled_while_it_waits_ends_cancelled_unrun(h: Harness) {
     let slow = Slow::default();
-    let (queue, faulty) = crate::worker::Faulty::queue(&h);
+    let (queue, faulty) = crate::worker::Faults::queue(&h);
     let (ids, stop, run) = start_with(&h, one_slot_on(queue, &slow, 8), slow_jobs(2), |jobs| {
         jobs.len() == 2 && jobs.iter().all(|j| j.state == JobState::Active)
     })
@@ -316,7 +316,7 @@ async fn without_prefetch_no_job_waits(h: Harness) {
 /// starts none of the jobs waiting in the worker; they are released unrun.
 async fn no_waiting_job_starts_after_shutdown(h: Harness) {
     let slow = Slow::default();
-    let (queue, faulty) = crate::worker::Faulty::queue(&h);
+    let (queue, faulty) = crate::worker::Faults::queue(&h);
     let (ids, stop, run) = start_with(&h, one_slot_on(queue, &slow, 8), slow_jobs(3), |jobs| {
         jobs.len() == 3 && jobs.iter().all(|j| j.state == JobState::Active)
     })

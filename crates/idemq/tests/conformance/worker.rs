@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idemq::worker::{HandlerContext, JobError, Maintenance, Worker, WorkerReport};
 use idemq::{EnqueueRequest, JobState, RetryPolicy};
-use idemq_testkit::Harness;
+use idemq_testkit::{Call, Harness, Through};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
@@ -1118,7 +1118,7 @@ async fn maintenance_loop_ends_when_its_stop_sender_is_dropped(h: Harness) {
 /// waits (a tick's enqueue waiting for a lock an application's transaction
 /// holds, say), expired leases are still reaped, pass after pass.
 async fn a_waiting_maintenance_step_holds_up_no_other(h: Harness) {
-    let (queue, faulty) = Faulty::queue(&h);
+    let (queue, faulty) = Faults::queue(&h);
     faulty.hold_schedules();
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(
@@ -1377,12 +1377,12 @@ async fn raw_write(h: &Harness, sqlite: &str, postgres: &str, redis: &[&str]) {
     }
 }
 
-/// A store that passes every call to the harness's store, but can fail the
-/// next releases with `Unavailable` and hold claims until let go: the
-/// backend briefly down, or slow, at a chosen moment.
+/// The faults of a store that passes every call to the harness's store
+/// ([`Through`]), but can fail the next releases with `Unavailable` and
+/// hold claims until let go: the backend briefly down, or slow, at a
+/// chosen moment.
 #[derive(Debug)]
-pub(crate) struct Faulty {
-    inner: Arc<dyn idemq::store::Store>,
+pub(crate) struct Faults {
     /// Releases still to fail with `Unavailable`.
     pub(crate) fail_releases: AtomicUsize,
     /// Releases asked for (failed or not).
@@ -1404,11 +1404,10 @@ pub(crate) struct Faulty {
     open: tokio::sync::Notify,
 }
 
-impl Faulty {
-    /// A queue over the harness's store, through a `Faulty` store.
-    pub(crate) fn queue(h: &Harness) -> (idemq::Queue, Arc<Faulty>) {
-        let faulty = Arc::new(Faulty {
-            inner: h.queue.store().clone(),
+impl Faults {
+    /// A queue over the harness's store, through a store with these faults.
+    pub(crate) fn queue(h: &Harness) -> (idemq::Queue, Arc<Through<Faults>>) {
+        let faults = Faults {
             fail_releases: AtomicUsize::new(0),
             releases: AtomicUsize::new(0),
             hold: std::sync::atomic::AtomicBool::new(false),
@@ -1419,7 +1418,8 @@ impl Faulty {
             fail_heartbeats: std::sync::atomic::AtomicBool::new(false),
             fail_completes: AtomicUsize::new(0),
             open: tokio::sync::Notify::new(),
-        });
+        };
+        let faulty = Arc::new(Through::new(h.queue.store().clone(), faults));
         let queue = idemq::Queue::from_store(faulty.clone(), idemq::QueueOptions::default());
         (queue, faulty)
     }
@@ -1427,15 +1427,6 @@ impl Faulty {
     /// Fails every heartbeat from now on with `Unavailable`.
     pub(crate) fn fail_heartbeats(&self) {
         self.fail_heartbeats.store(true, Ordering::SeqCst);
-    }
-
-    fn heartbeat_down(&self) -> idemq::Result<()> {
-        if self.fail_heartbeats.load(Ordering::SeqCst) {
-            return Err(idemq::Error::Unavailable {
-                message: "the test's store is down for heartbeats".into(),
-            });
-        }
-        Ok(())
     }
 
     /// Holds every claim call from now on until [`let_go`](Self::let_go).
@@ -1480,205 +1471,41 @@ impl Faulty {
 }
 
 #[async_trait::async_trait]
-impl idemq::store::Store for Faulty {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn claims_in_flight(&self) -> usize {
-        self.inner.claims_in_flight()
-    }
-    fn supports(&self, capability: idemq::store::Capability) -> bool {
-        self.inner.supports(capability)
-    }
-    fn durability(&self) -> idemq::Durability {
-        self.inner.durability()
-    }
-    async fn durability_check(&self) -> idemq::Result<()> {
-        self.inner.durability_check().await
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self.inner.as_any()
-    }
-    async fn wakeups(&self) -> idemq::Result<idemq::store::Wakeups> {
-        self.inner.wakeups().await
-    }
-    async fn now(&self) -> idemq::Result<chrono::DateTime<chrono::Utc>> {
-        self.inner.now().await
-    }
-    async fn job_enqueue(
-        &self,
-        p: idemq::store::JobEnqueue,
-    ) -> idemq::Result<Vec<idemq::Result<idemq::EnqueueResult>>> {
-        self.inner.job_enqueue(p).await
-    }
-    async fn job_explain(&self, p: idemq::store::JobExplain) -> idemq::Result<idemq::Explain> {
-        self.inner.job_explain(p).await
-    }
-    async fn job_get(&self, p: idemq::store::JobRef) -> idemq::Result<Option<idemq::Job>> {
-        self.inner.job_get(p).await
-    }
-    async fn job_list(&self, p: idemq::store::JobListing) -> idemq::Result<idemq::JobPage> {
-        self.inner.job_list(p).await
-    }
-    async fn job_events(&self, p: idemq::store::JobRef) -> idemq::Result<Vec<idemq::Event>> {
-        self.inner.job_events(p).await
-    }
-    async fn job_runs(&self, p: idemq::store::JobRef) -> idemq::Result<Vec<idemq::Run>> {
-        self.inner.job_runs(p).await
-    }
-    async fn checkpoint_list(
-        &self,
-        p: idemq::store::JobRef,
-    ) -> idemq::Result<std::collections::BTreeMap<String, Value>> {
-        self.inner.checkpoint_list(p).await
-    }
-    async fn job_cancel(&self, p: idemq::store::JobRef) -> idemq::Result<idemq::CancelOutcome> {
-        self.inner.job_cancel(p).await
-    }
-    async fn job_cancel_by_key(&self, p: idemq::store::JobCancelByKey) -> idemq::Result<bool> {
-        self.inner.job_cancel_by_key(p).await
-    }
-    async fn job_purge(&self, p: idemq::store::JobRef) -> idemq::Result<bool> {
-        self.inner.job_purge(p).await
-    }
-    async fn job_promote(&self, p: idemq::store::JobRef) -> idemq::Result<bool> {
-        self.inner.job_promote(p).await
-    }
-    async fn job_redrive(
-        &self,
-        p: idemq::store::JobRedrive,
-    ) -> idemq::Result<idemq::EnqueueResult> {
-        self.inner.job_redrive(p).await
-    }
-    async fn queue_pause(&self, p: idemq::store::QueuePause) -> idemq::Result<bool> {
-        self.inner.queue_pause(p).await
-    }
-    async fn queue_list(&self) -> idemq::Result<Vec<idemq::QueueInfo>> {
-        self.inner.queue_list().await
-    }
-    async fn job_claim(&self, p: idemq::store::JobClaim) -> idemq::Result<Vec<idemq::ClaimedJob>> {
-        self.gate().await;
-        self.inner.job_claim(p).await
-    }
-    async fn lease_heartbeat(&self, p: idemq::store::LeaseRef) -> idemq::Result<idemq::Heartbeat> {
-        self.heartbeat_down()?;
-        let answer = self.inner.lease_heartbeat(p).await;
-        self.heartbeats.fetch_add(1, Ordering::SeqCst);
-        answer
-    }
-    async fn lease_heartbeat_many(
-        &self,
-        p: idemq::store::LeaseHeartbeatMany,
-    ) -> idemq::Result<Vec<idemq::Result<idemq::Heartbeat>>> {
-        self.heartbeat_down()?;
-        let answer = self.inner.lease_heartbeat_many(p).await;
-        self.heartbeats.fetch_add(1, Ordering::SeqCst);
-        answer
-    }
-    async fn job_complete(&self, p: idemq::store::JobComplete) -> idemq::Result<()> {
-        let fail = self
-            .fail_completes
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if fail {
-            return Err(idemq::Error::Unavailable {
-                message: "the test's store is briefly down".into(),
-            });
+impl idemq_testkit::Tap for Faults {
+    async fn before(&self, call: Call) -> idemq::Result<()> {
+        let down = |what: &str| {
+            Err(idemq::Error::Unavailable {
+                message: format!("the test's store is {what}"),
+            })
+        };
+        let take = |n: &AtomicUsize| {
+            n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        };
+        match call {
+            Call::Claim | Call::CompleteAndClaim { claims: true } => self.gate().await,
+            Call::ScheduleDue => {
+                Self::wait_while(&self.hold_schedules, &self.held_schedules, &self.open).await;
+            }
+            Call::Heartbeat if self.fail_heartbeats.load(Ordering::SeqCst) => {
+                return down("down for heartbeats");
+            }
+            Call::Complete if take(&self.fail_completes) => return down("briefly down"),
+            Call::Release => {
+                self.releases.fetch_add(1, Ordering::SeqCst);
+                if take(&self.fail_releases) {
+                    return down("briefly down");
+                }
+            }
+            _ => {}
         }
-        self.inner.job_complete(p).await
+        Ok(())
     }
-    async fn job_complete_many(
-        &self,
-        p: idemq::store::JobCompleteMany,
-    ) -> idemq::Result<Vec<idemq::Result<()>>> {
-        self.inner.job_complete_many(p).await
-    }
-    async fn job_complete_and_claim(
-        &self,
-        done: idemq::store::JobCompleteMany,
-        claim: idemq::store::JobClaim,
-    ) -> idemq::Result<(
-        Vec<idemq::Result<()>>,
-        idemq::Result<Vec<idemq::ClaimedJob>>,
-    )> {
-        if claim.limit > 0 {
-            self.gate().await;
+
+    fn after(&self, call: Call) {
+        if call == Call::Heartbeat {
+            self.heartbeats.fetch_add(1, Ordering::SeqCst);
         }
-        self.inner.job_complete_and_claim(done, claim).await
-    }
-    async fn job_fail(&self, p: idemq::store::JobFail) -> idemq::Result<idemq::FailOutcome> {
-        self.inner.job_fail(p).await
-    }
-    async fn job_release(&self, p: idemq::store::LeaseRef) -> idemq::Result<JobState> {
-        self.releases.fetch_add(1, Ordering::SeqCst);
-        let fail = self
-            .fail_releases
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if fail {
-            return Err(idemq::Error::Unavailable {
-                message: "the test's store is briefly down".into(),
-            });
-        }
-        self.inner.job_release(p).await
-    }
-    async fn checkpoint_put(&self, p: idemq::store::CheckpointPut) -> idemq::Result<bool> {
-        self.inner.checkpoint_put(p).await
-    }
-    async fn checkpoint_get(&self, p: idemq::store::CheckpointGet) -> idemq::Result<Option<Value>> {
-        self.inner.checkpoint_get(p).await
-    }
-    async fn binding_lookup(
-        &self,
-        p: idemq::store::BindingRef,
-    ) -> idemq::Result<Option<idemq::BindingInfo>> {
-        self.inner.binding_lookup(p).await
-    }
-    async fn binding_release(&self, p: idemq::store::BindingRef) -> idemq::Result<bool> {
-        self.inner.binding_release(p).await
-    }
-    async fn dedupe_lookup(
-        &self,
-        p: idemq::store::DedupeRef,
-    ) -> idemq::Result<Option<idemq::ExplainDedupe>> {
-        self.inner.dedupe_lookup(p).await
-    }
-    async fn binding_sweep(&self, p: idemq::store::Sweep) -> idemq::Result<u64> {
-        self.inner.binding_sweep(p).await
-    }
-    async fn lease_reap(&self, p: idemq::store::Sweep) -> idemq::Result<u64> {
-        self.inner.lease_reap(p).await
-    }
-    async fn job_retention_sweep(&self, p: idemq::store::Sweep) -> idemq::Result<u64> {
-        self.inner.job_retention_sweep(p).await
-    }
-    async fn schedule_put(&self, p: idemq::store::SchedulePut) -> idemq::Result<bool> {
-        self.inner.schedule_put(p).await
-    }
-    async fn schedule_delete(&self, p: idemq::store::ScheduleRef) -> idemq::Result<bool> {
-        self.inner.schedule_delete(p).await
-    }
-    async fn schedule_list(&self) -> idemq::Result<idemq::ScheduleList> {
-        self.inner.schedule_list().await
-    }
-    async fn schedule_due(
-        &self,
-        p: idemq::store::ScheduleDue,
-    ) -> idemq::Result<idemq::store::DueSchedules> {
-        Self::wait_while(&self.hold_schedules, &self.held_schedules, &self.open).await;
-        self.inner.schedule_due(p).await
-    }
-    async fn schedule_mark_fired(&self, p: idemq::store::ScheduleMarkFired) -> idemq::Result<bool> {
-        self.inner.schedule_mark_fired(p).await
-    }
-    async fn installation_key_check(&self, p: idemq::store::KeyCheck) -> idemq::Result<String> {
-        self.inner.installation_key_check(p).await
-    }
-    async fn installation_key_check_replace(
-        &self,
-        p: idemq::store::KeyCheck,
-    ) -> idemq::Result<idemq::KeyCheckChange> {
-        self.inner.installation_key_check_replace(p).await
     }
 }
 
@@ -1773,7 +1600,7 @@ async fn a_job_the_worker_reclaims_itself_stops_its_older_attempt(h: Harness) {
 /// at once, not left to its lease's expiry.
 async fn a_release_at_shutdown_is_retried_while_the_store_is_briefly_down(h: Harness) {
     let id = h.put(EnqueueRequest::new("t")).await;
-    let (queue, faulty) = Faulty::queue(&h);
+    let (queue, faulty) = Faults::queue(&h);
     faulty.fail_releases.store(1, Ordering::SeqCst);
     let started = Arc::new(AtomicUsize::new(0));
     let s = started.clone();
@@ -1940,7 +1767,7 @@ fn thread_cpu_ticks() -> u64 {
 /// (It used a whole core: the end of the claim window, passed, woke the
 /// loop at once every time.)
 async fn a_claim_that_cannot_go_out_does_not_spin_the_worker(h: Harness) {
-    let (queue, faulty) = Faulty::queue(&h);
+    let (queue, faulty) = Faults::queue(&h);
     for _ in 0..200 {
         h.put(EnqueueRequest::new("t")).await;
     }
@@ -2019,7 +1846,7 @@ async fn a_claim_that_cannot_go_out_does_not_spin_the_worker(h: Harness) {
 /// since the last renewal was sent: by then the store may have given the
 /// job to another worker. The handler's result is dropped.
 async fn a_lease_no_heartbeat_renews_stops_its_handler(h: Harness) {
-    let (queue, faulty) = Faulty::queue(&h);
+    let (queue, faulty) = Faults::queue(&h);
     let id = h.put(EnqueueRequest::new("t")).await;
     let started = Arc::new(tokio::sync::Notify::new());
     let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -2086,7 +1913,7 @@ async fn a_snooze_beyond_the_bound_keeps_the_attempt(h: Harness) {
 /// take just then (`Unavailable`) goes back with the completions to carry,
 /// and is recorded by a later call, not counted lost.
 async fn a_completion_the_store_could_not_take_just_then_is_recorded_later(h: Harness) {
-    let (queue, faulty) = Faulty::queue(&h);
+    let (queue, faulty) = Faults::queue(&h);
     let big = h
         .put(EnqueueRequest::new("r").payload(json!({"big": true})))
         .await;
