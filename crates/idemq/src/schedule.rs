@@ -477,18 +477,28 @@ pub struct UnreadableSchedule {
     pub error: String,
 }
 
-impl UnreadableSchedule {
-    /// The schedule `name` (when it could be read) and why the rest could not.
+impl ScheduleList {
+    /// Adds a stored row as it decoded: the schedule, or why it could not
+    /// be read with its `name` (read only then) as far as that reads.
     #[cfg_attr(
         not(any(feature = "sqlite", feature = "postgres", feature = "redis")),
         allow(dead_code)
     )]
-    pub(crate) fn new(name: Option<String>, error: Error) -> Self {
-        let error = match error {
-            Error::Backend { message } => message,
-            other => other.to_string(),
-        };
-        Self { name, error }
+    pub(crate) fn push(
+        &mut self,
+        decoded: Result<Schedule>,
+        name: impl FnOnce() -> Option<String>,
+    ) {
+        match decoded {
+            Ok(s) => self.schedules.push(s),
+            Err(e) => self.unreadable.push(UnreadableSchedule {
+                name: name(),
+                error: match e {
+                    Error::Backend { message } => message,
+                    other => other.to_string(),
+                },
+            }),
+        }
     }
 }
 

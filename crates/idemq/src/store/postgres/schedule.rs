@@ -10,7 +10,7 @@ use super::db::Db;
 use super::db_err;
 use crate::error::{Error, Result};
 use crate::job::Undecodable;
-use crate::schedule::{Schedule, ScheduleList, UnreadableSchedule};
+use crate::schedule::{Schedule, ScheduleList};
 use crate::store::{DueSchedules, ScheduleMarkFired, SchedulePut};
 
 /// The columns of a schedule row, for `concat!`.
@@ -87,13 +87,7 @@ pub(super) async fn list(pool: Db<'_>) -> Result<ScheduleList> {
     .map_err(db_err)?;
     let mut list = ScheduleList::default();
     for r in &rows {
-        match schedule_of(r) {
-            Ok(s) => list.schedules.push(s),
-            Err(e) => {
-                let name = r.try_get("name").ok();
-                list.unreadable.push(UnreadableSchedule::new(name, e));
-            }
-        }
+        list.push(schedule_of(r), || r.try_get("name").ok());
     }
     Ok(list)
 }

@@ -3,7 +3,7 @@
 
 use super::codec::{Fields, array, int};
 use super::{RedisStore, Result};
-use crate::schedule::{Schedule, ScheduleList, UnreadableSchedule};
+use crate::schedule::{Schedule, ScheduleList};
 use crate::store::{DueSchedules, ScheduleDue, ScheduleMarkFired, SchedulePut};
 
 fn opt(v: Option<i64>) -> String {
@@ -56,10 +56,7 @@ pub(super) async fn list(store: &RedisStore) -> Result<ScheduleList> {
     let v = store.run(store.fcall("schedule_list")?).await?;
     let mut list = ScheduleList::default();
     for s in array(&v)? {
-        match schedule(s) {
-            Ok(s) => list.schedules.push(s),
-            Err(e) => list.unreadable.push(UnreadableSchedule::new(name_of(s), e)),
-        }
+        list.push(schedule(s), || name_of(s));
     }
     list.schedules.sort_by(|a, b| a.name.cmp(&b.name));
     list.unreadable.sort_by(|a, b| a.name.cmp(&b.name));

@@ -5,7 +5,7 @@ use rusqlite::{OptionalExtension, Row, params};
 use super::decode::{Cols, all};
 use super::{Cx, ts};
 use crate::error::Result;
-use crate::schedule::{Schedule, ScheduleList, UnreadableSchedule, every_next};
+use crate::schedule::{Schedule, ScheduleList, every_next};
 use crate::store::{DueSchedules, ScheduleMarkFired, SchedulePut};
 
 const COLUMNS: &str = "name, cron, every_ms, timezone, job, paused, created_at, updated_at, \
@@ -114,15 +114,12 @@ pub(super) fn list(cx: &Cx) -> Result<ScheduleList> {
         "SELECT {COLUMNS} FROM idemq_schedules ORDER BY name"
     ))?;
     let mut list = ScheduleList::default();
-    for s in all(
-        stmt,
-        [],
-        |r| Ok(schedule_of(r).map_err(|e| (name_of(r), e))),
-    )? {
-        match s {
-            Ok(s) => list.schedules.push(s),
-            Err((name, e)) => list.unreadable.push(UnreadableSchedule::new(name, e)),
-        }
+    for (decoded, name) in all(stmt, [], |r| {
+        let decoded = schedule_of(r);
+        let name = decoded.is_err().then(|| name_of(r)).flatten();
+        Ok((decoded, name))
+    })? {
+        list.push(decoded, || name);
     }
     Ok(list)
 }
