@@ -58,9 +58,10 @@ pub struct ExecOptions {
 /// (or of any type).
 pub fn shell_worker(queue: idemq::Queue, command: &str, options: &ExecOptions) -> Worker {
     let command: Arc<str> = Arc::from(command);
+    let guard = Guard::start().map(Arc::new);
     let handler = move |ctx: HandlerContext, payload: Value| {
-        let command = command.clone();
-        async move { run_command(&command, &ctx, &payload).await }
+        let (command, guard) = (command.clone(), guard.clone());
+        async move { run_command(&command, guard.as_deref(), &ctx, &payload).await }
     };
     let mut worker = Worker::new(queue)
         .queues(options.queues.iter().filter(|q| !q.is_empty()).cloned())
@@ -82,20 +83,146 @@ pub fn shell_worker(queue: idemq::Queue, command: &str, options: &ExecOptions) -
     worker
 }
 
-/// Kills the command's process group when the attempt is dropped before the
-/// command was reaped (timeout, deadline, cancel, lost lease, shutdown).
-struct KillGroup(Option<u32>);
+/// The guard of a shell worker's commands: one process per worker, this
+/// same binary started as the hidden `idemq exec-guard`, told the process
+/// group of every command as it starts and ends. When the worker dies
+/// without ending its commands (SIGKILL, the out-of-memory killer), the
+/// kernel closes the guard's stdin, and the guard kills every group it
+/// still holds at once: no command of a dead worker runs on beside the
+/// next attempt of its job once the lease expires.
+///
+/// The worker kills a group itself whenever it interrupts an attempt; the
+/// guard covers only the worker's own death, which nothing in the worker
+/// can react to. A command's group is told after it is started, so a
+/// worker killed between the two system calls leaves that one running.
+pub(crate) struct Guard {
+    to_guard: Mutex<Option<std::process::ChildStdin>>,
+}
 
-impl Drop for KillGroup {
+impl Guard {
+    /// Starts the guard; `None`, after a warning, if it cannot start.
+    fn start() -> Option<Self> {
+        // `/proc/self/exe` is this process's own binary even after an
+        // upgrade replaced or removed its file; elsewhere the path it was
+        // started from.
+        let exe = if cfg!(target_os = "linux") {
+            std::path::PathBuf::from("/proc/self/exe")
+        } else {
+            std::env::current_exe().unwrap_or_else(|_| "idemq".into())
+        };
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("exec-guard")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null());
+        // Its own group, as the commands': a Ctrl-C in the terminal reaches
+        // only the worker, which lets running commands finish.
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::CommandExt;
+            cmd.arg0("idemq").process_group(0);
+        }
+        match cmd.spawn() {
+            Ok(mut child) => Some(Self {
+                to_guard: Mutex::new(child.stdin.take()),
+            }),
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "cannot start the guard of the commands (idemq exec-guard): \
+                     if this worker is killed with SIGKILL, its running commands keep running"
+                );
+                None
+            }
+        }
+    }
+
+    /// Tells the guard that the group `group` leads started (`+`) or ended (`-`).
+    fn tell(&self, sign: char, group: u32) {
+        use std::io::Write;
+        let mut to_guard = self.to_guard.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(pipe) = to_guard.as_mut() else {
+            return;
+        };
+        // A line of a few bytes: a pipe takes it at once.
+        if let Err(e) = writeln!(pipe, "{sign}{group}") {
+            tracing::warn!(
+                error = %e,
+                "the guard of the commands (idemq exec-guard) is gone: \
+                 if this worker is killed with SIGKILL, its running commands keep running"
+            );
+            *to_guard = None;
+        }
+    }
+}
+
+/// `idemq exec-guard`: reads `+GROUP` and `-GROUP` lines from stdin, the
+/// process groups of a shell worker's running commands ([`Guard`]); at the
+/// end of stdin (the worker ended, or died) kills every group still held.
+pub fn guard() -> std::process::ExitCode {
+    use std::collections::BTreeSet;
+    use std::io::BufRead;
+    let mut held = BTreeSet::new();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        match (line.get(..1), line.get(1..).map(str::parse::<u32>)) {
+            (Some("+"), Some(Ok(group))) if group > 1 => {
+                held.insert(group);
+            }
+            (Some("-"), Some(Ok(group))) => {
+                held.remove(&group);
+            }
+            _ => eprintln!("idemq exec-guard: ignoring the line {line:?}"),
+        }
+    }
+    for group in held {
+        sigkill_group(group);
+    }
+    std::process::ExitCode::SUCCESS
+}
+
+/// SIGKILL to every process of the group `group` leads.
+fn sigkill_group(group: u32) {
+    // `kill_on_drop` only reaches the group's leader; the processes it
+    // started share the group. (No `unsafe` for kill(2) here: the
+    // workspace forbids it.)
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{group}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Kills the command's process group when the attempt is dropped before the
+/// command was reaped (timeout, deadline, cancel, lost lease, shutdown),
+/// and tells the guard that the group ended.
+struct KillGroup<'a> {
+    group: Option<u32>,
+    guard: Option<&'a Guard>,
+}
+
+impl<'a> KillGroup<'a> {
+    fn new(group: Option<u32>, guard: Option<&'a Guard>) -> Self {
+        if let (Some(group), Some(guard)) = (group, guard) {
+            guard.tell('+', group);
+        }
+        Self { group, guard }
+    }
+
+    /// The command was reaped: nothing to kill (and its pid may be reused).
+    fn reaped(&mut self) {
+        if let (Some(group), Some(guard)) = (self.group.take(), self.guard) {
+            guard.tell('-', group);
+        }
+    }
+}
+
+impl Drop for KillGroup<'_> {
     fn drop(&mut self) {
-        if let Some(pid) = self.0 {
-            // `kill_on_drop` only reaches `sh` itself; its children share the
-            // group. (No `unsafe` for kill(2) here: the workspace forbids it.)
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", "--", &format!("-{pid}")])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+        if let Some(group) = self.group {
+            sigkill_group(group);
+            if let Some(guard) = self.guard {
+                guard.tell('-', group);
+            }
         }
     }
 }
@@ -171,6 +298,7 @@ fn failure_message(why: &str, tail: &[u8]) -> String {
 
 async fn run_command(
     command: &str,
+    guard: Option<&Guard>,
     ctx: &HandlerContext,
     payload: &Value,
 ) -> Result<Value, JobError> {
@@ -197,7 +325,7 @@ async fn run_command(
     let mut child = cmd
         .spawn()
         .map_err(|e| JobError::retryable(format!("cannot start sh -c: {e}")))?;
-    let mut guard = KillGroup(child.id());
+    let mut group = KillGroup::new(child.id(), guard);
 
     let captured = Mutex::new(Captured::default());
     let input = serde_json::to_vec(payload).unwrap_or_else(|_| b"null".to_vec());
@@ -236,8 +364,7 @@ async fn run_command(
     if !io_done {
         let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, &mut io).await;
     }
-    // Reaped: nothing to kill (and the pid may be reused).
-    guard.0 = None;
+    group.reaped();
     let status = status.map_err(|e| JobError::retryable(format!("cannot wait for sh: {e}")))?;
     let captured = std::mem::take(&mut *captured.lock().unwrap_or_else(|p| p.into_inner()));
     match status.code() {

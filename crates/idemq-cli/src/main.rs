@@ -91,6 +91,9 @@ enum Command {
     /// The installation's idempotency key secret (IDEMQ_KEY_SECRET): check or change it.
     #[command(subcommand)]
     KeySecret(key_secret::KeySecretCommand),
+    /// Kills a shell worker's running commands if the worker dies (started by the worker).
+    #[command(hide = true)]
+    ExecGuard,
 }
 
 /// Exit codes a script can rely on.
@@ -193,7 +196,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     }
     let queue = connect(&cli.database).await?;
     match cli.command {
-        Command::Migrate(_) | Command::Bench(_) | Command::KeySecret(_) => Ok(()),
+        Command::Migrate(_) | Command::Bench(_) | Command::KeySecret(_) | Command::ExecGuard => {
+            Ok(())
+        }
         Command::Enqueue(args) => enqueue::run(&queue, *args, cli.json).await,
         Command::Jobs(cmd) => jobs::run(&queue, cmd, cli.json).await,
         Command::Serve(_) => Ok(()),
@@ -239,11 +244,24 @@ impl From<idemq::Error> for CliError {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::ExecGuard = cli.command {
+        // Started by a shell worker: no runtime, no database.
+        return exec::guard();
+    }
     let json = cli.json;
-    match run(cli).await {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    };
+    match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError::Usage(msg)) => {
             output::usage_error(json, &msg);

@@ -137,18 +137,56 @@ fn timeout_kills_the_command_and_what_it_started() {
     });
     let error = db.job(&id)["last_error"].as_str().unwrap().to_owned();
     assert!(error.contains("timed out"), "{error}");
-    let pid = |f: &str| -> u32 {
-        std::fs::read_to_string(db.path(f))
-            .expect("pid file")
-            .trim()
-            .parse()
-            .expect("pid")
-    };
-    let (sh, bg) = (pid("sh.pid"), pid("bg.pid"));
+    let (sh, bg) = (pid(&db, "sh.pid").unwrap(), pid(&db, "bg.pid").unwrap());
     eventually(10, "the command and its child are gone", || {
         !alive(sh) && !alive(bg)
     });
     assert!(w.stop().status.success());
+}
+
+/// The process id a command wrote to `file`, once written.
+fn pid(db: &Db, file: &str) -> Option<u32> {
+    std::fs::read_to_string(db.path(file))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+#[test]
+fn a_worker_killed_by_sigkill_takes_its_commands_with_it() {
+    let db = Db::new();
+    db.enqueue(&["--type", "slow"]);
+    let mut w = worker(
+        &db,
+        r#"echo $$ > "$IDEMQ_DIR/sh.pid"; sleep 60 & echo $! > "$IDEMQ_DIR/bg.pid"; wait"#,
+        &[],
+    );
+    eventually(30, "the command started a child", || {
+        pid(&db, "sh.pid").is_some() && pid(&db, "bg.pid").is_some()
+    });
+    let (sh, bg) = (pid(&db, "sh.pid").unwrap(), pid(&db, "bg.pid").unwrap());
+    assert!(alive(sh) && alive(bg));
+    // Nothing in the worker runs after a SIGKILL: only its commands' guards
+    // can end them.
+    let mut worker = w.child.take().expect("worker");
+    worker.kill().expect("SIGKILL the worker");
+    worker.wait().expect("reap the worker");
+    eventually(5, "the command and its child are gone", || {
+        !alive(sh) && !alive(bg)
+    });
+}
+
+#[test]
+fn a_command_killed_by_a_signal_fails_naming_it() {
+    let db = Db::new();
+    let id = db.enqueue(&["--type", "t", "--max-attempts", "1"]);
+    let w = worker(&db, "echo going; kill -TERM $$; sleep 5", &[]);
+    eventually(30, "the job is dead", || db.state(&id) == "dead");
+    assert!(w.stop().status.success());
+    let error = db.job(&id)["last_error"].as_str().unwrap().to_owned();
+    assert!(error.starts_with("killed by signal 15"), "{error}");
+    assert!(error.contains("going"), "{error}");
 }
 
 #[test]

@@ -134,14 +134,16 @@ pub fn terminate(pid: u32) {
     assert!(status.success());
 }
 
-/// True while process `pid` exists.
+/// True while process `pid` exists and has not ended (a process that ended
+/// but that its parent has not reaped yet, a zombie, has).
 pub fn alive(pid: u32) -> bool {
-    Command::new("kill")
-        .args(["-0", &pid.to_string()])
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's name, which ends with `)`.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
 }
 
 /// Polls `f` every 50 ms until it holds (at most `secs` seconds).
