@@ -1,7 +1,8 @@
 //! The worker protocol: claim (with long-poll), heartbeat, complete, fail,
 //! release and checkpoints, so workers in any language can run jobs.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -24,44 +25,86 @@ use idemq::openapi::{ClaimLimit, DurationMs, JsonValue, LeaseMs, WorkerName};
 /// can be lost, and a scheduled job turning due sends none.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);
 
-/// One wake-up source for every long-polling claim of the server: the
-/// embedded store's own signal, or one `LISTEN` connection on PostgreSQL
-/// (not one per waiting request), opened on first use.
+/// One wake-up source for every long-polling claim of the server (the
+/// embedded store's own signal, or one `LISTEN` connection on PostgreSQL,
+/// not one per waiting request, opened on first use), passed on to the
+/// waiting claims without a herd.
+///
+/// Claims wait in groups, one per filter (the same queues and types). A
+/// wake-up starts one waiting claim of each group, not all of them: work
+/// one claim finds is work its group's other claims would only find gone.
+/// A claim that comes back with jobs starts the next claim of its group,
+/// as there may be more, so a burst of work still reaches as many claims as
+/// it needs, one after the other. A claim that finds none ends the chain.
+/// Work a wake-up does not bring (a scheduled job turning due, a wake-up
+/// lost) is found by each claim's own look every [`POLL_INTERVAL`].
 #[derive(Default)]
 pub(crate) struct WakeHub {
-    notify: OnceCell<Arc<Notify>>,
+    /// Set once the wake-ups are passed on (a task forwards them).
+    forwarding: OnceCell<()>,
+    groups: Arc<Mutex<HashMap<ClaimFilter, Weak<Notify>>>>,
 }
 
+/// What a waiting claim asks for: its queues (every queue when empty) and
+/// its types (every type when `None`), each sorted and without repeats.
+type ClaimFilter = (Vec<String>, Option<Vec<String>>);
+
 impl WakeHub {
-    /// The signal new work raises, or `None` when the backend cannot give
-    /// one now (the claim then only polls).
-    async fn get(&self, queue: &idemq::Queue) -> Option<Arc<Notify>> {
-        self.notify
+    /// The signal of the group of claims asking what `options` asks for,
+    /// or `None` when the backend cannot give wake-ups now (the claim then
+    /// only polls).
+    async fn join(&self, queue: &idemq::Queue, options: &ClaimOptions) -> Option<Arc<Notify>> {
+        self.forwarding
             .get_or_try_init(|| async {
                 let mut wakeups = queue.store().wakeups().await?;
-                match wakeups.as_local() {
-                    Some(notify) => Ok::<_, idemq::Error>(notify.clone()),
-                    None => {
-                        let notify = Arc::new(Notify::new());
-                        let weak = Arc::downgrade(&notify);
-                        // Forwards until the server (and with it the hub) is gone.
-                        tokio::spawn(async move {
-                            loop {
-                                let woke = wakeups.wait(Duration::from_secs(1)).await;
-                                let Some(notify) = weak.upgrade() else { break };
-                                if woke {
-                                    notify.notify_waiters();
-                                }
-                            }
-                        });
-                        Ok(notify)
+                let groups = Arc::downgrade(&self.groups);
+                // Forwards until the server (and with it the hub) is gone.
+                tokio::spawn(async move {
+                    loop {
+                        let woke = wakeups.wait(Duration::from_secs(1)).await;
+                        let Some(groups) = groups.upgrade() else {
+                            break;
+                        };
+                        if woke {
+                            Self::wake_each(&groups);
+                        }
                     }
-                }
+                });
+                Ok::<_, idemq::Error>(())
             })
             .await
             .inspect_err(|e| tracing::warn!(error = %e, "no wake-ups for long-polling claims"))
-            .ok()
-            .cloned()
+            .ok()?;
+        let sorted = |names: &[String]| {
+            let mut names = names.to_vec();
+            names.sort();
+            names.dedup();
+            names
+        };
+        let filter = (
+            sorted(&options.queues),
+            options.types.as_deref().map(sorted),
+        );
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(signal) = groups.get(&filter).and_then(Weak::upgrade) {
+            return Some(signal);
+        }
+        groups.retain(|_, signal| signal.strong_count() > 0);
+        let signal = Arc::new(Notify::new());
+        groups.insert(filter, Arc::downgrade(&signal));
+        Some(signal)
+    }
+
+    /// Starts one waiting claim of each group (or the next to wait).
+    fn wake_each(groups: &Mutex<HashMap<ClaimFilter, Weak<Notify>>>) {
+        let mut groups = groups.lock().unwrap_or_else(|p| p.into_inner());
+        groups.retain(|_, signal| match signal.upgrade() {
+            Some(signal) => {
+                signal.notify_one();
+                true
+            }
+            None => false,
+        });
     }
 }
 
@@ -307,7 +350,7 @@ pub(crate) async fn claim(
     let mut completed: Option<Vec<CompletionItem>> = None;
     let until = Instant::now() + Duration::from_millis(wait_ms);
     let notify = if wait_ms > 0 {
-        s.wakeups.get(s.queue()).await
+        s.wakeups.join(s.queue(), &options).await
     } else {
         None
     };
@@ -341,8 +384,17 @@ pub(crate) async fn claim(
             }
             Err(e) => return Err(e.into()),
         };
+        if !jobs.is_empty() {
+            // There may be more: the next claim of this group looks
+            // (`WakeHub`). A wake-up this claim got meanwhile, unused, is
+            // passed on as it is dropped.
+            if let Some(n) = &notify {
+                n.notify_one();
+            }
+            return Ok(axum::Json(Claimed { jobs, completed }));
+        }
         let now = Instant::now();
-        if !jobs.is_empty() || now >= until {
+        if now >= until {
             return Ok(axum::Json(Claimed { jobs, completed }));
         }
         let nap = (until - now).min(POLL_INTERVAL);

@@ -26,4 +26,5 @@ mod limits;
 mod metrics;
 mod ops;
 mod overview;
+mod wakeups;
 mod worker;
