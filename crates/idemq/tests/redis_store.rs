@@ -1988,3 +1988,98 @@ async fn migrate_deletes_no_other_function_library() {
         redis::Value::Int(1)
     );
 }
+
+/// A listing's reply is bounded where it is built: the library's
+/// `job_list` stops before the bound's bytes of a job's stored fields
+/// (unless the page's first job alone holds more), so listing large jobs
+/// never builds a reply of `limit` of them in the server's memory, and
+/// the cursor it answers then starts the next page at the job left out.
+#[tokio::test]
+async fn a_listing_reply_is_bounded_where_it_is_built() {
+    let server = Server::start(&[]);
+    let url = server.url("?prefix=big:");
+    idemq::store::redis::migrate(&url).await.expect("migrate");
+    let queue = Queue::connect(&url).await.expect("connect");
+    const JOBS: usize = 12;
+    const PAD: usize = 300_000;
+    let mut ids = std::collections::BTreeSet::new();
+    for i in 0..JOBS {
+        let job = queue
+            .enqueue(EnqueueRequest::new("big").payload(json!({"i": i, "pad": "x".repeat(PAD)})))
+            .await
+            .expect("enqueue");
+        ids.insert(job);
+    }
+    let version = match raw(&url, &["GET", "big:version"]).await {
+        redis::Value::BulkString(v) => String::from_utf8(v).expect("utf-8"),
+        v => panic!("version: {v:?}"),
+    };
+    let function = format!("idemq_{version}_job_list");
+    // ARGV: prefix, test clock, state, due, queue, type, tag, cursor,
+    // limit, bound.
+    let list = |cursor: String, bound: &'static str| {
+        let (url, function) = (url.clone(), function.clone());
+        async move {
+            let reply = raw(
+                &url,
+                &[
+                    "FCALL", &function, "0", "big:", "0", "", "", "", "", "", &cursor, "1000",
+                    bound,
+                ],
+            )
+            .await;
+            let redis::Value::Array(items) = reply else {
+                panic!("reply: {reply:?}")
+            };
+            let text = |v: &redis::Value| match v {
+                redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                v => panic!("{v:?}"),
+            };
+            let next = text(&items[1]);
+            let mut bytes = 0;
+            let mut page = Vec::new();
+            for job in &items[2..] {
+                let redis::Value::Array(pairs) = job else {
+                    panic!("{job:?}")
+                };
+                let pairs: Vec<String> = pairs.iter().map(text).collect();
+                bytes += pairs.iter().map(String::len).sum::<usize>();
+                let id = pairs.chunks(2).find(|p| p[0] == "id").expect("id")[1].clone();
+                page.push(id);
+            }
+            (page, next, bytes)
+        }
+    };
+    // Without a bound, every job at once.
+    let (all, next, bytes) = list(String::new(), "").await;
+    assert_eq!(all.len(), JOBS);
+    assert!(next.is_empty());
+    assert!(bytes > JOBS * PAD);
+    // A bound of 1 MB: three jobs of about 300 KB a page, never more bytes
+    // than the bound, and every job once over the pages.
+    let mut seen = Vec::new();
+    let mut cursor = String::new();
+    loop {
+        let (page, next, bytes) = list(cursor, "1000000").await;
+        assert_eq!(page.len(), 3, "{page:?}");
+        assert!(bytes <= 1_000_000, "{bytes}");
+        seen.extend(page);
+        if next.is_empty() {
+            break;
+        }
+        cursor = next;
+        assert!(seen.len() <= JOBS, "the pages end");
+    }
+    assert_eq!(seen, all, "each job once, in the same order");
+    // A bound below one job: one job a page, not none.
+    let (page, next, _) = list(String::new(), "1000").await;
+    assert_eq!(page.len(), 1);
+    assert_eq!(page[0], all[0]);
+    assert!(!next.is_empty());
+    assert_eq!(
+        seen.iter()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>(),
+        ids
+    );
+}

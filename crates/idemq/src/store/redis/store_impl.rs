@@ -148,13 +148,17 @@ impl Store for RedisStore {
             .arg(p.job_type.as_deref().unwrap_or_default())
             .arg(p.tag.as_deref().unwrap_or_default())
             .arg(p.before_seq.map(|c| c.to_string()).unwrap_or_default())
-            .arg(p.limit);
+            .arg(p.limit)
+            .arg(p.max_bytes.map(|b| b.to_string()).unwrap_or_default());
         let v = self.run(cmd).await?;
         let r = array(&v)?;
         let now = int(at(r, 0)?)?;
         let cursor = string(at(r, 1)?)?;
-        // The function answers at most `limit` jobs; past a byte bound
-        // they are not decoded, and the page's cursor is then its last job's.
+        // The function answers at most `limit` jobs, and stops before the
+        // bound's bytes of stored fields (a reply of bounded size). Those
+        // are encoded here as the page's JSON, which the bound holds to
+        // exactly: past it they are not decoded, and the page's cursor is
+        // then its last job's.
         let mut page = PageFill::new(p.limit, p.max_bytes);
         for j in &r[2..] {
             let (seq, job) = codec::listed_job(j, now)?;

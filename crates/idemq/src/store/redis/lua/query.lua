@@ -52,13 +52,28 @@ local function has_tag(tags, tag)
   return false
 end
 
+-- The bytes of a job view's members and values.
+local function view_bytes(view)
+  local n = 0
+  for _, v in ipairs(view) do
+    n = n + #v
+  end
+  return n
+end
+
 -- args: prefix, clock, stored state, due ('1', '0' or ''), queue, type,
--- tag, cursor, limit. Returns {now, next cursor or '', job views…}.
--- The jobs come newest first from one index (a state's, a queue's) or,
--- with neither filter, from every queue's index merged by sequence number.
+-- tag, cursor, limit, and a bound in bytes ('' for none). Returns {now,
+-- next cursor or '', job views…}. The jobs come newest first from one index
+-- (a state's, a queue's) or, with neither filter, from every queue's index
+-- merged by sequence number. The views answered hold at most the bound's
+-- bytes of members and values, unless the first alone holds more: a job
+-- past the bound starts the next page, so the reply stays bounded however
+-- large the jobs are.
 reg('job_list', function(args)
   local state, due, queue, jtype, tag = args[3], args[4], args[5], args[6], args[7]
   local limit = tonumber(args[9])
+  local max_bytes = tonumber(args[10])
+  local bytes, cut = 0, false
   local keys, page = nil, 256
   if state ~= '' then
     keys = { P .. 'st:' .. state }
@@ -125,13 +140,24 @@ reg('job_list', function(args)
         and (jtype == '' or j.type == jtype)
         and (tag == '' or has_tag(j.tags, tag))
       if ok then
-        jobs[#jobs + 1] = job_view(j)
+        local view = job_view(j)
+        if max_bytes then
+          local size = view_bytes(view)
+          if #jobs > 0 and bytes + size > max_bytes then
+            cut = true
+            break
+          end
+          bytes = bytes + size
+        end
+        jobs[#jobs + 1] = view
         seqs[#seqs + 1] = j.seq
       end
     end
   end
   local out = { I(NOW), '' }
-  if #jobs > limit then
+  if cut then
+    out[2] = seqs[#jobs]
+  elseif #jobs > limit then
     jobs[#jobs] = nil
     out[2] = seqs[limit]
   elseif not exhausted and last then
