@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use idemq::{ClaimOptions, EnqueueRequest, FailOptions, Queue};
+use idemq::{ClaimOptions, EnqueueRequest, FailOptions, JobList, Queue};
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, Row};
@@ -201,6 +201,26 @@ async fn exercise(url: &str, direct: &str, bouncer: &Bouncer, db: &str) {
         .map(|q| q.counts.ready)
         .sum();
     assert_eq!(waiting, 160, "{listed:?}");
+    // Pages read row by row, in a transaction each, under a byte bound
+    // that cuts them short: every job once.
+    let (mut seen, mut cursor) = (std::collections::HashSet::new(), None);
+    loop {
+        let filter = JobList {
+            limit: 100,
+            cursor: cursor.take(),
+            ..JobList::default()
+        };
+        let page = queue.list_within(filter, 4_000).await.expect("list");
+        assert!(!page.jobs.is_empty() && page.jobs.len() < 100);
+        for job in page.jobs {
+            assert!(seen.insert(job.id), "a job listed twice");
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 160);
 
     // Claim, heartbeat, complete, fail.
     let claim = |limit| ClaimOptions {

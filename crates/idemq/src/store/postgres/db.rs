@@ -386,6 +386,62 @@ pub(crate) struct Db<'a> {
 }
 
 impl Db<'_> {
+    /// Runs `query` under the deadline and hands its rows to `take` one at
+    /// a time, as they arrive, until it answers `false` or fails; the rows
+    /// after that are read and dropped. So the call holds one row at a
+    /// time, however large the result, where [`Executor::fetch_all`] holds
+    /// them all (a page of large jobs).
+    pub(crate) async fn each_row<'q, E>(
+        self,
+        query: E,
+        mut take: impl FnMut(&PgRow) -> crate::Result<bool> + Send,
+    ) -> crate::Result<()>
+    where
+        E: 'q + Execute<'q, Postgres>,
+    {
+        let mut taking = true;
+        let mut refused = None;
+        let mut offer = |row: PgRow| {
+            if taking {
+                match take(&row) {
+                    Ok(more) => taking = more,
+                    Err(e) => {
+                        refused = Some(e);
+                        taking = false;
+                    }
+                }
+            }
+        };
+        let read = within(self.net.deadline, async {
+            if self.net.bouncer {
+                // Boxed, as in `Lent::of`: the pool's begin is a large future.
+                let mut tx = Box::pin(self.pool.begin()).await?;
+                {
+                    let mut rows = (&mut *tx).fetch(Unnamed(query));
+                    while let Some(row) = rows.try_next().await? {
+                        offer(row);
+                    }
+                }
+                tx.commit().await
+            } else {
+                let mut conn = Lent::of(self).await?;
+                let read = async {
+                    let mut rows = (&mut *conn).fetch(query);
+                    while let Some(row) = rows.try_next().await? {
+                        offer(row);
+                    }
+                    Ok(())
+                }
+                .await;
+                conn.keep(&read);
+                read
+            }
+        })
+        .await;
+        read.map_err(super::db_err)?;
+        refused.map_or(Ok(()), Err)
+    }
+
     /// Runs a call made of several statements under the deadline.
     pub(crate) async fn bounded<T>(
         &self,

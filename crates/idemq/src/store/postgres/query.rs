@@ -213,7 +213,7 @@ pub(super) async fn job_list(pool: Db<'_>, p: &JobListing) -> Result<JobPage> {
              ORDER BY j.seq DESC"
         )
     };
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+    let query = sqlx::query(sqlx::AssertSqlSafe(sql))
         .persistent(false)
         .bind(stored)
         .bind(due)
@@ -221,23 +221,20 @@ pub(super) async fn job_list(pool: Db<'_>, p: &JobListing) -> Result<JobPage> {
         .bind(&p.job_type)
         .bind(&p.tag)
         .bind(cursor)
-        .bind(i64::from(limit) + 1)
-        .fetch_all(pool)
-        .await
-        .map_err(db_err)?;
-    // Rows past a page's byte bound are not decoded.
+        .bind(i64::from(limit) + 1);
+    // Rows are taken as they arrive: those past a page's byte bound are
+    // neither decoded nor held (the reply itself is bounded by `limit`).
     let mut page = PageFill::new(limit, p.max_bytes);
     let mut more = false;
-    for r in &rows {
+    pool.each_row(query, |r| {
         if page.is_full() {
             more = true;
-            break;
+            return Ok(false);
         }
         let seq = r.try_get::<i64, _>("seq").map_err(db_err)?;
-        if !page.offer(seq, job_from(r)?)? {
-            break;
-        }
-    }
+        page.offer(seq, job_from(r)?)
+    })
+    .await?;
     Ok(page.finish(more))
 }
 
