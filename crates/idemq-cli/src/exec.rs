@@ -158,9 +158,15 @@ impl Guard {
 /// `idemq exec-guard`: reads `+GROUP` and `-GROUP` lines from stdin, the
 /// process groups of a shell worker's running commands ([`Guard`]); at the
 /// end of stdin (the worker ended, or died) kills every group still held.
+///
+/// SIGTERM, SIGINT and SIGHUP do not end it: a service manager that stops
+/// a unit or a container signals every process in it, and the worker then
+/// lets its commands finish within its grace period, which the guard must
+/// outlive to still cover them. It ends with its worker.
 pub fn guard() -> std::process::ExitCode {
     use std::collections::BTreeSet;
     use std::io::BufRead;
+    let _outlived = outlive_stop_signals();
     let mut held = BTreeSet::new();
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
@@ -179,6 +185,31 @@ pub fn guard() -> std::process::ExitCode {
     }
     std::process::ExitCode::SUCCESS
 }
+
+/// Takes SIGTERM, SIGINT and SIGHUP for this process, for as long as what
+/// it returns is held: their handlers only record them.
+#[cfg(unix)]
+fn outlive_stop_signals() -> Option<(tokio::runtime::Runtime, Vec<tokio::signal::unix::Signal>)> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .ok()?;
+    let signals = runtime.block_on(async {
+        [
+            SignalKind::terminate(),
+            SignalKind::interrupt(),
+            SignalKind::hangup(),
+        ]
+        .into_iter()
+        .filter_map(|kind| signal(kind).ok())
+        .collect()
+    });
+    Some((runtime, signals))
+}
+
+#[cfg(not(unix))]
+fn outlive_stop_signals() {}
 
 /// SIGKILL to every process of the group `group` leads.
 fn sigkill_group(group: u32) {

@@ -177,6 +177,59 @@ fn a_worker_killed_by_sigkill_takes_its_commands_with_it() {
     });
 }
 
+/// The guard of `worker`'s commands: its child running `idemq exec-guard`.
+fn guard_of(worker: u32) -> u32 {
+    let mut found = None;
+    for entry in std::fs::read_dir("/proc").expect("/proc") {
+        let name = entry.expect("entry").file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if parent == Some(worker) && cmdline.split(|b| *b == 0).any(|a| a == b"exec-guard") {
+            assert!(found.is_none(), "one guard per worker");
+            found = Some(pid);
+        }
+    }
+    found.expect("the worker's guard")
+}
+
+/// A service manager's stop (systemd's, a container's) sends SIGTERM to
+/// every process of the unit: the guard outlives it, the worker lets its
+/// running command finish within the grace period with the guard still
+/// there, and the guard ends with the worker.
+#[test]
+fn sigterm_to_every_process_lets_the_command_finish_and_the_guard_end_with_the_worker() {
+    let db = Db::new();
+    let id = db.enqueue(&["--type", "t"]);
+    let w = worker(
+        &db,
+        r#"touch "$IDEMQ_DIR/started"; sleep 1; echo '"finished"'"#,
+        &[],
+    );
+    eventually(30, "the command started", || db.path("started").exists());
+    let guard = guard_of(w.pid());
+    support::terminate(guard);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(alive(guard), "the guard outlives SIGTERM");
+    let out = w.stop();
+    assert!(out.status.success(), "{}", support::stderr(&out));
+    assert!(
+        !support::stderr(&out).contains("guard"),
+        "{}",
+        support::stderr(&out)
+    );
+    assert_eq!(db.job(&id)["result"], "finished");
+    eventually(5, "the guard ended with its worker", || !alive(guard));
+}
+
 #[test]
 fn a_command_killed_by_a_signal_fails_naming_it() {
     let db = Db::new();
