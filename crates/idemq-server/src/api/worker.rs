@@ -66,6 +66,14 @@ impl WakeHub {
                             break;
                         };
                         if woke {
+                            // One commit can wake twice (an embedded
+                            // store's signal wakes and leaves a permit):
+                            // wake-ups already there are the same news.
+                            for _ in 0..8 {
+                                if !wakeups.wait(Duration::ZERO).await {
+                                    break;
+                                }
+                            }
                             Self::wake_each(&groups);
                         }
                     }
