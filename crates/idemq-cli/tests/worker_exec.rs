@@ -201,12 +201,24 @@ fn guard_of(worker: u32) -> u32 {
     found.expect("the worker's guard")
 }
 
-/// A service manager's stop (systemd's, a container's) sends SIGTERM to
-/// every process of the unit: the guard outlives it, the worker lets its
-/// running command finish within the grace period with the guard still
-/// there, and the guard ends with the worker.
 #[test]
-fn sigterm_to_every_process_lets_the_command_finish_and_the_guard_end_with_the_worker() {
+fn a_command_killed_by_a_signal_fails_naming_it() {
+    let db = Db::new();
+    let id = db.enqueue(&["--type", "t", "--max-attempts", "1"]);
+    let w = worker(&db, "echo going; kill -TERM $$; sleep 5", &[]);
+    eventually(30, "the job is dead", || db.state(&id) == "dead");
+    assert!(w.stop().status.success());
+    let error = db.job(&id)["last_error"].as_str().unwrap().to_owned();
+    assert!(error.starts_with("killed by signal 15"), "{error}");
+    assert!(error.contains("going"), "{error}");
+}
+
+/// SIGTERM lets a running command finish within the grace period. A
+/// service manager's stop (systemd's, a container's) sends it to every
+/// process of the unit, the guard included: the guard outlives it, stays
+/// there while the command finishes, and ends with the worker.
+#[test]
+fn sigterm_lets_a_running_command_finish_within_the_grace_period() {
     let db = Db::new();
     let id = db.enqueue(&["--type", "t"]);
     let w = worker(
@@ -226,37 +238,10 @@ fn sigterm_to_every_process_lets_the_command_finish_and_the_guard_end_with_the_w
         "{}",
         support::stderr(&out)
     );
-    assert_eq!(db.job(&id)["result"], "finished");
-    eventually(5, "the guard ended with its worker", || !alive(guard));
-}
-
-#[test]
-fn a_command_killed_by_a_signal_fails_naming_it() {
-    let db = Db::new();
-    let id = db.enqueue(&["--type", "t", "--max-attempts", "1"]);
-    let w = worker(&db, "echo going; kill -TERM $$; sleep 5", &[]);
-    eventually(30, "the job is dead", || db.state(&id) == "dead");
-    assert!(w.stop().status.success());
-    let error = db.job(&id)["last_error"].as_str().unwrap().to_owned();
-    assert!(error.starts_with("killed by signal 15"), "{error}");
-    assert!(error.contains("going"), "{error}");
-}
-
-#[test]
-fn sigterm_lets_a_running_command_finish_within_the_grace_period() {
-    let db = Db::new();
-    let id = db.enqueue(&["--type", "t"]);
-    let w = worker(
-        &db,
-        r#"touch "$IDEMQ_DIR/started"; sleep 1; echo '"finished"'"#,
-        &[],
-    );
-    eventually(30, "the command started", || db.path("started").exists());
-    let out = w.stop();
-    assert!(out.status.success(), "{}", support::stderr(&out));
     let job = db.job(&id);
     assert_eq!(job["state"], "completed");
     assert_eq!(job["result"], "finished");
+    eventually(5, "the guard ended with its worker", || !alive(guard));
 }
 
 #[test]

@@ -359,15 +359,6 @@ impl Wakeups {
         Self(WakeSource::Channel(Box::new(channel)))
     }
 
-    /// The in-process signal, when that is what this is: a server shares
-    /// it among its waiting requests instead of forwarding it.
-    pub fn as_local(&self) -> Option<&std::sync::Arc<tokio::sync::Notify>> {
-        match &self.0 {
-            WakeSource::Local(n) => Some(n),
-            WakeSource::Channel(_) => None,
-        }
-    }
-
     /// Waits until work may be there or `timeout` passes. Returns true when
     /// woken. While a channel is down this waits (at most half a second at
     /// a time) and returns false, so a caller polls meanwhile.
