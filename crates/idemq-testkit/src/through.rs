@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use idemq::JobState;
-use idemq::store::Store;
+use idemq::store::{Recorded, Recording, Store};
 use serde_json::Value;
 
 /// A call a [`Tap`] sees before it is passed on.
@@ -156,11 +156,17 @@ impl<T: Tap> Store for Through<T> {
     async fn queue_list(&self) -> idemq::Result<Vec<idemq::QueueInfo>> {
         self.inner.queue_list().await
     }
-    async fn job_claim(&self, p: idemq::store::JobClaim) -> idemq::Result<Vec<idemq::ClaimedJob>> {
+    async fn job_claim(
+        &self,
+        p: idemq::store::JobClaim,
+    ) -> idemq::Result<Recording<Vec<idemq::ClaimedJob>>> {
         self.tap.before(Call::Claim).await?;
         self.inner.job_claim(p).await
     }
-    async fn lease_heartbeat(&self, p: idemq::store::LeaseRef) -> idemq::Result<idemq::Heartbeat> {
+    async fn lease_heartbeat(
+        &self,
+        p: idemq::store::LeaseRef,
+    ) -> idemq::Result<Recording<idemq::Result<idemq::Heartbeat>>> {
         self.tap.before(Call::Heartbeat).await?;
         let answer = self.inner.lease_heartbeat(p).await;
         self.tap.after(Call::Heartbeat);
@@ -169,7 +175,7 @@ impl<T: Tap> Store for Through<T> {
     async fn lease_heartbeat_many(
         &self,
         p: idemq::store::LeaseHeartbeatMany,
-    ) -> idemq::Result<Vec<idemq::Result<idemq::Heartbeat>>> {
+    ) -> idemq::Result<Recording<Vec<idemq::Result<idemq::Heartbeat>>>> {
         self.tap.before(Call::Heartbeat).await?;
         let answer = self.inner.lease_heartbeat_many(p).await;
         self.tap.after(Call::Heartbeat);
@@ -191,7 +197,7 @@ impl<T: Tap> Store for Through<T> {
         claim: idemq::store::JobClaim,
     ) -> idemq::Result<(
         Vec<idemq::Result<()>>,
-        idemq::Result<Vec<idemq::ClaimedJob>>,
+        idemq::Result<Recording<Vec<idemq::ClaimedJob>>>,
     )> {
         self.tap
             .before(Call::CompleteAndClaim {
@@ -231,7 +237,7 @@ impl<T: Tap> Store for Through<T> {
     async fn binding_sweep(&self, p: idemq::store::Sweep) -> idemq::Result<u64> {
         self.inner.binding_sweep(p).await
     }
-    async fn lease_reap(&self, p: idemq::store::Sweep) -> idemq::Result<u64> {
+    async fn lease_reap(&self, p: idemq::store::Sweep) -> idemq::Result<Recorded> {
         self.inner.lease_reap(p).await
     }
     async fn job_retention_sweep(&self, p: idemq::store::Sweep) -> idemq::Result<u64> {

@@ -324,12 +324,6 @@ impl Queue {
         self.counters.add(Counter::Completions, n);
     }
 
-    /// Counts jobs sent to the dead letters by a call that does not say so
-    /// (a heartbeat past the deadline, asked by the worker runtime).
-    pub(crate) fn count_dead(&self, n: u64) {
-        self.counters.add(Counter::Dead, n);
-    }
-
     /// What this queue and its clones did in this process: claims,
     /// completions, retries, dead letters, reaped leases, purges and
     /// retention deletes, whichever surface (API, worker, maintenance) acted.
@@ -804,7 +798,7 @@ impl Queue {
         let started = std::time::Instant::now();
         let jobs = self.store.job_claim(Self::claim_params(options)).await;
         self.counters.claim(started.elapsed());
-        let jobs = jobs?;
+        let jobs = self.recorded(jobs?);
         self.counters.add(Counter::Claims, jobs.len() as u64);
         Ok(jobs)
     }
@@ -843,10 +837,24 @@ impl Queue {
         }
         let (stored, claimed) = answer?;
         let results = self.completion_results(slots, stored);
+        let claimed = claimed.map(|c| self.recorded(c));
         if let Ok(jobs) = &claimed {
             self.counters.add(Counter::Claims, jobs.len() as u64);
         }
         Ok((results, claimed))
+    }
+
+    /// Counts what a store's call recorded beside its answer.
+    fn recorded<T>(&self, r: Recording<T>) -> T {
+        let Recorded {
+            lease_expiries,
+            retries,
+            dead,
+        } = r.recorded;
+        self.counters.add(Counter::LeaseExpiries, lease_expiries);
+        self.counters.add(Counter::Retries, retries);
+        self.counters.add(Counter::Dead, dead);
+        r.answer
     }
 
     fn claim_params(options: ClaimOptions) -> JobClaim {
@@ -879,9 +887,11 @@ impl Queue {
     /// Renews a lease and reports whether the job was cancelled meanwhile.
     pub async fn heartbeat(&self, job_id: &str, lease_token: &LeaseToken) -> Result<Heartbeat> {
         Self::lease_text(job_id, lease_token)?;
-        self.store
+        let beat = self
+            .store
             .lease_heartbeat(Self::lease(job_id, lease_token))
-            .await
+            .await?;
+        self.recorded(beat)
     }
 
     /// Renews many leases in one call (on PostgreSQL one round trip and one
@@ -910,9 +920,11 @@ impl Queue {
         let stored = if sent.is_empty() {
             Vec::new()
         } else {
-            self.store
+            let beats = self
+                .store
                 .lease_heartbeat_many(LeaseHeartbeatMany { items: sent })
-                .await?
+                .await?;
+            self.recorded(beats)
         };
         Ok(answers(slots, stored, "heartbeats"))
     }
@@ -1088,8 +1100,9 @@ impl Queue {
 
     /// Maintenance: records expired leases (at most `limit`).
     pub async fn reap_leases(&self, limit: u32) -> Result<u64> {
-        let n = self.store.lease_reap(Sweep { limit }).await?;
-        self.counters.add(Counter::LeaseExpiries, n);
+        let reaped = self.store.lease_reap(Sweep { limit }).await?;
+        let n = reaped.lease_expiries;
+        self.recorded(Recording::new((), reaped));
         Ok(n)
     }
 

@@ -661,27 +661,41 @@ BEGIN
 END
 $$;
 
--- Records expired leases (at most p_limit), skipping rows another call holds.
-CREATE FUNCTION idemq.reap(p_limit integer, p_now timestamptz) RETURNS integer
+-- Records expired leases (at most p_limit), skipping rows another call holds:
+-- how many, and how many of their jobs went to a retry (claimable again) or
+-- to the dead letters (a cancel requested meanwhile is neither), which the
+-- caller counts (the metrics).
+CREATE FUNCTION idemq.reap(p_limit integer, p_now timestamptz)
+RETURNS TABLE (expired integer, retries integer, dead integer)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_id text;
-    n    integer := 0;
+    v_id    text;
+    v_state text;
+    n       integer := 0;
+    v_retry integer := 0;
+    v_dead  integer := 0;
 BEGIN
     FOR v_id IN SELECT id FROM idemq.jobs
                 WHERE state = 'active' AND lease_expires_at <= p_now
                 ORDER BY lease_expires_at LIMIT p_limit FOR UPDATE SKIP LOCKED
     LOOP
-        PERFORM idemq.end_attempt(v_id, 'lease_expired', NULL, true, NULL, NULL, NULL, p_now);
+        SELECT e.state INTO v_state
+        FROM idemq.end_attempt(v_id, 'lease_expired', NULL, true, NULL, NULL, NULL, p_now) e;
         n := n + 1;
+        IF v_state IN ('ready', 'scheduled') THEN
+            v_retry := v_retry + 1;
+        ELSIF v_state = 'dead' THEN
+            v_dead := v_dead + 1;
+        END IF;
     END LOOP;
-    RETURN n;
+    RETURN QUERY SELECT n, v_retry, v_dead;
 END
 $$;
 
-CREATE FUNCTION idemq.lease_reap(p_limit integer) RETURNS integer
-LANGUAGE sql AS $$ SELECT idemq.reap(p_limit, idemq.now()) $$;
+CREATE FUNCTION idemq.lease_reap(p_limit integer)
+RETURNS TABLE (expired integer, retries integer, dead integer)
+LANGUAGE sql AS $$ SELECT * FROM idemq.reap(p_limit, idemq.now()) $$;
 
 -- Claims up to p_limit due jobs: highest priority, then oldest run_at, then
 -- acceptance order; paused queues and busy concurrency keys skipped; rows
@@ -692,11 +706,16 @@ LANGUAGE sql AS $$ SELECT idemq.reap(p_limit, idemq.now()) $$;
 -- prefers a bitmap scan that reads and sorts every waiting job on each claim.
 -- JIT is off with it: the cost penalty of a disabled sort would otherwise
 -- cross jit_above_cost and compile every claim (hundreds of milliseconds).
+-- A row per claimed job (its r_* columns NULL), then, when the claim
+-- recorded anything beside it, one row whose id is NULL with what: the
+-- expired leases it reaped first and where they sent their jobs, and the
+-- jobs it ended past their deadline (r_dead), which the caller counts.
 CREATE FUNCTION idemq.claim(p_queues text[], p_types text[], p_worker text, p_limit integer,
                             p_lease_ms bigint)
 RETURNS TABLE (id text, type text, queue text, payload jsonb, attempt integer,
                max_attempts integer, lease_token text, lease_expires_at timestamptz,
-               timeout_ms bigint, deadline timestamptz, tags text[])
+               timeout_ms bigint, deadline timestamptz, tags text[], r_expired integer,
+               r_retries integer, r_dead integer)
 LANGUAGE plpgsql SET enable_sort = off SET jit = off AS $$
 #variable_conflict use_column
 DECLARE
@@ -709,8 +728,10 @@ DECLARE
     v_found boolean;
     v_slow  boolean;
     v_ended text;
+    v_reap  record;
+    v_died  integer := 0;
 BEGIN
-    PERFORM idemq.reap(1000, v_now);
+    SELECT * INTO v_reap FROM idemq.reap(1000, v_now);
     -- The claim writes the job rows only: the attempt's run and its
     -- `claimed` event are derived from them until the attempt ends other
     -- than completed (end_attempt).
@@ -759,6 +780,7 @@ BEGIN
                 WHERE j.id = c.id;
                 PERFORM idemq.event(c.id, 'dead', v_now, jsonb_build_object('reason', 'deadline'));
                 v_ended := c.queue;
+                v_died := v_died + 1;
                 CONTINUE;
             END IF;
             IF c.concurrency_key IS NOT NULL THEN
@@ -798,9 +820,15 @@ BEGIN
                   j.seq
     )
     SELECT c4.id, c4.type, c4.queue, c4.payload, c4.attempt, c4.max_attempts, c4.lease_token,
-           c4.lease_expires_at, c4.timeout_ms, c4.deadline, c4.tags
+           c4.lease_expires_at, c4.timeout_ms, c4.deadline, c4.tags, NULL::integer,
+           NULL::integer, NULL::integer
     FROM claimed c4
     ORDER BY c4.priority DESC, c4.run_at, c4.seq;
+    IF v_reap.expired > 0 OR v_died > 0 THEN
+        RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::jsonb, NULL::integer,
+            NULL::integer, NULL::text, NULL::timestamptz, NULL::bigint, NULL::timestamptz,
+            NULL::text[], v_reap.expired, v_reap.retries, v_reap.dead + v_died;
+    END IF;
 END
 $$;
 
@@ -817,8 +845,10 @@ BEGIN
 END
 $$;
 
+-- ended: the state a heartbeat past the attempt's timeout or deadline
+-- left the job in (it recorded the attempt's end), else NULL.
 CREATE FUNCTION idemq.heartbeat(p_id text, p_token text)
-RETURNS TABLE (ok boolean, lease_expires_at timestamptz, cancel_requested boolean)
+RETURNS TABLE (ok boolean, lease_expires_at timestamptz, cancel_requested boolean, ended text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -827,23 +857,23 @@ DECLARE
 BEGIN
     j := idemq.lease_job(p_id, p_token);
     IF j.id IS NULL THEN
-        RETURN QUERY SELECT false, NULL::timestamptz, false;
+        RETURN QUERY SELECT false, NULL::timestamptz, false, NULL::text;
         RETURN;
     END IF;
     -- Workers the server cannot interrupt: a heartbeat past the timeout or
     -- the deadline records the attempt so.
     IF v_now >= j.started_at + idemq.ms(j.timeout_ms) THEN
-        PERFORM idemq.end_attempt(p_id, 'timed_out', NULL, true, NULL, NULL, NULL, v_now);
-        RETURN QUERY SELECT false, NULL::timestamptz, false;
+        RETURN QUERY SELECT false, NULL::timestamptz, false, e.state
+        FROM idemq.end_attempt(p_id, 'timed_out', NULL, true, NULL, NULL, NULL, v_now) e;
         RETURN;
     END IF;
     IF j.deadline IS NOT NULL AND v_now >= j.deadline THEN
-        PERFORM idemq.end_attempt(p_id, 'deadline', NULL, true, NULL, NULL, NULL, v_now);
-        RETURN QUERY SELECT false, NULL::timestamptz, false;
+        RETURN QUERY SELECT false, NULL::timestamptz, false, e.state
+        FROM idemq.end_attempt(p_id, 'deadline', NULL, true, NULL, NULL, NULL, v_now) e;
         RETURN;
     END IF;
     UPDATE idemq.jobs SET lease_expires_at = v_now + idemq.ms(j.lease_ms) WHERE id = p_id;
-    RETURN QUERY SELECT true, v_now + idemq.ms(j.lease_ms), j.cancel_requested;
+    RETURN QUERY SELECT true, v_now + idemq.ms(j.lease_ms), j.cancel_requested, NULL::text;
 END
 $$;
 
@@ -856,7 +886,7 @@ $$;
 -- other renewals.
 CREATE FUNCTION idemq.heartbeat_many(p_ids text[], p_tokens text[])
 RETURNS TABLE (idx integer, ok boolean, busy boolean, lease_expires_at timestamptz,
-               cancel_requested boolean)
+               cancel_requested boolean, ended text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -869,11 +899,11 @@ BEGIN
     LOOP
         PERFORM 1 FROM idemq.jobs j WHERE j.id = r.id FOR UPDATE SKIP LOCKED;
         IF NOT FOUND AND EXISTS (SELECT 1 FROM idemq.jobs j WHERE j.id = r.id) THEN
-            RETURN QUERY SELECT r.i, false, true, NULL::timestamptz, false;
+            RETURN QUERY SELECT r.i, false, true, NULL::timestamptz, false, NULL::text;
             CONTINUE;
         END IF;
         SELECT * INTO h FROM idemq.heartbeat(r.id, r.token);
-        RETURN QUERY SELECT r.i, h.ok, false, h.lease_expires_at, h.cancel_requested;
+        RETURN QUERY SELECT r.i, h.ok, false, h.lease_expires_at, h.cancel_requested, h.ended;
     END LOOP;
 END
 $$;
@@ -1429,7 +1459,8 @@ $$;
 
 -- A worker's round trip: the attempts it finished are completed (as
 -- complete_many: each fenced by its own lease; rows with idx), then up to
--- p_limit jobs are claimed (as claim: rows without idx), in one
+-- p_limit jobs are claimed (as claim: rows without idx, and the row
+-- without idx or id of what the claim recorded beside), in one
 -- transaction and one commit. A p_limit of 0 claims nothing; empty arrays
 -- complete nothing. The completions go first, so a concurrency key they
 -- free can be claimed at once.
@@ -1439,13 +1470,14 @@ CREATE FUNCTION idemq.complete_and_claim(p_ids text[], p_tokens text[], p_result
 RETURNS TABLE (idx integer, ok boolean, id text, type text, queue text, payload jsonb,
                attempt integer, max_attempts integer, lease_token text,
                lease_expires_at timestamptz, timeout_ms bigint, deadline timestamptz,
-               tags text[])
+               tags text[], r_expired integer, r_retries integer, r_dead integer)
 LANGUAGE plpgsql AS $$
 BEGIN
     IF cardinality(p_ids) > 0 THEN
         RETURN QUERY SELECT c.idx, c.ok, NULL::text, NULL::text, NULL::text, NULL::jsonb,
                             NULL::integer, NULL::integer, NULL::text, NULL::timestamptz,
-                            NULL::bigint, NULL::timestamptz, NULL::text[]
+                            NULL::bigint, NULL::timestamptz, NULL::text[], NULL::integer,
+                            NULL::integer, NULL::integer
                      FROM idemq.complete_many(p_ids, p_tokens, p_results) c;
     END IF;
     IF p_limit > 0 THEN

@@ -17,7 +17,8 @@ use serde_json::Value;
 use crate::error::Result;
 use crate::fingerprint::Fingerprint;
 use crate::job::{
-    CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, QueueInfo, Run,
+    CancelOutcome, ClaimedJob, EnqueueResult, Event, FailOutcome, Heartbeat, Job, JobState,
+    QueueInfo, Run,
 };
 use crate::request::{PreparedEnqueue, PreparedKey};
 use crate::schedule::{Schedule, ScheduleList};
@@ -142,7 +143,6 @@ impl JobListing {
     /// [`Queue::list`](crate::Queue::list) checked. `scheduled` and `ready`
     /// are one stored state, split by whether `run_at` is due.
     pub fn new(filter: JobList, before_seq: Option<i64>) -> Self {
-        use crate::job::JobState;
         let (stored_state, due) = match filter.state {
             None => (None, None),
             Some(JobState::Scheduled) => (Some("waiting"), Some(false)),
@@ -401,6 +401,68 @@ impl Capability {
     }
 }
 
+/// What a call recorded beside what it was asked to do, for the queue's
+/// counters (`/metrics`): the expired leases it reaped (the reaper, and a
+/// claim, which reaps before it claims), and the attempts and jobs it ended
+/// because their time was up (a heartbeat past an attempt's timeout or
+/// deadline, a claim meeting jobs past their deadline), each counted by
+/// where its job went: back to run again (`retries`) or to the dead
+/// letters (`dead`). A job whose cancel was requested meanwhile is neither.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recorded {
+    /// Expired leases recorded.
+    pub lease_expiries: u64,
+    /// Jobs sent back to run again.
+    pub retries: u64,
+    /// Jobs sent to the dead letters.
+    pub dead: u64,
+}
+
+impl Recorded {
+    /// An attempt or job the call ended, leaving its job in `state`.
+    pub fn ended(&mut self, state: JobState) {
+        match state {
+            JobState::Ready | JobState::Scheduled => self.retries += 1,
+            JobState::Dead => self.dead += 1,
+            _ => {}
+        }
+    }
+
+    /// An expired lease the call recorded, leaving its job in `state`.
+    pub fn expired(&mut self, state: JobState) {
+        self.lease_expiries += 1;
+        self.ended(state);
+    }
+
+    /// Both together.
+    pub fn add(&mut self, other: Recorded) {
+        self.lease_expiries += other.lease_expiries;
+        self.retries += other.retries;
+        self.dead += other.dead;
+    }
+}
+
+/// A store's answer with what the call recorded beside it.
+#[derive(Debug)]
+pub struct Recording<T> {
+    /// The answer to what the call was asked.
+    pub answer: T,
+    /// What it recorded beside.
+    pub recorded: Recorded,
+}
+
+impl<T> Recording<T> {
+    /// An answer and what was recorded beside it.
+    pub fn new(answer: T, recorded: Recorded) -> Self {
+        Self { answer, recorded }
+    }
+
+    /// An answer with nothing recorded beside it.
+    pub fn only(answer: T) -> Self {
+        Self::new(answer, Recorded::default())
+    }
+}
+
 /// The storage seam. See the module documentation.
 #[async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug {
@@ -472,21 +534,36 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn queue_pause(&self, p: QueuePause) -> Result<bool>;
     /// Queues with counts by state.
     async fn queue_list(&self) -> Result<Vec<QueueInfo>>;
-    /// Claim due jobs under a lease.
-    async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>>;
-    /// Renew a lease.
-    async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat>;
+    /// Claim due jobs under a lease (reaping expired leases first).
+    async fn job_claim(&self, p: JobClaim) -> Result<Recording<Vec<ClaimedJob>>>;
+    /// Renew a lease: the renewal, or `LeaseLost` (which a heartbeat past
+    /// the attempt's timeout or deadline answers once it recorded the
+    /// attempt's end). An `Err` of the call renewed and recorded nothing.
+    async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Recording<Result<Heartbeat>>>;
     /// Renew many leases: one result per item, in order, each what
     /// [`lease_heartbeat`](Self::lease_heartbeat) would answer for it (a
     /// lost lease is that item's `LeaseLost`; the others stand). An `Err` of
     /// the whole call renewed nothing it can vouch for: the caller tries
     /// again at its next beat. The default renews them side by side, one
     /// call each.
-    async fn lease_heartbeat_many(&self, p: LeaseHeartbeatMany) -> Result<Vec<Result<Heartbeat>>> {
-        Ok(
+    async fn lease_heartbeat_many(
+        &self,
+        p: LeaseHeartbeatMany,
+    ) -> Result<Recording<Vec<Result<Heartbeat>>>> {
+        let beats =
             futures_util::future::join_all(p.items.into_iter().map(|l| self.lease_heartbeat(l)))
-                .await,
-        )
+                .await;
+        let mut recorded = Recorded::default();
+        let answer = beats
+            .into_iter()
+            .map(|b| {
+                b.and_then(|r| {
+                    recorded.add(r.recorded);
+                    r.answer
+                })
+            })
+            .collect();
+        Ok(Recording::new(answer, recorded))
     }
     /// Finish an attempt successfully.
     async fn job_complete(&self, p: JobComplete) -> Result<()>;
@@ -512,14 +589,14 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         &self,
         done: JobCompleteMany,
         claim: JobClaim,
-    ) -> Result<(Vec<Result<()>>, Result<Vec<ClaimedJob>>)> {
+    ) -> Result<(Vec<Result<()>>, Result<Recording<Vec<ClaimedJob>>>)> {
         let completed = if done.items.is_empty() {
             Vec::new()
         } else {
             self.job_complete_many(done).await?
         };
         let claimed = if claim.limit == 0 {
-            Ok(Vec::new())
+            Ok(Recording::only(Vec::new()))
         } else {
             self.job_claim(claim).await
         };
@@ -542,8 +619,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn dedupe_lookup(&self, p: DedupeRef) -> Result<Option<ExplainDedupe>>;
     /// Remove expired and dead bindings.
     async fn binding_sweep(&self, p: Sweep) -> Result<u64>;
-    /// Record expired leases.
-    async fn lease_reap(&self, p: Sweep) -> Result<u64>;
+    /// Record expired leases (at most `limit`): how many, and where they
+    /// sent their jobs.
+    async fn lease_reap(&self, p: Sweep) -> Result<Recorded>;
     /// Delete terminal jobs past their retention that no live binding points at.
     async fn job_retention_sweep(&self, p: Sweep) -> Result<u64>;
     /// Create or replace a schedule's definition; true when it was created.

@@ -1016,9 +1016,6 @@ async fn ended_by_store(queue: &Queue, ctx: &HandlerContext) -> Ended {
             if j.attempt == ctx.job.attempt
                 && !matches!(j.state, JobState::Active | JobState::Completed) =>
         {
-            if j.state == JobState::Dead {
-                queue.count_dead(1);
-            }
             Ended::Failed
         }
         _ => Ended::Lost,

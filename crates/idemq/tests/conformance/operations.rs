@@ -57,6 +57,7 @@ idemq_testkit::instantiate!(
     sweep_bindings_limit_counts_both_kinds,
     sweep_bindings_removes_dedupe_bindings_no_longer_live,
     stats_count_every_enqueue_and_claim,
+    stats_count_what_claims_heartbeats_and_the_reaper_record,
 );
 
 const HOUR_MS: u64 = 3600 * 1000;
@@ -1308,4 +1309,94 @@ async fn stats_count_every_enqueue_and_claim(h: Harness) {
         "the completions alone are no claim"
     );
     assert_eq!((stats.claims, stats.completions), (2, 2));
+}
+
+/// The counters see what a call records beside what it was asked: the
+/// expired leases the reaper records, and a claim before it claims, each
+/// also a retry or a death by where its job went; the jobs a claim ends
+/// past their deadline; and the attempts a heartbeat (single or batched)
+/// ends past their timeout or deadline. Each step counts once.
+async fn stats_count_what_claims_heartbeats_and_the_reaper_record(h: Harness) {
+    let q = &h.queue;
+    let claim = |queue: &str, lease_ms: u64| idemq::ClaimOptions {
+        queues: vec![queue.to_owned()],
+        limit: 1,
+        worker: "w-1".into(),
+        lease: Duration::from_millis(lease_ms),
+        ..idemq::ClaimOptions::default()
+    };
+    let counted = || {
+        let s = q.stats();
+        (s.lease_expiries, s.retries, s.dead)
+    };
+    let fixed = idemq::RetryPolicy::Fixed { delay_ms: 60_000 };
+
+    // The reaper: one job back to run, one to the dead letters (its last
+    // attempt was the one that expired).
+    let back = h.put(t().queue("r").max_attempts(3)).await;
+    h.put(t().queue("r").max_attempts(1)).await;
+    for _ in 0..2 {
+        assert_eq!(q.claim(claim("r", 1_000)).await.unwrap().len(), 1);
+    }
+    h.advance_ms(1_000);
+    assert_eq!(q.reap_leases(100).await.unwrap(), 2);
+    assert_eq!(counted(), (2, 1, 1), "the reaper");
+
+    // A claim reaps the expired lease of `back` first, then claims it again.
+    let c = q.claim(claim("r", 1_000)).await.unwrap();
+    assert_eq!((c[0].id.as_str(), c[0].attempt), (back.as_str(), 2));
+    h.advance_ms(1_000);
+    let again = q.claim(claim("r", 30_000)).await.unwrap();
+    assert_eq!((again[0].id.as_str(), again[0].attempt), (back.as_str(), 3));
+    assert_eq!(counted(), (3, 2, 1), "a claim's reaping");
+    q.complete(&back, &again[0].lease_token, None)
+        .await
+        .unwrap();
+
+    // A claim ends the jobs it finds past their deadline.
+    h.put_past_deadline(t().queue("late"), 2).await;
+    assert!(q.claim(claim("late", 30_000)).await.unwrap().is_empty());
+    assert_eq!(counted(), (3, 2, 3), "a claim's deadline deaths");
+
+    // A heartbeat past the attempt's timeout: a retry.
+    let slow = h
+        .put(
+            t().queue("to")
+                .timeout(Duration::from_secs(5))
+                .retry(fixed.clone()),
+        )
+        .await;
+    let c = q.claim(claim("to", 30_000)).await.unwrap();
+    h.advance_ms(5_000);
+    let lost = q.heartbeat(&slow, &c[0].lease_token).await;
+    assert!(matches!(lost, Err(Error::LeaseLost { .. })), "{lost:?}");
+    assert_eq!(h.job(&slow).await.state, JobState::Scheduled);
+    assert_eq!(counted(), (3, 3, 3), "a heartbeat past the timeout");
+
+    // A batched heartbeat past the deadline: a death. A renewal beside it
+    // counts nothing.
+    let deadline = h.now().await + chrono::TimeDelta::seconds(10);
+    let late = h.put(t().queue("dl").deadline(deadline).retry(fixed)).await;
+    let fine = h.put(t().queue("ok")).await;
+    let c = q.claim(claim("dl", 30_000)).await.unwrap();
+    let f = q.claim(claim("ok", 60_000)).await.unwrap();
+    h.advance_ms(10_000);
+    let beats = q
+        .heartbeat_many([
+            (late.as_str(), &c[0].lease_token),
+            (fine.as_str(), &f[0].lease_token),
+        ])
+        .await
+        .unwrap();
+    assert!(
+        matches!(beats[0], Err(Error::LeaseLost { .. })),
+        "{beats:?}"
+    );
+    assert!(beats[1].is_ok(), "{beats:?}");
+    assert_eq!(h.job(&late).await.state, JobState::Dead);
+    assert_eq!(
+        counted(),
+        (3, 3, 4),
+        "a batched heartbeat past the deadline"
+    );
 }

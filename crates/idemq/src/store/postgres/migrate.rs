@@ -91,7 +91,7 @@ pub const FUNCTIONS: &str = include_str!("../../../migrations/postgres/functions
 /// functions over newer ones: an older `idemq serve` or `idemq migrate`
 /// started during a rolling upgrade would otherwise swap every process's
 /// functions for its own.
-pub const FUNCTIONS_REVISION: i64 = 2;
+pub const FUNCTIONS_REVISION: i64 = 3;
 
 /// The digest recorded for [`FUNCTIONS`] once applied.
 fn functions_digest() -> String {
@@ -411,8 +411,8 @@ mod tests {
         assert_eq!(
             (FUNCTIONS_REVISION, functions_digest().as_str()),
             (
-                2,
-                "d3764696ad818abc668225051782631ae55eae48d0d5cadc62b8b89b8031b82f"
+                3,
+                "9b4c915f2e496eb4bc957da73151efbc048b199a7b22efc2469f25618e5fb274"
             ),
             "functions.sql changed: raise FUNCTIONS_REVISION by one and pin the new digest here"
         );

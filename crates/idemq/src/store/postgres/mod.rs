@@ -506,37 +506,37 @@ impl Store for PgStore {
         query::queue_list(self.db()).await
     }
 
-    async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>> {
+    async fn job_claim(&self, p: JobClaim) -> Result<Recording<Vec<ClaimedJob>>> {
         let (_, claimed) = self
             .job_complete_and_claim(JobCompleteMany { items: Vec::new() }, p)
             .await?;
         claimed
     }
 
-    async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat> {
+    async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Recording<Result<Heartbeat>>> {
         let row = self
             .lease_call(
-                "SELECT ok, lease_expires_at, cancel_requested FROM idemq.heartbeat($1, $2)",
+                "SELECT ok, lease_expires_at, cancel_requested, ended
+                 FROM idemq.heartbeat($1, $2)",
                 &p,
             )
             .await?;
-        if !row.try_get::<bool, _>("ok").map_err(db_err)? {
-            return Err(Error::LeaseLost { job_id: p.job_id });
-        }
-        Ok(Heartbeat {
-            lease_expires_at: row.try_get("lease_expires_at").map_err(db_err)?,
-            cancel_requested: row.try_get("cancel_requested").map_err(db_err)?,
-        })
+        let mut recorded = Recorded::default();
+        let beat = heartbeat_row(&row, &p, &mut recorded)?;
+        Ok(Recording::new(beat, recorded))
     }
 
-    async fn lease_heartbeat_many(&self, p: LeaseHeartbeatMany) -> Result<Vec<Result<Heartbeat>>> {
+    async fn lease_heartbeat_many(
+        &self,
+        p: LeaseHeartbeatMany,
+    ) -> Result<Recording<Vec<Result<Heartbeat>>>> {
         if p.items.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Recording::only(Vec::new()));
         }
         let ids: Vec<&str> = p.items.iter().map(|l| l.job_id.as_str()).collect();
         let tokens: Vec<&str> = p.items.iter().map(|l| l.lease_token.as_str()).collect();
         let rows = sqlx::query(
-            "SELECT idx, ok, busy, lease_expires_at, cancel_requested
+            "SELECT idx, ok, busy, lease_expires_at, cancel_requested, ended
              FROM idemq.heartbeat_many($1, $2)",
         )
         .bind(&ids)
@@ -545,6 +545,7 @@ impl Store for PgStore {
         .await
         .map_err(db_err)?;
         let mut out: Vec<Option<Result<Heartbeat>>> = (0..p.items.len()).map(|_| None).collect();
+        let mut recorded = Recorded::default();
         let mut busy = Vec::new();
         for row in &rows {
             let idx: i32 = row.try_get("idx").map_err(db_err)?;
@@ -557,16 +558,7 @@ impl Store for PgStore {
                 busy.push(i);
                 continue;
             }
-            out[i] = Some(if row.try_get::<bool, _>("ok").map_err(db_err)? {
-                Ok(Heartbeat {
-                    lease_expires_at: row.try_get("lease_expires_at").map_err(db_err)?,
-                    cancel_requested: row.try_get("cancel_requested").map_err(db_err)?,
-                })
-            } else {
-                Err(Error::LeaseLost {
-                    job_id: p.items[i].job_id.clone(),
-                })
-            });
+            out[i] = Some(heartbeat_row(row, &p.items[i], &mut recorded)?);
         }
         // A job another transaction holds: renewed on its own, waiting for
         // that transaction as a single heartbeat does, beside the others.
@@ -576,16 +568,21 @@ impl Store for PgStore {
         )
         .await;
         for (i, outcome) in busy.into_iter().zip(waited) {
-            out[i] = Some(outcome);
+            out[i] = Some(outcome.and_then(|r| {
+                recorded.add(r.recorded);
+                r.answer
+            }));
         }
-        out.into_iter()
+        let answer = out
+            .into_iter()
             .enumerate()
             .map(|(i, o)| {
                 o.ok_or_else(|| Error::Backend {
                     message: format!("idemq.heartbeat_many gave no answer for item {i}"),
                 })
             })
-            .collect()
+            .collect::<Result<_>>()?;
+        Ok(Recording::new(answer, recorded))
     }
 
     async fn job_complete(&self, p: JobComplete) -> Result<()> {
@@ -612,7 +609,7 @@ impl Store for PgStore {
         &self,
         done: JobCompleteMany,
         claim: JobClaim,
-    ) -> Result<(Vec<Result<()>>, Result<Vec<ClaimedJob>>)> {
+    ) -> Result<(Vec<Result<()>>, Result<Recording<Vec<ClaimedJob>>>)> {
         // Rows are locked in job-id order, so two batches cannot deadlock.
         let items = &done.items;
         let mut order: Vec<usize> = (0..items.len()).collect();
@@ -630,7 +627,7 @@ impl Store for PgStore {
         let queues = (!claim.queues.is_empty()).then_some(&claim.queues);
         let rows = sqlx::query(
             "SELECT idx, ok, id, type, queue, payload, attempt, max_attempts, lease_token,
-                    lease_expires_at, timeout_ms, deadline, tags
+                    lease_expires_at, timeout_ms, deadline, tags, r_expired, r_retries, r_dead
              FROM idemq.complete_and_claim($1, $2, $3::text[]::jsonb[], $4, $5, $6, $7, $8)",
         )
         .bind(&ids)
@@ -653,6 +650,7 @@ impl Store for PgStore {
             })
             .collect();
         let mut claimed = Vec::new();
+        let mut recorded = Recorded::default();
         for r in &rows {
             let decoded = (|| -> Result<(), sqlx::Error> {
                 if let Some(idx) = r.try_get::<Option<i32>, _>("idx")? {
@@ -666,6 +664,14 @@ impl Store for PgStore {
                             })
                         };
                     }
+                } else if let Some(expired) = r.try_get::<Option<i32>, _>("r_expired")? {
+                    // What the claim recorded beside (its last row).
+                    let n = |v: Option<i32>| u64::try_from(v.unwrap_or(0)).unwrap_or(0);
+                    recorded.add(Recorded {
+                        lease_expiries: n(Some(expired)),
+                        retries: n(r.try_get("r_retries")?),
+                        dead: n(r.try_get("r_dead")?),
+                    });
                 } else {
                     claimed.push(ClaimedJob {
                         id: r.try_get("id")?,
@@ -685,7 +691,7 @@ impl Store for PgStore {
             })();
             decoded.map_err(db_err)?;
         }
-        Ok((completed, Ok(claimed)))
+        Ok((completed, Ok(Recording::new(claimed, recorded))))
     }
 
     async fn job_fail(&self, p: JobFail) -> Result<FailOutcome> {
@@ -765,13 +771,19 @@ impl Store for PgStore {
         Ok(n as u64)
     }
 
-    async fn lease_reap(&self, p: Sweep) -> Result<u64> {
-        let n: i32 = sqlx::query_scalar("SELECT idemq.lease_reap($1)")
-            .bind(i32::try_from(p.limit).unwrap_or(i32::MAX))
-            .fetch_one(self.db())
-            .await
-            .map_err(db_err)?;
-        Ok(n as u64)
+    async fn lease_reap(&self, p: Sweep) -> Result<Recorded> {
+        let (expired, retries, dead): (i32, i32, i32) =
+            sqlx::query_as("SELECT expired, retries, dead FROM idemq.lease_reap($1)")
+                .bind(i32::try_from(p.limit).unwrap_or(i32::MAX))
+                .fetch_one(self.db())
+                .await
+                .map_err(db_err)?;
+        let n = |v: i32| u64::try_from(v).unwrap_or(0);
+        Ok(Recorded {
+            lease_expiries: n(expired),
+            retries: n(retries),
+            dead: n(dead),
+        })
     }
 
     async fn job_retention_sweep(&self, p: Sweep) -> Result<u64> {
@@ -874,4 +886,29 @@ fn wakeup_url() -> Result<Option<String>> {
         )),
         Err(_) => Ok(None),
     }
+}
+
+/// A row of `idemq.heartbeat` or `idemq.heartbeat_many` for `lease`: the
+/// renewal, or the lost lease, counting in `recorded` the attempt's end the
+/// heartbeat recorded (past its timeout or deadline).
+fn heartbeat_row(
+    row: &sqlx::postgres::PgRow,
+    lease: &LeaseRef,
+    recorded: &mut Recorded,
+) -> Result<Result<Heartbeat>> {
+    if let Some(state) = row.try_get::<Option<String>, _>("ended").map_err(db_err)? {
+        recorded.ended(
+            JobState::from_derived(&state)
+                .map_err(|e| e.at(format!("job {}", lease.job_id), "idemq.heartbeat.ended"))?,
+        );
+    }
+    if !row.try_get::<bool, _>("ok").map_err(db_err)? {
+        return Ok(Err(Error::LeaseLost {
+            job_id: lease.job_id.clone(),
+        }));
+    }
+    Ok(Ok(Heartbeat {
+        lease_expires_at: row.try_get("lease_expires_at").map_err(db_err)?,
+        cancel_requested: row.try_get("cancel_requested").map_err(db_err)?,
+    }))
 }

@@ -309,24 +309,37 @@ impl Store for RedisStore {
         Ok(out)
     }
 
-    async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>> {
+    async fn job_claim(&self, p: JobClaim) -> Result<Recording<Vec<ClaimedJob>>> {
         let mut cmd = self.fcall("claim")?;
         args::claim(&mut cmd, &p);
-        args::claimed(&self.run(cmd).await?)
+        let v = self.run(cmd).await?;
+        let r = array(&v)?;
+        Ok(Recording::new(
+            args::claimed(at(r, 0)?)?,
+            recorded(at(r, 1)?)?,
+        ))
     }
 
-    async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat> {
+    async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Recording<Result<Heartbeat>>> {
         let mut cmd = self.fcall("heartbeat")?;
         cmd.arg(&p.job_id)
             .arg(&p.lease_token)
             .arg(rand::random::<f64>());
         let v = self.run(cmd).await?;
         match status(&v)? {
-            (s, r) if s == "ok" => Ok(Heartbeat {
+            (s, r) if s == "ok" => Ok(Recording::only(Ok(Heartbeat {
                 lease_expires_at: codec::ts(int(at(r, 1)?)?)?,
                 cancel_requested: int(at(r, 2)?)? == 1,
-            }),
-            (s, _) if s == "lease_lost" => Err(lease_lost(&p)),
+            }))),
+            (s, r) if s == "lease_lost" => {
+                // The state a heartbeat past the attempt's timeout or
+                // deadline left the job in, once it recorded the end.
+                let mut recorded = Recorded::default();
+                if let Some(state) = r.get(1) {
+                    recorded.ended(codec::state(&string(state)?, "heartbeat", &p.job_id)?);
+                }
+                Ok(Recording::new(Err(lease_lost(&p)), recorded))
+            }
             (s, _) => Err(codec::corrupt(s)),
         }
     }
@@ -347,7 +360,7 @@ impl Store for RedisStore {
         &self,
         done: JobCompleteMany,
         claim: JobClaim,
-    ) -> Result<(Vec<Result<()>>, Result<Vec<ClaimedJob>>)> {
+    ) -> Result<(Vec<Result<()>>, Result<Recording<Vec<ClaimedJob>>>)> {
         let mut cmd = self.fcall("complete_and_claim")?;
         args::completions(&mut cmd, &done.items);
         args::claim(&mut cmd, &claim);
@@ -357,7 +370,9 @@ impl Store for RedisStore {
         // a claimed job that does not decode is the claim's error only.
         Ok((
             args::completed(&done.items, at(r, 0)?)?,
-            at(r, 1).and_then(args::claimed),
+            at(r, 1)
+                .and_then(args::claimed)
+                .and_then(|claimed| Ok(Recording::new(claimed, recorded(at(r, 2)?)?))),
         ))
     }
 
@@ -456,8 +471,8 @@ impl Store for RedisStore {
         count(self.call1("binding_sweep", p.limit).await?)
     }
 
-    async fn lease_reap(&self, p: Sweep) -> Result<u64> {
-        count(self.call1("lease_reap", p.limit).await?)
+    async fn lease_reap(&self, p: Sweep) -> Result<Recorded> {
+        recorded(&self.call1("lease_reap", p.limit).await?)
     }
 
     async fn job_retention_sweep(&self, p: Sweep) -> Result<u64> {
@@ -512,4 +527,16 @@ fn opt_ts(s: &str) -> Result<Option<DateTime<Utc>>> {
 fn count(v: Value) -> Result<u64> {
     let n = int(&v)?;
     u64::try_from(n).map_err(|_| codec::corrupt(format!("count {n}")))
+}
+
+/// What a call recorded beside its answer, as the library answers it:
+/// `{expired leases, retries, dead}`.
+fn recorded(v: &Value) -> Result<Recorded> {
+    let r = array(v)?;
+    let n = |i| count(at(r, i)?.clone());
+    Ok(Recorded {
+        lease_expiries: n(0)?,
+        retries: n(1)?,
+        dead: n(2)?,
+    })
 }

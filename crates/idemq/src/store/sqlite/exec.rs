@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::job::{ClaimedJob, FailOutcome, Heartbeat, JobState, LeaseToken};
 use crate::request::RetryPolicy;
 use crate::retry::next_delay_ms;
-use crate::store::{CheckpointPut, JobClaim, JobComplete, JobFail, LeaseRef};
+use crate::store::{CheckpointPut, JobClaim, JobComplete, JobFail, LeaseRef, Recorded, Recording};
 
 /// Longest error text kept in the run ledger.
 const MAX_ERROR_BYTES: usize = 8 * 1024;
@@ -336,8 +336,9 @@ pub(super) fn finish(
     Ok(())
 }
 
-/// Records every expired lease (at most `limit`).
-pub(super) fn reap(cx: &Cx, limit: u32) -> Result<u64> {
+/// Records every expired lease (at most `limit`): how many, and where they
+/// sent their jobs.
+pub(super) fn reap(cx: &Cx, limit: u32) -> Result<Recorded> {
     let sql = concat!(
         "SELECT ",
         active_cols!(),
@@ -349,10 +350,11 @@ pub(super) fn reap(cx: &Cx, limit: u32) -> Result<u64> {
         params![cx.now, limit],
         active_row,
     )?;
+    let mut recorded = Recorded::default();
     for a in &expired {
-        end_attempt(cx, a, End::LeaseExpired)?;
+        recorded.expired(end_attempt(cx, a, End::LeaseExpired)?.state);
     }
-    Ok(expired.len() as u64)
+    Ok(recorded)
 }
 
 /// Jobs taken per candidate query; the loop goes on while pages are full,
@@ -387,13 +389,15 @@ enum Found {
     Due(i64, ClaimedJob),
 }
 
-/// The jobs claimed, and whether the claim stopped at its bound of
+/// The jobs claimed (with what the claim recorded beside: the expired
+/// leases it reaped first, the jobs it ended past their deadline), and
+/// whether the claim stopped at its bound of
 /// [`CLAIM_ROUNDS`] with slots left, having ended jobs past their deadline:
 /// due jobs may wait behind the ones it left, so its caller wakes the
 /// workers once it committed (each such claim ends jobs, so the wake-ups
 /// stop), as on PostgreSQL.
-pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<(Vec<ClaimedJob>, bool)> {
-    reap(cx, 1000)?;
+pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<(Recording<Vec<ClaimedJob>>, bool)> {
+    let mut recorded = reap(cx, 1000)?;
     // JSON arrays of strings for `json_each`; a list of strings always serializes.
     let queues = (!p.queues.is_empty()).then(|| json!(p.queues).to_string());
     let types = p.types.as_ref().map(|t| json!(t).to_string());
@@ -445,6 +449,7 @@ pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<(Vec<ClaimedJob>, bool)> {
                     )?;
                     finish(cx, &id, "dead", used, Some("deadline"), keep)?;
                     cx.event(&id, "dead", json!({ "reason": "deadline" }))?;
+                    recorded.ended(JobState::Dead);
                     ended = true;
                 }
                 Found::Due(seq, job) => claimed.push(claim_one(cx, seq, job, expires, p)?),
@@ -456,7 +461,7 @@ pub(super) fn claim(cx: &Cx, p: &JobClaim) -> Result<(Vec<ClaimedJob>, bool)> {
         }
     }
     let wake = bounded && ended && (claimed.len() as u32) < p.limit;
-    Ok((claimed, wake))
+    Ok((Recording::new(claimed, recorded), wake))
 }
 
 /// A candidate row as its claim answers it, under a new lease ending at
@@ -524,29 +529,37 @@ fn claim_one(cx: &Cx, seq: i64, job: ClaimedJob, expires: i64, p: &JobClaim) -> 
 /// Renews the lease, and says whether the job went back to waiting (an
 /// attempt that ran past its timeout, ended here, is retried): the store
 /// then wakes the claims.
-pub(super) fn heartbeat(cx: &Cx, lease: &LeaseRef) -> Result<(Result<Heartbeat>, bool)> {
+/// A heartbeat, and whether it sent the job back to wait (its attempt
+/// ended past its timeout).
+pub(super) fn heartbeat(cx: &Cx, lease: &LeaseRef) -> Result<(Recording<Result<Heartbeat>>, bool)> {
     let Some(a) = load_active(cx, lease)? else {
-        return Ok((Err(lease_lost(lease)), false));
+        return Ok((Recording::only(Err(lease_lost(lease))), false));
     };
     // The server enforces the timeout and the deadline for workers it cannot
     // interrupt: a heartbeat past either records the attempt so.
-    if cx.now >= a.started_at + a.timeout_ms * 1000 {
-        let next = end_attempt(cx, &a, End::TimedOut)?;
-        return Ok((Err(lease_lost(lease)), !next.state.is_terminal()));
-    }
-    if a.deadline.is_some_and(|d| cx.now >= d) {
-        let next = end_attempt(cx, &a, End::DeadlinePassed)?;
-        return Ok((Err(lease_lost(lease)), !next.state.is_terminal()));
+    let ends = if cx.now >= a.started_at + a.timeout_ms * 1000 {
+        Some(End::TimedOut)
+    } else if a.deadline.is_some_and(|d| cx.now >= d) {
+        Some(End::DeadlinePassed)
+    } else {
+        None
+    };
+    if let Some(end) = ends {
+        let next = end_attempt(cx, &a, end)?;
+        let mut recorded = Recorded::default();
+        recorded.ended(next.state);
+        let lost = Recording::new(Err(lease_lost(lease)), recorded);
+        return Ok((lost, !next.state.is_terminal()));
     }
     let expires = cx.now + a.lease_ms * 1000;
     cx.db
         .prepare_cached("UPDATE idemq_jobs SET lease_expires_at = ?2 WHERE id = ?1")?
         .execute(params![a.id, expires])?;
     Ok((
-        Ok(Heartbeat {
+        Recording::only(Ok(Heartbeat {
             lease_expires_at: ts(expires)?,
             cancel_requested: a.cancel_requested,
-        }),
+        })),
         false,
     ))
 }

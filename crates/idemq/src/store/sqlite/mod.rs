@@ -1045,7 +1045,7 @@ impl Store for SqliteStore {
         self.read(query::queue_list).await
     }
 
-    async fn job_claim(&self, p: JobClaim) -> Result<Vec<ClaimedJob>> {
+    async fn job_claim(&self, p: JobClaim) -> Result<Recording<Vec<ClaimedJob>>> {
         let (claimed, wake) = self.write(move |cx| exec::claim(cx, &p)).await?;
         if wake {
             self.wake();
@@ -1053,12 +1053,12 @@ impl Store for SqliteStore {
         Ok(claimed)
     }
 
-    async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Heartbeat> {
+    async fn lease_heartbeat(&self, p: LeaseRef) -> Result<Recording<Result<Heartbeat>>> {
         let (beat, waiting) = self.write(move |cx| exec::heartbeat(cx, &p)).await?;
         if waiting {
             self.wake();
         }
-        beat
+        Ok(beat)
     }
 
     async fn job_complete(&self, p: JobComplete) -> Result<()> {
@@ -1075,7 +1075,7 @@ impl Store for SqliteStore {
         &self,
         done: JobCompleteMany,
         claim: JobClaim,
-    ) -> Result<(Vec<Result<()>>, Result<Vec<ClaimedJob>>)> {
+    ) -> Result<(Vec<Result<()>>, Result<Recording<Vec<ClaimedJob>>>)> {
         // One transaction: the completions first, so a concurrency key they
         // free can be claimed at once.
         let (completed, claimed, wake) = self
@@ -1086,7 +1086,7 @@ impl Store for SqliteStore {
                     .map(|i| exec::complete(cx, i))
                     .collect::<Result<Vec<_>>>()?;
                 let (claimed, wake) = if claim.limit == 0 {
-                    (Vec::new(), false)
+                    (Recording::only(Vec::new()), false)
                 } else {
                     exec::claim(cx, &claim)?
                 };
@@ -1136,12 +1136,12 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn lease_reap(&self, p: Sweep) -> Result<u64> {
-        let n = self.write(move |cx| exec::reap(cx, p.limit)).await?;
-        if n > 0 {
+    async fn lease_reap(&self, p: Sweep) -> Result<Recorded> {
+        let reaped = self.write(move |cx| exec::reap(cx, p.limit)).await?;
+        if reaped.lease_expiries > 0 {
             self.wake();
         }
-        Ok(n)
+        Ok(reaped)
     }
 
     async fn job_retention_sweep(&self, p: Sweep) -> Result<u64> {

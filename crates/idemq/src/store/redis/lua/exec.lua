@@ -308,17 +308,33 @@ local function plan_reap(v, limit)
   return plan
 end
 
-local function apply_reap(plan)
-  local n = 0
+-- What a call records beside what it was asked, for the caller's
+-- counters: {expired leases, jobs sent back to run, jobs sent to the dead
+-- letters}.
+local function recorded()
+  return { 0, 0, 0 }
+end
+
+-- An attempt or job the call ended, leaving it in `state`.
+local function ended(r, state)
+  if state == 'ready' or state == 'scheduled' then
+    r[2] = r[2] + 1
+  elseif state == 'dead' then
+    r[3] = r[3] + 1
+  end
+end
+
+-- Applies the reap's plan, counting in r.
+local function apply_reap(plan, r)
   for _, d in ipairs(plan) do
     if d.reap then
-      end_attempt(load(d.id), { kind = 'lease_expired' })
-      n = n + 1
+      local e = end_attempt(load(d.id), { kind = 'lease_expired' })
+      r[1] = r[1] + 1
+      ended(r, e[1])
     else
       redis.call('ZREM', P .. 'leases', d.id)
     end
   end
-  return n
 end
 
 -- What settle() will put back in lanes for the keys the decisions freed
@@ -517,7 +533,9 @@ local function plan_claim(v, c)
   return plan
 end
 
-local function apply_claim(plan, c)
+-- Applies the claim's plan, counting in r the jobs it ends past their
+-- deadline.
+local function apply_claim(plan, c, r)
   local claimed = {}
   for _, d in ipairs(plan) do
     if d.kind == 'drop' then
@@ -528,6 +546,7 @@ local function apply_claim(plan, c)
       local j = load(d.id)
       finish(j, 'dead', tonumber(j.attempts_used), 'deadline')
       event(j.id, 'dead', obj('reason', js('deadline')))
+      ended(r, 'dead')
     else
       claimed[#claimed + 1] = claim_one(load(d.id), c)
     end
@@ -563,7 +582,8 @@ end
 -- Completions (args from `done_at`, n of them), then the claim c (nothing
 -- for a limit of 0): reaping up to 1000 expired leases first, and a key
 -- the completions or the reap free offering its parked job before the
--- lanes are read. Returns {completion flags, claimed jobs}.
+-- lanes are read. Returns {completion flags, claimed jobs, what the claim
+-- recorded beside (recorded())}.
 local function complete_and_claim(args, done_at, n, c)
   local v = view()
   local done = plan_completions(v, args, done_at, n)
@@ -576,17 +596,20 @@ local function complete_and_claim(args, done_at, n, c)
   -- Writes only from here on.
   local flags = apply_completions(done)
   local claimed = {}
+  local r = recorded()
   if claims then
-    apply_reap(reaped)
+    apply_reap(reaped, r)
     settle()
-    claimed = apply_claim(claims, c)
+    claimed = apply_claim(claims, c, r)
   end
-  return { flags, claimed }
+  return { flags, claimed, r }
 end
 
+-- Returns {claimed jobs, what the claim recorded beside}.
 reg('claim', function(args)
   local c = claim_args(args, 3)
-  return complete_and_claim(args, 3, 0, c)[2]
+  local out = complete_and_claim(args, 3, 0, c)
+  return { out[2], out[3] }
 end)
 
 -- args: prefix, clock, n, completions…, then the claim's arguments.
@@ -604,13 +627,14 @@ reg('heartbeat', function(args)
   checked(j)
   -- The server enforces the timeout and the deadline for workers it cannot
   -- interrupt: a heartbeat past either records the attempt so.
+  -- The state the job was left in follows, for the caller's counters.
   if NOW >= tonumber(j.started_at) + tonumber(j.timeout_ms) * 1000 then
-    end_attempt(j, { kind = 'timed_out', unit = tonumber(args[5]) })
-    return { 'lease_lost' }
+    local e = end_attempt(j, { kind = 'timed_out', unit = tonumber(args[5]) })
+    return { 'lease_lost', e[1] }
   end
   if N(j.deadline) and NOW >= N(j.deadline) then
-    end_attempt(j, { kind = 'deadline' })
-    return { 'lease_lost' }
+    local e = end_attempt(j, { kind = 'deadline' })
+    return { 'lease_lost', e[1] }
   end
   local expires = NOW + tonumber(j.lease_ms) * 1000
   redis.call('HSET', jkey(j.id), 'lease_expires_at', I(expires))
@@ -662,12 +686,13 @@ reg('lease_reap', function(args)
   local v = view()
   local plan = plan_reap(v, tonumber(args[3]))
   -- Writes only from here on.
-  local n = apply_reap(plan)
+  local r = recorded()
+  apply_reap(plan, r)
   -- Keys with parked jobs and no holder, a sample a pass: a key released by
   -- an older version of this library, which does not unpark, is settled
   -- here.
   for _, key in ipairs(redis.call('SRANDMEMBER', P .. 'ckp', 100)) do
     FREED[key] = true
   end
-  return n
+  return r
 end)
