@@ -846,15 +846,19 @@ impl Queue {
 
     /// Counts what a store's call recorded beside its answer.
     fn recorded<T>(&self, r: Recording<T>) -> T {
+        self.count(r.recorded);
+        r.answer
+    }
+
+    fn count(&self, recorded: Recorded) {
         let Recorded {
             lease_expiries,
             retries,
             dead,
-        } = r.recorded;
+        } = recorded;
         self.counters.add(Counter::LeaseExpiries, lease_expiries);
         self.counters.add(Counter::Retries, retries);
         self.counters.add(Counter::Dead, dead);
-        r.answer
     }
 
     fn claim_params(options: ClaimOptions) -> JobClaim {
@@ -1101,9 +1105,8 @@ impl Queue {
     /// Maintenance: records expired leases (at most `limit`).
     pub async fn reap_leases(&self, limit: u32) -> Result<u64> {
         let reaped = self.store.lease_reap(Sweep { limit }).await?;
-        let n = reaped.lease_expiries;
-        self.recorded(Recording::new((), reaped));
-        Ok(n)
+        self.count(reaped);
+        Ok(reaped.lease_expiries)
     }
 
     /// Maintenance: deletes terminal jobs past retention (at most `limit`).

@@ -133,11 +133,16 @@ pub struct Stats {
     pub claims: u64,
     /// Attempts completed.
     pub completions: u64,
-    /// Failed attempts scheduled for a retry or snoozed.
+    /// Attempts that sent their job back to run: failed and scheduled for
+    /// a retry, snoozed, expired with attempts left, or ended past their
+    /// timeout by a heartbeat.
     pub retries: u64,
-    /// Failed attempts that sent their job to the dead letters.
+    /// Jobs sent to the dead letters: by a failed attempt, an expired
+    /// lease, a heartbeat past a timeout or deadline, or a claim meeting
+    /// them past their deadline.
     pub dead: u64,
-    /// Expired leases the reaper recorded.
+    /// Expired leases recorded, by the reaper or by a claim (which reaps
+    /// before it claims).
     pub lease_expiries: u64,
     /// Jobs an operator purged.
     pub purges: u64,

@@ -63,15 +63,15 @@ impl Metrics {
             );
             describe_counter!(
                 "idemq_retries_total",
-                "Failed attempts scheduled for a retry or snoozed"
+                "Attempts that sent their job back to run (failed, snoozed, expired lease, timed out)"
             );
             describe_counter!(
                 "idemq_dead_total",
-                "Failed attempts that sent their job to the dead letters"
+                "Jobs sent to the dead letters (failed, expired lease, timed out, past their deadline)"
             );
             describe_counter!(
                 "idemq_lease_expiries_total",
-                "Expired leases this process's maintenance reaped and recorded"
+                "Expired leases this process recorded (maintenance's reaper and claims)"
             );
             describe_counter!(
                 "idemq_purges_total",
