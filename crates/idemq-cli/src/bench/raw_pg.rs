@@ -16,12 +16,11 @@ use sqlx::{Executor, Postgres};
 
 use super::{Limit, drive};
 
+/// `bench_queue` is the table of a minimal queue (a jsonb payload, one
+/// partial index for its claims), the shape of the peers' raw anchors: the
+/// single-row and multi-row inserts (W1, W2) write it as those anchors do,
+/// and W3's claim/complete loop drains it.
 const SETUP: &str = "
-    CREATE TABLE bench_raw (
-        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        k text NOT NULL,
-        payload jsonb NOT NULL,
-        created_at timestamptz NOT NULL DEFAULT now());
     CREATE TABLE bench_keys (k text PRIMARY KEY, job text NOT NULL, n integer NOT NULL DEFAULT 1);
     CREATE TABLE bench_queue (
         id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -31,7 +30,7 @@ const SETUP: &str = "
         run_at timestamptz NOT NULL DEFAULT now(),
         locked_by integer);
     CREATE INDEX bench_queue_fetch ON bench_queue (queue, run_at, id) WHERE state = 0";
-const TEARDOWN: &str = "DROP TABLE IF EXISTS bench_raw, bench_keys, bench_queue";
+const TEARDOWN: &str = "DROP TABLE IF EXISTS bench_keys, bench_queue";
 
 /// Loopers of the claim/complete limit: one per core of a small box.
 const CLAIMERS: usize = 2;
@@ -98,11 +97,8 @@ impl Raw {
                         let mut conn = conns[i % producers].lock().await;
                         let t = Instant::now();
                         conn.execute(
-                            sqlx::query(
-                                "INSERT INTO bench_raw (k, payload) VALUES ($1, $2::jsonb)",
-                            )
-                            .bind(format!("k{i}"))
-                            .bind(format!("{{\"i\":{i}}}")),
+                            sqlx::query("INSERT INTO bench_queue (payload) VALUES ($1::jsonb)")
+                                .bind(format!("{{\"i\":{i}}}")),
                         )
                         .await?;
                         if producers == 1 {
@@ -118,14 +114,11 @@ impl Raw {
                 let mut done = range.start;
                 while done < range.end {
                     let n = (range.end - done).min(1000);
-                    let keys: Vec<String> = (done..done + n).map(|i| format!("k{i}")).collect();
                     let payloads: Vec<String> =
                         (done..done + n).map(|i| format!("{{\"i\":{i}}}")).collect();
                     sqlx::query(
-                        "INSERT INTO bench_raw (k, payload)
-                         SELECT * FROM unnest($1::text[], $2::text[]::jsonb[])",
+                        "INSERT INTO bench_queue (payload) SELECT * FROM unnest($1::text[]::jsonb[])",
                     )
-                    .bind(&keys)
                     .bind(&payloads)
                     .execute(pool)
                     .await?;
