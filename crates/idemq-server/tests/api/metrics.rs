@@ -16,6 +16,7 @@ instantiate!(
     retries_count_worker_retries,
     dead_counts_worker_dead_letters,
     lease_expiries_count_what_the_reaper_records,
+    a_heartbeat_past_the_timeout_counts_its_retry_and_death,
     purges_count_operator_purges_and_retention
 );
 
@@ -168,9 +169,11 @@ async fn lease_expiries_count_what_the_reaper_records(b: Backend) {
     .problem(409, "lease-lost");
     assert_eq!(sample(&s, "idemq_lease_expiries_total").await, 0.0);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    // Maintenance (here called as the maintenance loop calls it) reaps it.
+    // Maintenance (here called as the maintenance loop calls it) reaps it;
+    // the job, with attempts left, runs again: a retry too.
     assert_eq!(s.queue.reap_leases(100).await.unwrap(), 1);
     assert_eq!(sample(&s, "idemq_lease_expiries_total").await, 1.0);
+    assert_eq!(sample(&s, "idemq_retries_total").await, 1.0);
     s.post(
         &format!("/v1/jobs/{id}/complete"),
         json!({"lease_token": token}),
@@ -178,6 +181,36 @@ async fn lease_expiries_count_what_the_reaper_records(b: Backend) {
     .await
     .problem(409, "lease-lost");
     assert_eq!(sample(&s, "idemq_lease_expiries_total").await, 1.0);
+}
+
+/// A client's worker (Python, TypeScript, Go) learns of its timeout from a
+/// heartbeat, which records the attempt's end: a retry while attempts are
+/// left, then a death.
+async fn a_heartbeat_past_the_timeout_counts_its_retry_and_death(b: Backend) {
+    let s = Server::start(b).await;
+    let id = s
+        .enqueue(json!({
+            "type": "t", "timeout_ms": 100, "max_attempts": 2,
+            "retry": {"kind": "fixed", "delay_ms": 1},
+        }))
+        .await;
+    for (attempt, retries, dead) in [(1, 1.0, 0.0), (2, 1.0, 1.0)] {
+        // Past the retry's 1 ms delay.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (claimed, token) = s.claim_one().await;
+        assert_eq!(claimed, id, "attempt {attempt}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        s.post(
+            &format!("/v1/jobs/{id}/heartbeat"),
+            json!({"lease_token": token}),
+        )
+        .await
+        .problem(409, "lease-lost");
+        assert_eq!(sample(&s, "idemq_retries_total").await, retries);
+        assert_eq!(sample(&s, "idemq_dead_total").await, dead);
+    }
+    assert_eq!(state(&s, &id).await, "dead");
+    assert_eq!(sample(&s, "idemq_lease_expiries_total").await, 0.0);
 }
 
 async fn purges_count_operator_purges_and_retention(b: Backend) {
