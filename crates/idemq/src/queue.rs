@@ -1036,11 +1036,9 @@ impl Queue {
                 snooze_ms,
             })
             .await?;
-        match outcome.state {
-            JobState::Scheduled | JobState::Ready => self.counters.add(Counter::Retries, 1),
-            JobState::Dead => self.counters.add(Counter::Dead, 1),
-            _ => {}
-        }
+        let mut ended = Recorded::default();
+        ended.ended(outcome.state);
+        self.count(ended);
         Ok(outcome)
     }
 

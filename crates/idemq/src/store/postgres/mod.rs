@@ -664,13 +664,15 @@ impl Store for PgStore {
                             })
                         };
                     }
-                } else if let Some(expired) = r.try_get::<Option<i32>, _>("r_expired")? {
+                } else if r.try_get::<Option<i32>, _>("r_expired")?.is_some() {
                     // What the claim recorded beside (its last row).
-                    let n = |v: Option<i32>| u64::try_from(v.unwrap_or(0)).unwrap_or(0);
+                    let n = |c| -> Result<u64, sqlx::Error> {
+                        Ok(u64::try_from(r.try_get::<i32, _>(c)?).unwrap_or(0))
+                    };
                     recorded.add(Recorded {
-                        lease_expiries: n(Some(expired)),
-                        retries: n(r.try_get("r_retries")?),
-                        dead: n(r.try_get("r_dead")?),
+                        lease_expiries: n("r_expired")?,
+                        retries: n("r_retries")?,
+                        dead: n("r_dead")?,
                     });
                 } else {
                     claimed.push(ClaimedJob {
