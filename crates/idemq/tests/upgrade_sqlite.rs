@@ -5,7 +5,9 @@
 //! dead one. After the upgrade (version 6: the routine history derived from
 //! the job row) every job's events and runs read back as they were, the
 //! running job's lease still holds and its completion reads as a new one's
-//! would, and new jobs are numbered after every old number.
+//! would, and new jobs are numbered after every old number. A file of
+//! version 6 moved to version 7 (the job table rebuilt) keeps every row,
+//! column by column, and every index.
 
 use idemq::fingerprint::KeyHasher;
 use idemq::store::sqlite::MIGRATIONS;
@@ -19,17 +21,22 @@ const OLD_VERSION: i64 = 5;
 const T0: i64 = 1_780_000_000_000_000;
 
 fn old_database(path: &std::path::Path) -> Connection {
+    database_at(path, OLD_VERSION)
+}
+
+/// A database of the published migrations up to `version`.
+fn database_at(path: &std::path::Path, version: i64) -> Connection {
     let conn = Connection::open(path).expect("open");
     conn.execute_batch(
         "CREATE TABLE idemq_migrations (
             version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
     )
     .unwrap();
-    for (version, name, sql) in MIGRATIONS.iter().filter(|m| m.0 <= OLD_VERSION) {
+    for (v, name, sql) in MIGRATIONS.iter().filter(|m| m.0 <= version) {
         conn.execute_batch(sql).expect("old migration");
         conn.execute(
             "INSERT INTO idemq_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
-            params![version, name, T0],
+            params![v, name, T0],
         )
         .unwrap();
     }
@@ -350,4 +357,126 @@ async fn a_running_process_refuses_to_write_once_a_newer_idemq_migrated_its_file
             .expect_err("an enqueue on a connection of the application's"),
     );
     assert_eq!(jobs(), 2, "nothing written after the migration");
+}
+
+/// Every row of `idemq_jobs` in `seq` order, every column as stored.
+fn job_rows(conn: &Connection) -> Vec<Vec<rusqlite::types::Value>> {
+    let mut stmt = conn
+        .prepare("SELECT * FROM idemq_jobs ORDER BY seq")
+        .unwrap();
+    let n = stmt.column_count();
+    stmt.query_map([], |r| (0..n).map(|i| r.get(i)).collect())
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// The indexes of `idemq_jobs` (SQLite's own included) as (name, SQL).
+fn job_indexes(conn: &Connection) -> Vec<(String, Option<String>)> {
+    conn.prepare(
+        "SELECT name, sql FROM sqlite_master
+         WHERE type = 'index' AND tbl_name = 'idemq_jobs' ORDER BY name",
+    )
+    .unwrap()
+    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+    .unwrap()
+    .collect::<Result<_, _>>()
+    .unwrap()
+}
+
+/// Version 7 rebuilds the job table (its check of `state` as comparisons,
+/// not a list): every row of every state comes back as it was stored,
+/// under the same `seq`, with the same indexes; the check still refuses a
+/// state idemq does not know, and the jobs run on.
+#[tokio::test]
+async fn version_7_rebuilds_the_job_table_with_every_row_and_index() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("v6.db");
+    let (rows, indexes) = {
+        let conn = database_at(&path, 6);
+        for (id, state) in [
+            ("w", "waiting"),
+            ("a", "waiting"),
+            ("c", "waiting"),
+            ("d", "waiting"),
+            ("x", "waiting"),
+        ] {
+            old_job(&conn, id, state);
+        }
+        conn.execute_batch(
+            "UPDATE idemq_jobs SET concurrency_key = 'ck', dedupe_key = 'dk',
+                 dedupe_mode = 'pending', tags = '[\"t\"]', priority = 3 WHERE id = 'w';
+             UPDATE idemq_jobs SET state = 'active', attempt = 1, lease_token = 'tok-a',
+                 lease_expires_at = 9000000000000000, lease_ms = 30000, worker = 'old',
+                 started_at = 1780000000000001, claim_seq = 100, concurrency_key = 'ck2'
+             WHERE id = 'a';
+             UPDATE idemq_jobs SET state = 'completed', attempt = 1, attempts_used = 1,
+                 result = '{\"ok\":true}', finished_at = 1780000000000002,
+                 purge_after = 9000000000000000, claim_seq = 101, done_seq = 102,
+                 first_run_at = 1780000000000001 WHERE id = 'c';
+             UPDATE idemq_jobs SET state = 'dead', attempt = 1, attempts_used = 1,
+                 last_error = 'boom', finished_at = 1780000000000003 WHERE id = 'd';
+             UPDATE idemq_jobs SET state = 'cancelled', cancel_requested = 1,
+                 idem_scope = 'default', idem_key_hash = zeroblob(32), idem_key_preview = 'k…',
+                 finished_at = 1780000000000004 WHERE id = 'x';",
+        )
+        .unwrap();
+        (job_rows(&conn), job_indexes(&conn))
+    };
+    assert_eq!(rows.len(), 5);
+    assert_eq!(
+        idemq::store::sqlite::migrate_file(&path).expect("migrate"),
+        [7]
+    );
+    let conn = Connection::open(&path).expect("open");
+    assert_eq!(job_rows(&conn), rows, "every row as it was");
+    assert_eq!(job_indexes(&conn), indexes, "the same indexes");
+    let table: String = conn
+        .query_row(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'idemq_jobs'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(!table.contains(" IN ("), "{table}");
+    let ok: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+    for statement in [
+        "UPDATE idemq_jobs SET state = 'paused' WHERE id = 'w'",
+        "UPDATE idemq_jobs SET state = NULL WHERE id = 'w'",
+    ] {
+        let err = conn.execute(statement, []).expect_err(statement);
+        assert!(err.to_string().contains("constraint failed"), "{err}");
+    }
+    assert_eq!(job_rows(&conn), rows, "nothing written by the refusals");
+    drop(conn);
+
+    let url = format!("sqlite://{}", path.display());
+    let q = Queue::connect(&url).await.expect("connect");
+    for (id, state) in [
+        ("w", JobState::Ready),
+        ("a", JobState::Active),
+        ("c", JobState::Completed),
+        ("d", JobState::Dead),
+        ("x", JobState::Cancelled),
+    ] {
+        let job = q.get(id).await.expect("get").expect(id);
+        assert_eq!(job.state, state, "{id}");
+    }
+    q.complete("a", &idemq::LeaseToken::new("tok-a"), None)
+        .await
+        .expect("the old lease completes");
+    let claimed = q
+        .claim(idemq::ClaimOptions {
+            limit: 10,
+            ..idemq::ClaimOptions::default()
+        })
+        .await
+        .expect("claim");
+    assert_eq!(
+        claimed.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+        ["w"]
+    );
 }

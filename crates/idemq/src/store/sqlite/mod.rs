@@ -133,6 +133,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "derived_history",
         include_str!("../../../migrations/sqlite/0006_derived_history.sql"),
     ),
+    (
+        7,
+        "state_check",
+        include_str!("../../../migrations/sqlite/0007_state_check.sql"),
+    ),
 ];
 
 /// What a driver error means for the caller.
