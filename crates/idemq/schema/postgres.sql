@@ -2,6 +2,9 @@
 
 CREATE SCHEMA idemq;
 
+CREATE DOMAIN idemq.job_state AS text
+	CONSTRAINT job_state_known CHECK ((VALUE = ANY (ARRAY['waiting'::text, 'active'::text, 'completed'::text, 'dead'::text, 'cancelled'::text])));
+
 CREATE FUNCTION idemq.bind_key(p_idem jsonb, p_job text, p_fp jsonb, p_fpc bytea, p_now timestamp with time zone) RETURNS void
     LANGUAGE plpgsql
     AS $$
@@ -103,7 +106,7 @@ BEGIN
         RETURN QUERY SELECT true, true,
             CASE WHEN j.state = 'waiting' THEN 'cancelled' ELSE 'active' END;
     ELSE
-        RETURN QUERY SELECT true, false, j.state;
+        RETURN QUERY SELECT true, false, j.state::text;
     END IF;
 END
 $$;
@@ -961,7 +964,7 @@ CREATE TABLE idemq.jobs (
     id text NOT NULL COLLATE pg_catalog."C",
     type text NOT NULL,
     queue text NOT NULL,
-    state text NOT NULL,
+    state idemq.job_state NOT NULL,
     payload jsonb NOT NULL,
     result jsonb,
     priority smallint DEFAULT 0 NOT NULL,
@@ -994,8 +997,7 @@ CREATE TABLE idemq.jobs (
     started_at timestamp with time zone,
     first_run_at timestamp with time zone,
     claim_seq bigint,
-    done_seq bigint,
-    CONSTRAINT jobs_state_check CHECK ((state = ANY (ARRAY['waiting'::text, 'active'::text, 'completed'::text, 'dead'::text, 'cancelled'::text])))
+    done_seq bigint
 );
 
 CREATE FUNCTION idemq.lease_job(p_id text, p_token text) RETURNS idemq.jobs
@@ -1093,7 +1095,7 @@ BEGIN
     FROM idemq.jobs j WHERE j.state = 'active' GROUP BY 1;
     IF v_pages <= p_exact_pages THEN
         RETURN QUERY
-        SELECT j.queue, j.state, count(*), false
+        SELECT j.queue, j.state::text, count(*), false
         FROM idemq.jobs j WHERE j.state IN ('completed', 'dead', 'cancelled') GROUP BY 1, 2;
         RETURN;
     END IF;
@@ -1105,7 +1107,7 @@ BEGIN
     -- Planned with the boundary and the fraction written in: a plan made
     -- for any boundary would read the whole table.
     RETURN QUERY EXECUTE format($q$
-        SELECT r.queue, r.state, sum(r.n)::bigint, true
+        SELECT r.queue, r.state::text, sum(r.n)::bigint, true
         FROM (SELECT j.queue, j.state, count(*) AS n
               FROM idemq.jobs j
               WHERE j.seq > %1$s AND j.state = 'completed'
@@ -1480,21 +1482,21 @@ CREATE INDEX idempotency_expiry ON idemq.idempotency USING btree (expires_at);
 
 CREATE INDEX idempotency_job ON idemq.idempotency USING btree (job_id);
 
-CREATE UNIQUE INDEX jobs_active_key ON idemq.jobs USING btree (concurrency_key) WHERE ((state = 'active'::text) AND (concurrency_key IS NOT NULL));
+CREATE UNIQUE INDEX jobs_active_key ON idemq.jobs USING btree (concurrency_key) WHERE (((state)::text = 'active'::text) AND (concurrency_key IS NOT NULL));
 
-CREATE INDEX jobs_claim ON idemq.jobs USING btree (priority DESC, run_at, seq) WHERE (state = 'waiting'::text);
+CREATE INDEX jobs_claim ON idemq.jobs USING btree (priority DESC, run_at, seq) WHERE ((state)::text = 'waiting'::text);
 
 CREATE INDEX jobs_dedupe ON idemq.jobs USING btree (type, dedupe_key) WHERE (dedupe_key IS NOT NULL);
 
-CREATE INDEX jobs_done_seq ON idemq.jobs USING btree (seq) WHERE (state = 'completed'::text);
+CREATE INDEX jobs_done_seq ON idemq.jobs USING btree (seq) WHERE ((state)::text = 'completed'::text);
 
-CREATE INDEX jobs_lease ON idemq.jobs USING btree (lease_expires_at) WHERE (state = 'active'::text);
+CREATE INDEX jobs_lease ON idemq.jobs USING btree (lease_expires_at) WHERE ((state)::text = 'active'::text);
 
-CREATE INDEX jobs_odd_state ON idemq.jobs USING btree (seq) WHERE (state <> ALL (ARRAY['waiting'::text, 'active'::text, 'completed'::text, 'dead'::text, 'cancelled'::text]));
+CREATE INDEX jobs_odd_state ON idemq.jobs USING btree (seq) WHERE ((state)::text <> ALL (ARRAY['waiting'::text, 'active'::text, 'completed'::text, 'dead'::text, 'cancelled'::text]));
 
 CREATE INDEX jobs_purge ON idemq.jobs USING btree (purge_after) WHERE (purge_after IS NOT NULL);
 
-CREATE INDEX jobs_state_seq ON idemq.jobs USING btree (state, seq) INCLUDE (queue, run_at) WHERE ((state <> 'completed'::text) AND (state <> 'active'::text));
+CREATE INDEX jobs_state_seq ON idemq.jobs USING btree (state, seq) INCLUDE (queue, run_at) WHERE (((state)::text <> 'completed'::text) AND ((state)::text <> 'active'::text));
 
 CREATE INDEX jobs_tags ON idemq.jobs USING gin (tags) WHERE (tags <> '{}'::text[]);
 

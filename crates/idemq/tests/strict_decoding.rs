@@ -271,13 +271,14 @@ mod postgres {
             self.queue.as_ref().expect("open")
         }
 
-        /// Runs `sql` with `id` as `$1`, past the schema's CHECK
-        /// constraints (a broken row is the point).
+        /// Runs `sql` with `id` as `$1`, past the schema's check of the
+        /// state (a broken row is the point).
         async fn corrupt(&self, sql: &str, id: &str) {
             let mut conn = sqlx::PgConnection::connect(&self.url)
                 .await
                 .expect("connect raw");
-            sqlx::raw_sql("ALTER TABLE idemq.jobs DROP CONSTRAINT IF EXISTS jobs_state_check")
+            // The state's check is its domain's (schema version 14).
+            sqlx::raw_sql("ALTER DOMAIN idemq.job_state DROP CONSTRAINT IF EXISTS job_state_known")
                 .execute(&mut conn)
                 .await
                 .expect("drop check");

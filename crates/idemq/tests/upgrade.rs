@@ -275,6 +275,16 @@ async fn migrate_brings_a_version_4_database_forward_with_its_data() {
             "runs of {id}: {runs:?} / {new_runs:?}"
         );
     }
+    // A state outside the five is still refused by the schema: since
+    // version 14 by the column's type (`idemq.job_state`), not a table
+    // constraint, and nothing is written.
+    let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+    let refused = sqlx::query("UPDATE idemq.jobs SET state = 'zombie' WHERE id = 'job-ready'")
+        .execute(&mut conn)
+        .await
+        .expect_err("an unknown state");
+    assert!(refused.to_string().contains("job_state_known"), "{refused}");
+    conn.close().await.unwrap();
     let state = async |id: &str| q.get(id).await.unwrap().expect("job kept").state;
     assert_eq!(state("job-ready").await, JobState::Ready);
     assert_eq!(state("job-scheduled").await, JobState::Scheduled);

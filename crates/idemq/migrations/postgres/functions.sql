@@ -16,6 +16,11 @@
 -- stays usable. These functions are internal.
 --
 -- The clock of record is idemq.now(), read once per operation.
+--
+-- A job's `state` is of the domain idemq.job_state (schema version 14),
+-- text under a check: where PL/pgSQL returns it from a query (`RETURN
+-- QUERY`, which requires each column's declared type exactly) it is cast
+-- to text.
 
 DO $$
 DECLARE
@@ -994,7 +999,7 @@ BEGIN
         RETURN QUERY SELECT true, true,
             CASE WHEN j.state = 'waiting' THEN 'cancelled' ELSE 'active' END;
     ELSE
-        RETURN QUERY SELECT true, false, j.state;
+        RETURN QUERY SELECT true, false, j.state::text;
     END IF;
 END
 $$;
@@ -1277,7 +1282,7 @@ BEGIN
     FROM idemq.jobs j WHERE j.state = 'active' GROUP BY 1;
     IF v_pages <= p_exact_pages THEN
         RETURN QUERY
-        SELECT j.queue, j.state, count(*), false
+        SELECT j.queue, j.state::text, count(*), false
         FROM idemq.jobs j WHERE j.state IN ('completed', 'dead', 'cancelled') GROUP BY 1, 2;
         RETURN;
     END IF;
@@ -1289,7 +1294,7 @@ BEGIN
     -- Planned with the boundary and the fraction written in: a plan made
     -- for any boundary would read the whole table.
     RETURN QUERY EXECUTE format($q$
-        SELECT r.queue, r.state, sum(r.n)::bigint, true
+        SELECT r.queue, r.state::text, sum(r.n)::bigint, true
         FROM (SELECT j.queue, j.state, count(*) AS n
               FROM idemq.jobs j
               WHERE j.seq > %1$s AND j.state = 'completed'

@@ -80,6 +80,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "binding_fp",
         include_str!("../../../migrations/postgres/0013_binding_fp.sql"),
     ),
+    (
+        14,
+        "state_domain",
+        include_str!("../../../migrations/postgres/0014_state_domain.sql"),
+    ),
 ];
 
 /// Every function of the schema, as this binary defines them.
@@ -91,7 +96,7 @@ pub const FUNCTIONS: &str = include_str!("../../../migrations/postgres/functions
 /// functions over newer ones: an older `idemq serve` or `idemq migrate`
 /// started during a rolling upgrade would otherwise swap every process's
 /// functions for its own.
-pub const FUNCTIONS_REVISION: i64 = 3;
+pub const FUNCTIONS_REVISION: i64 = 4;
 
 /// The digest recorded for [`FUNCTIONS`] once applied.
 fn functions_digest() -> String {
@@ -411,8 +416,8 @@ mod tests {
         assert_eq!(
             (FUNCTIONS_REVISION, functions_digest().as_str()),
             (
-                3,
-                "9b4c915f2e496eb4bc957da73151efbc048b199a7b22efc2469f25618e5fb274"
+                4,
+                "349f543e6efbd845aaa36012b30f47cb678a888991a451f175c4efdabc3b9193"
             ),
             "functions.sql changed: raise FUNCTIONS_REVISION by one and pin the new digest here"
         );
