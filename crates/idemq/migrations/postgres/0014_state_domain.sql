@@ -8,8 +8,8 @@
 -- Every enqueue, claim and completion is such an execution. Measured with
 -- the constraint dropped from each fresh bench database (seven alternating
 -- pairs of `idemq bench --only W1`): single enqueues from one producer ran
--- ahead in six, by about a tenth. A domain's check is prepared with the
--- statement's plan instead, so the same guarantee now lives in the
+-- ahead in six, by about a tenth. A domain's check is planned once and
+-- kept (PostgreSQL's type cache), so the same guarantee now lives in the
 -- column's type: `state` is `idemq.job_state`, text that must be one of
 -- the five states.
 --
