@@ -394,14 +394,9 @@ async fn version_7_rebuilds_the_job_table_with_every_row_and_index() {
     let path = dir.path().join("v6.db");
     let (rows, indexes) = {
         let conn = database_at(&path, 6);
-        for (id, state) in [
-            ("w", "waiting"),
-            ("a", "waiting"),
-            ("c", "waiting"),
-            ("d", "waiting"),
-            ("x", "waiting"),
-        ] {
-            old_job(&conn, id, state);
+        // Enqueued alike, then moved to the five states below.
+        for id in ["w", "a", "c", "d", "x"] {
+            old_job(&conn, id, "waiting");
         }
         conn.execute_batch(
             "UPDATE idemq_jobs SET concurrency_key = 'ck', dedupe_key = 'dk',
