@@ -1488,6 +1488,95 @@ async fn concurrent_single_enqueues_share_a_statement_and_a_refused_one_goes_alo
     idemq_testkit::drop_pg_database(&db);
 }
 
+/// Replays of concurrent callers share their reads once `enqueue_statements`
+/// are out (docs/storage.md): each caller gets the answer it would have had
+/// alone. In every round, tasks replay bound keys (several on one key),
+/// send a bound key with another payload (a conflict naming `payload`),
+/// and send new keys (accepted), all after a replay, so every call reads
+/// its binding first. The rounds run until reads were shared (the race
+/// happened), and every round is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_replays_share_their_reads_and_each_gets_its_own_answer() {
+    let (url, db) = idemq_testkit::pg_database();
+    let (store, queue) = one_statement_out(&url).await;
+    let keyed = |key: String, n: i64| {
+        EnqueueRequest::new("replayed")
+            .payload(json!({ "n": n }))
+            .idempotency_key(key)
+    };
+    let mut bound = Vec::new();
+    for n in 0..8 {
+        let r = queue
+            .enqueue_with_result(keyed(format!("bound-{n}"), n))
+            .await
+            .expect("bind");
+        assert_eq!(r.outcome, Outcome::Accepted);
+        bound.push(r.job_id);
+    }
+    let tasks = 48;
+    let mut accepted = bound.len();
+    let mut rounds = 0;
+    while store.grouped_reads() == 0 {
+        rounds += 1;
+        assert!(rounds <= 50, "no read shared in {rounds} rounds");
+        // The last answer a replay: the calls below read first.
+        let first = queue
+            .enqueue_with_result(keyed("bound-0".into(), 0))
+            .await
+            .expect("replay");
+        assert_eq!(first.outcome, Outcome::Replayed);
+        let handles: Vec<_> = (0..tasks)
+            .map(|i| {
+                let q = queue.clone();
+                let n = (i % 8) as i64;
+                let request = match i % 3 {
+                    0 => keyed(format!("bound-{n}"), n),
+                    1 => keyed(format!("bound-{n}"), n + 100),
+                    _ => keyed(format!("new-{rounds}-{i}"), n),
+                };
+                tokio::spawn(async move { q.enqueue_with_result(request).await })
+            })
+            .collect();
+        for (i, handle) in handles.into_iter().enumerate() {
+            let answer = handle.await.expect("task");
+            let n = i % 8;
+            match i % 3 {
+                0 => {
+                    let r = answer.unwrap_or_else(|e| panic!("round {rounds}, {i}: {e:?}"));
+                    assert_eq!(r.outcome, Outcome::Replayed, "round {rounds}, {i}");
+                    assert_eq!(r.job_id, bound[n], "round {rounds}, {i}");
+                }
+                1 => {
+                    let e = answer.expect_err("another payload on a bound key");
+                    let conflict = e.conflict().unwrap_or_else(|| panic!("{e:?}"));
+                    assert_eq!(conflict.job_id, bound[n]);
+                    assert_eq!(conflict.fields, vec!["payload".to_string()]);
+                }
+                _ => {
+                    let r = answer.unwrap_or_else(|e| panic!("round {rounds}, {i}: {e:?}"));
+                    assert_eq!(r.outcome, Outcome::Accepted, "round {rounds}, {i}");
+                    let job = queue.get(&r.job_id).await.unwrap().expect("its job");
+                    assert_eq!(job.payload, json!({ "n": n }));
+                    accepted += 1;
+                }
+            }
+        }
+    }
+    let mut admin = sqlx::PgConnection::connect(&url).await.expect("admin");
+    let (jobs, bindings): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM idemq.jobs), (SELECT count(*) FROM idemq.idempotency)",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .expect("count");
+    assert_eq!(jobs as usize, accepted, "one job per accepted call");
+    assert_eq!(bindings as usize, accepted, "one binding per accepted key");
+    drop(queue);
+    drop(store);
+    drop(admin);
+    idemq_testkit::drop_pg_database(&db);
+}
+
 /// A caller that gives up while its enqueue waits for a statement's place
 /// (its future dropped, here by a timeout) writes nothing: its request is
 /// left out of the next shared statement. With `enqueue_statements=1` the

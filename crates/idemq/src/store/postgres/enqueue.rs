@@ -198,7 +198,7 @@ pub(super) async fn enqueue(
                 dedupe: None,
                 ..
             },
-        ] => return Ok(vec![only_keyed(conn, item, key, repeating).await?]),
+        ] => return Ok(vec![only_keyed(conn, item, key, repeating, None).await?]),
         [
             item @ PreparedEnqueue {
                 idempotency: Some(key),
@@ -297,12 +297,26 @@ async fn keyed_one(
 pub(crate) struct Repeating(AtomicBool);
 
 impl Repeating {
-    fn get(&self) -> bool {
+    pub(super) fn get(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }
 
     fn set(&self, repeating: bool) {
         self.0.store(repeating, Ordering::Relaxed);
+    }
+}
+
+/// The idempotency key of a request whose only key it is (no explicit id,
+/// no dedupe key): the commonest keyed call, which `only_keyed` answers.
+pub(super) fn only_key(p: &PreparedEnqueue) -> Option<&PreparedKey> {
+    match p {
+        PreparedEnqueue {
+            idempotency: Some(key),
+            job_id: None,
+            dedupe: None,
+            ..
+        } => Some(key),
+        _ => None,
     }
 }
 
@@ -319,30 +333,39 @@ impl Repeating {
 ///   plain read of the binding goes first: a replay is then one index
 ///   probe, where `KEYED_NEW` also sets up its two inserts (about twice
 ///   the server's time of the read alone). A key the read finds free goes
-///   on to `KEYED_NEW`.
+///   on to `KEYED_NEW`. The read is `known` when the caller made it
+///   already (outside a transaction, concurrent replays share one: see
+///   group.rs).
 ///
 /// `idemq.enqueue` decides the rest: a binding with another fingerprint
 /// (it names the differing fields), one without the compact form (written
 /// before schema version 13, or by a redrive), a key bound by a
 /// transaction that committed after the statement began, or a request the
 /// clock refuses.
-async fn only_keyed(
+pub(super) async fn only_keyed(
     conn: &mut PgConnection,
     item: &PreparedEnqueue,
     key: &PreparedKey,
     repeating: &Repeating,
+    known: Option<Bound>,
 ) -> Result<Result<EnqueueResult>> {
     let fingerprint = item.fingerprint.compact();
-    // After a replay, a plain read first; a binding it finds decides.
-    let statement = !repeating.get()
-        || match bound(conn, key, &fingerprint).await? {
-            Bound::Same(job_id) => return Ok(Ok(replayed(job_id))),
-            Bound::Other => false,
-            Bound::Free => {
-                repeating.set(false);
-                true
-            }
-        };
+    let read = match known {
+        Some(found) => Some(found),
+        // After a replay, a plain read first.
+        None if repeating.get() => Some(bound(conn, &key.scope, &key.hash, &fingerprint).await?),
+        None => None,
+    };
+    // A binding the read found decides.
+    let statement = match read {
+        None => true,
+        Some(Bound::Same(job_id)) => return Ok(Ok(replayed(job_id))),
+        Some(Bound::Other) => false,
+        Some(Bound::Free) => {
+            repeating.set(false);
+            true
+        }
+    };
     if statement {
         match keyed_new(conn, item, key, &fingerprint).await? {
             Keyed::Accepted(job_id) => {
@@ -365,7 +388,7 @@ async fn only_keyed(
     })
 }
 
-fn replayed(job_id: String) -> EnqueueResult {
+pub(super) fn replayed(job_id: String) -> EnqueueResult {
     EnqueueResult {
         job_id,
         outcome: Outcome::Replayed,
@@ -373,7 +396,8 @@ fn replayed(job_id: String) -> EnqueueResult {
 }
 
 /// What a read of a key's live binding found.
-enum Bound {
+#[derive(Debug)]
+pub(super) enum Bound {
     /// A binding with the request's compact fingerprint: its job.
     Same(String),
     /// A binding with another fingerprint, or none in compact form.
@@ -382,28 +406,38 @@ enum Bound {
     Free,
 }
 
-/// Reads the live binding of `key`, comparing its compact fingerprint
-/// with `fingerprint`.
-async fn bound(conn: &mut PgConnection, key: &PreparedKey, fingerprint: &[u8]) -> Result<Bound> {
+/// Reads the live binding of the key `hash` of `scope`, comparing its
+/// compact fingerprint with `fingerprint`.
+pub(super) async fn bound(
+    conn: &mut PgConnection,
+    scope: &str,
+    hash: &[u8],
+    fingerprint: &[u8],
+) -> Result<Bound> {
     let found = sqlx::query(
         "SELECT i.job_id, i.fp = $3 AS same
          FROM idemq.idempotency i
          WHERE i.scope = $1 AND i.key_hash = $2 AND i.expires_at > idemq.now()",
     )
-    .bind(&key.scope)
-    .bind(&key.hash[..])
+    .bind(scope)
+    .bind(hash)
     .bind(fingerprint)
     .persistent(db::prepared())
     .fetch_optional(&mut *conn)
     .await
     .map_err(db_err)?;
-    Ok(match found {
-        None => Bound::Free,
-        Some(row) => match row.try_get::<Option<bool>, _>("same").map_err(db_err)? {
+    found.as_ref().map_or(Ok(Bound::Free), bound_of)
+}
+
+/// The binding a row of a read found (its `job_id`, and whether its
+/// compact fingerprint is the request's as `same`).
+pub(super) fn bound_of(row: &PgRow) -> Result<Bound> {
+    Ok(
+        match row.try_get::<Option<bool>, _>("same").map_err(db_err)? {
             Some(true) => Bound::Same(row.try_get("job_id").map_err(db_err)?),
             _ => Bound::Other,
         },
-    })
+    )
 }
 
 /// When a request is due: at `run_at` (µs since the epoch), else `delay_ms`

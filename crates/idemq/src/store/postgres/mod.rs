@@ -95,6 +95,8 @@ pub struct PgStore {
     kept: std::sync::Arc<db::Kept>,
     /// Concurrent single enqueues that share a statement (docs/storage.md).
     grouper: std::sync::Arc<group::Grouper>,
+    /// The reads of concurrent replays (group.rs).
+    reads: std::sync::Arc<group::Reads>,
     /// Whether keyed enqueues are coming in as repeats (docs/storage.md).
     repeating: std::sync::Arc<enqueue::Repeating>,
 }
@@ -175,6 +177,7 @@ impl PgStore {
         let store = Self {
             pool,
             grouper: std::sync::Arc::new(group::Grouper::new(net.statements)),
+            reads: std::sync::Arc::new(group::Reads::new(net.statements)),
             net: std::sync::Arc::new(net),
             kept: std::sync::Arc::default(),
             repeating: std::sync::Arc::default(),
@@ -194,6 +197,7 @@ impl PgStore {
             #[cfg(feature = "test-clock")]
             test_clock: None,
             grouper: std::sync::Arc::new(group::Grouper::new(db::Net::default().statements)),
+            reads: std::sync::Arc::new(group::Reads::new(db::Net::default().statements)),
             net: std::sync::Arc::default(),
             kept: std::sync::Arc::default(),
             repeating: std::sync::Arc::default(),
@@ -214,6 +218,13 @@ impl PgStore {
     /// share a statement").
     pub fn grouped_enqueues(&self) -> u64 {
         self.grouper.grouped()
+    }
+
+    /// How many replays' reads were answered by a statement shared by
+    /// several concurrent callers (docs/storage.md, "Concurrent enqueues
+    /// share a statement").
+    pub fn grouped_reads(&self) -> u64 {
+        self.reads.grouped()
     }
 
     /// The pool, for callers that run their own transactions.
@@ -395,6 +406,20 @@ impl Store for PgStore {
             return self
                 .db()
                 .bounded(async { Ok(vec![self.enqueue_single(item).await]) })
+                .await;
+        }
+        // After a replay, concurrent callers' replays share their reads
+        // (group.rs).
+        if p.items.len() == 1
+            && !p.atomic
+            && !p.dry_run
+            && self.repeating.get()
+            && enqueue::only_key(&p.items[0]).is_some()
+        {
+            let item = p.items.pop().expect("one item");
+            return self
+                .db()
+                .bounded(async { Ok(vec![self.enqueue_repeat(item).await?]) })
                 .await;
         }
         self.db().bounded(self.enqueue_call(p)).await
@@ -829,6 +854,25 @@ impl Store for PgStore {
 impl PgStore {
     /// An enqueue call: one statement, in a transaction for an atomic batch,
     /// a dry run, or behind PgBouncer.
+    /// A request whose only key is its idempotency key, after a replay:
+    /// its binding read first (with concurrent callers' reads), then, if
+    /// that found no binding with its fingerprint, on to `only_keyed`.
+    async fn enqueue_repeat(&self, item: PreparedEnqueue) -> Result<Result<EnqueueResult>> {
+        let Some(key) = enqueue::only_key(&item) else {
+            return Err(Error::Backend {
+                message: "a repeat without an idempotency key".into(),
+            });
+        };
+        let found = self.read_bound(key, item.fingerprint.compact()).await?;
+        if let enqueue::Bound::Same(job_id) = found {
+            return Ok(Ok(enqueue::replayed(job_id)));
+        }
+        let mut conn = db::Lent::of(self.db()).await.map_err(db_err)?;
+        let out = enqueue::only_keyed(&mut conn, &item, key, &self.repeating, Some(found)).await;
+        conn.keep_if(out.is_ok());
+        out
+    }
+
     async fn enqueue_call(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
         // Behind PgBouncer a plain batch runs in a transaction too, to keep
         // its server connection.
