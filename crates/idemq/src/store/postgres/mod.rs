@@ -409,10 +409,13 @@ impl Store for PgStore {
                 .await;
         }
         // After a replay, concurrent callers' replays share their reads
-        // (group.rs).
+        // (group.rs). Behind PgBouncer a call keeps to its own transaction,
+        // which holds its server connection between the statement's parse
+        // and its execution.
         if p.items.len() == 1
             && !p.atomic
             && !p.dry_run
+            && !self.net.bouncer
             && self.repeating.get()
             && enqueue::only_key(&p.items[0]).is_some()
         {
