@@ -909,6 +909,8 @@ async fn bad_connect_parameters_are_refused() {
         "call_timeout_ms=0",
         "call_timeout_ms=x",
         "enqueue_statements=0",
+        "read_statements=0",
+        "read_statements=many",
     ] {
         let url = format!("postgres://postgres@127.0.0.1:1/none?{bad}");
         let err = Queue::connect(&url).await.expect_err(bad);
@@ -1378,12 +1380,12 @@ async fn every_job_id_column_compares_bytewise() {
     }
 }
 
-/// A store that runs one statement of single enqueues at a time
-/// (`enqueue_statements=1`), so concurrent calls share the next one, and a
-/// queue over it.
+/// A store that runs one statement of single enqueues, and one read of
+/// replays' keys, at a time (`enqueue_statements=1&read_statements=1`), so
+/// concurrent calls share the next one, and a queue over it.
 async fn one_statement_out(url: &str) -> (idemq::store::postgres::PgStore, Queue) {
     let store = idemq::store::postgres::PgStore::connect(
-        &format!("{url}?enqueue_statements=1"),
+        &format!("{url}?enqueue_statements=1&read_statements=1"),
         idemq::store::postgres::PgOptions::default(),
     )
     .await
@@ -1488,7 +1490,7 @@ async fn concurrent_single_enqueues_share_a_statement_and_a_refused_one_goes_alo
     idemq_testkit::drop_pg_database(&db);
 }
 
-/// Replays of concurrent callers share their reads once `enqueue_statements`
+/// Replays of concurrent callers share their reads once `read_statements`
 /// are out (docs/storage.md): each caller gets the answer it would have had
 /// alone. In every round, tasks replay bound keys (several on one key),
 /// send a bound key with another payload (a conflict naming `payload`),

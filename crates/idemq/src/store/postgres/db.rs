@@ -44,6 +44,9 @@ pub(crate) struct Net {
     /// `enqueue_statements`: the most single-enqueue statements out at
     /// once; more concurrent calls go together (group.rs).
     pub(crate) statements: usize,
+    /// `read_statements`: the most reads of replays' keys out at once;
+    /// more concurrent replays read together (group.rs).
+    pub(crate) reads: usize,
 }
 
 /// The default of `call_timeout_ms`.
@@ -56,6 +59,7 @@ impl Default for Net {
             deadline: CALL_TIMEOUT,
             wakeup: None,
             statements: DEFAULT_STATEMENTS,
+            reads: DEFAULT_READS,
         }
     }
 }
@@ -69,8 +73,28 @@ impl Default for Net {
 /// not its flushes, bound a store's enqueues can be given more.
 const DEFAULT_STATEMENTS: usize = 1;
 
+/// The default of `read_statements`: two reads of replays' keys out at
+/// once. A read commits nothing, so there is no flush to share: its round
+/// trip is the server's work and the wake-ups on both sides, and one read
+/// out left a core of the 2-core bench machine idle while the replays
+/// waiting for it queued. Eight producers replaying keys measured about
+/// 18% more calls/s with 2 than with 1, and no more with 3 or 4
+/// (docs/benchmarks.md, "Optimisations made").
+const DEFAULT_READS: usize = 2;
+
+/// How many statements of a kind a store keeps out at once, from the URL
+/// parameter `key`: 1 … 10,000.
+fn statements(key: &str, value: &str) -> Result<usize, String> {
+    value
+        .parse()
+        .ok()
+        .filter(|n| (1..=10_000).contains(n))
+        .ok_or_else(|| format!("{key} must be 1 … 10000, not {value:?}"))
+}
+
 /// Splits idemq's own parameters (`pgbouncer`, `call_timeout_ms`,
-/// `enqueue_statements`) off a PostgreSQL URL; the rest is the driver's.
+/// `enqueue_statements`, `read_statements`) off a PostgreSQL URL; the rest
+/// is the driver's.
 pub(crate) fn split_url(url: &str) -> Result<(String, Net), String> {
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_owned(), Net::default()));
@@ -97,15 +121,8 @@ pub(crate) fn split_url(url: &str) -> Result<(String, Net), String> {
                     })?;
                 net.deadline = Duration::from_millis(ms);
             }
-            "enqueue_statements" => {
-                net.statements = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=10_000).contains(n))
-                    .ok_or_else(|| {
-                        format!("enqueue_statements must be 1 … 10000, not {value:?}")
-                    })?;
-            }
+            "enqueue_statements" => net.statements = statements(key, value)?,
+            "read_statements" => net.reads = statements(key, value)?,
             _ => rest.push(pair),
         }
     }
@@ -639,6 +656,12 @@ mod tests {
         let (url, net) = split_url("postgres://u@h/db?enqueue_statements=16").unwrap();
         assert_eq!(url, "postgres://u@h/db");
         assert_eq!(net.statements, 16);
+        assert_eq!(net.reads, 2);
+
+        let (url, net) =
+            split_url("postgres://u@h/db?read_statements=1&enqueue_statements=3").unwrap();
+        assert_eq!(url, "postgres://u@h/db");
+        assert_eq!((net.statements, net.reads), (3, 1));
 
         let (url, net) = split_url("postgres://u@h/db?pgbouncer=false").unwrap();
         assert_eq!(url, "postgres://u@h/db");
@@ -654,5 +677,8 @@ mod tests {
         assert!(split_url("postgres://h/db?enqueue_statements=0").is_err());
         assert!(split_url("postgres://h/db?enqueue_statements=10001").is_err());
         assert!(split_url("postgres://h/db?enqueue_statements=two").is_err());
+        assert!(split_url("postgres://h/db?read_statements=0").is_err());
+        assert!(split_url("postgres://h/db?read_statements=10001").is_err());
+        assert!(split_url("postgres://h/db?read_statements=").is_err());
     }
 }

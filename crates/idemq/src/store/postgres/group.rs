@@ -1,14 +1,15 @@
 //! Single enqueues of concurrent callers sent together (docs/storage.md,
 //! "Concurrent enqueues share a statement").
 //!
-//! A store runs at most `enqueue_statements` statements of one kind of
-//! single call at once: keyless enqueues, and the reads that answer a
-//! replay of an idempotency key. A call that finds them all out waits; when
-//! one comes back, the calls waiting by then go to the database together,
-//! each with its own answer: the one it would have had on its own. A
-//! commit's flush is most of a single enqueue's time, so concurrent
-//! producers share one instead of queueing for their own; a replay commits
-//! nothing, and concurrent replays share one round trip and one plan.
+//! A store runs at most a few statements of one kind of single call at
+//! once: `enqueue_statements` of keyless enqueues, and `read_statements` of
+//! the reads that answer a replay of an idempotency key. A call that finds
+//! them all out waits; when one comes back, the calls waiting by then go
+//! to the database together, each with its own answer: the one it would
+//! have had on its own. A commit's flush is most of a single enqueue's
+//! time, so concurrent producers share one instead of queueing for their
+//! own; a replay commits nothing, and concurrent replays share one round
+//! trip and one plan.
 
 use std::borrow::Borrow;
 use std::collections::VecDeque;

@@ -177,7 +177,7 @@ impl PgStore {
         let store = Self {
             pool,
             grouper: std::sync::Arc::new(group::Grouper::new(net.statements)),
-            reads: std::sync::Arc::new(group::Reads::new(net.statements)),
+            reads: std::sync::Arc::new(group::Reads::new(net.reads)),
             net: std::sync::Arc::new(net),
             kept: std::sync::Arc::default(),
             repeating: std::sync::Arc::default(),
@@ -197,7 +197,7 @@ impl PgStore {
             #[cfg(feature = "test-clock")]
             test_clock: None,
             grouper: std::sync::Arc::new(group::Grouper::new(db::Net::default().statements)),
-            reads: std::sync::Arc::new(group::Reads::new(db::Net::default().statements)),
+            reads: std::sync::Arc::new(group::Reads::new(db::Net::default().reads)),
             net: std::sync::Arc::default(),
             kept: std::sync::Arc::default(),
             repeating: std::sync::Arc::default(),
@@ -855,8 +855,6 @@ impl Store for PgStore {
 }
 
 impl PgStore {
-    /// An enqueue call: one statement, in a transaction for an atomic batch,
-    /// a dry run, or behind PgBouncer.
     /// A request whose only key is its idempotency key, after a replay:
     /// its binding read first (with concurrent callers' reads), then, if
     /// that found no binding with its fingerprint, on to `only_keyed`.
@@ -876,6 +874,8 @@ impl PgStore {
         out
     }
 
+    /// An enqueue call: one statement, in a transaction for an atomic batch,
+    /// a dry run, or behind PgBouncer.
     async fn enqueue_call(&self, p: JobEnqueue) -> Result<Vec<Result<EnqueueResult>>> {
         // Behind PgBouncer a plain batch runs in a transaction too, to keep
         // its server connection.
