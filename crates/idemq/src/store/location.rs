@@ -29,7 +29,8 @@ pub enum Location {
     SqliteFile(PathBuf),
     /// `postgres://…` or `postgresql://…`, with the driver's parameters and
     /// idemq's own (`pgbouncer`, `call_timeout_ms`, `enqueue_statements`,
-    /// `read_statements`; docs/storage.md). Its schema is installed by [`Location::migrate`].
+    /// `read_statements`; docs/storage.md). Its schema is installed by
+    /// [`Location::migrate`].
     Postgres(String),
     /// `redis://host:port[/db]` or `redis+unix:///path.sock`, with
     /// `?prefix=` and `?durability=relaxed` (docs/storage.md). Its functions
